@@ -1,0 +1,123 @@
+"""pw_kernel: Pathways-style single-controller asynchronous dataflow for JAX, in Jupyter.
+
+Example::
+
+    import pw_kernel as pw
+    s = pw.slice(2, mesh={"d": 2})
+    a = pw.compiled(lambda x: x * 2, slice=s)
+
+    @pw.program
+    def f(v):
+        return a(a(v))
+
+    f(jnp.ones(4)).result()
+"""
+
+from __future__ import annotations
+
+from .runtime.config import Config, configure_cpu_devices
+from .runtime.errors import (
+    CancelledError,
+    ControlFlowError,
+    ControllerShutdownError,
+    FusedModeError,
+    InputFailedError,
+    NodeError,
+    PathwaysError,
+    SliceError,
+    SliceReleasedError,
+    SpecError,
+    TimeoutError,
+    TracingError,
+)
+
+configure_cpu_devices()  # 8 simulated CPU devices unless JAX already started or the user chose
+
+from .runtime.compiled import CompiledFunction, compiled  # noqa: E402
+from .runtime.controller import Controller, Status, controller, init, shutdown  # noqa: E402
+from .runtime.devices import Island, VirtualSlice  # noqa: E402
+from .runtime.events import EventLog, NodeEvent, RunEvent  # noqa: E402
+from .runtime.futures import Future, get  # noqa: E402
+from .runtime.graph import Edge, Node, ProgramGraph, Value  # noqa: E402
+from .runtime.program import Program, program  # noqa: E402
+from .runtime.run import Run  # noqa: E402
+from .runtime.scheduler import FIFO, Policy  # noqa: E402
+
+__version__ = "0.1.0"
+
+
+def devices() -> tuple:
+    """The physical devices the controller drives.
+
+    Example::
+
+        len(pw.devices())   # 8 on a laptop
+    """
+    return controller().devices
+
+
+def islands() -> list[Island]:
+    """The islands (groups of devices with a fast interconnect).
+
+    Example::
+
+        [i.id for i in pw.islands()]
+    """
+    return list(controller().islands)
+
+
+def slice(n: int, mesh: dict[str, int] | None = None, name: str | None = None, island=None) -> VirtualSlice:  # noqa: A001
+    """Ask the resource manager for ``n`` devices arranged as ``mesh`` (a dict axis -> size).
+
+    Placement balances load: 1:1 onto free devices while there are some, then
+    time-multiplexed. The slice lives on one island (``island=`` to choose).
+
+    Example::
+
+        s = pw.slice(4, mesh={"data": 2, "model": 2}, name="a")
+        s.mesh, s.devices, s.sharding("data", None)
+    """
+    return controller().slice(n, mesh=mesh, name=name, island=island)
+
+
+__all__ = [
+    "CancelledError",
+    "CompiledFunction",
+    "Config",
+    "ControlFlowError",
+    "Controller",
+    "ControllerShutdownError",
+    "Edge",
+    "EventLog",
+    "FIFO",
+    "Future",
+    "FusedModeError",
+    "InputFailedError",
+    "Island",
+    "Node",
+    "NodeError",
+    "NodeEvent",
+    "PathwaysError",
+    "Policy",
+    "Program",
+    "ProgramGraph",
+    "Run",
+    "RunEvent",
+    "SliceError",
+    "SliceReleasedError",
+    "SpecError",
+    "Status",
+    "TimeoutError",
+    "TracingError",
+    "Value",
+    "VirtualSlice",
+    "compiled",
+    "controller",
+    "devices",
+    "get",
+    "init",
+    "islands",
+    "program",
+    "shutdown",
+    "slice",
+]

@@ -1,0 +1,1 @@
+"""The pw_kernel runtime: imports only jax and numpy."""

@@ -1,0 +1,154 @@
+"""CompiledFunction: a `jax.jit` pinned to a virtual slice, the unit of scheduling."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import jax
+from jax.sharding import NamedSharding, PartitionSpec
+
+from .devices import VirtualSlice, check_spec_axes
+from .errors import SpecError
+
+# The jit eqn in a jaxpr carries the function's __name__; a unique suffix maps
+# it back to the CompiledFunction that made it (see tracing.py).
+_MARK = "__pw"
+_registry: weakref.WeakValueDictionary[str, CompiledFunction] = weakref.WeakValueDictionary()
+_uids = itertools.count()
+
+
+def lookup(jit_name: str) -> CompiledFunction | None:
+    """The CompiledFunction whose jit eqn is named ``jit_name``, if any."""
+    if _MARK not in jit_name:
+        return None
+    return _registry.get(jit_name)
+
+
+def _is_spec_leaf(x: Any) -> bool:
+    return x is None or isinstance(x, PartitionSpec)
+
+
+def specs_to_shardings(specs: Any, slice_: VirtualSlice, api: str) -> Any:
+    """Turn a pytree (prefix) of PartitionSpecs into NamedShardings on the slice; None replicates."""
+
+    def one(spec):
+        if spec is None:
+            spec = PartitionSpec()
+        if not isinstance(spec, PartitionSpec):
+            raise SpecError(
+                f"`{api}` expects PartitionSpecs (or None to replicate); got {spec!r} of type "
+                f"{type(spec).__name__}. Write e.g. jax.sharding.PartitionSpec('data', None)."
+            )
+        check_spec_axes(spec, slice_, api)
+        return NamedSharding(slice_.mesh, spec)
+
+    if isinstance(specs, list):
+        specs = tuple(specs)
+    return jax.tree_util.tree_map(one, specs, is_leaf=_is_spec_leaf)
+
+
+class CompiledFunction:
+    """A JAX function compiled for one slice with known input and output shardings.
+
+    Inside a `pw.program` a call becomes one node of the dataflow graph; called
+    on its own it runs as a one-node program and returns a `pw.Future`.
+
+    Example::
+
+        s = pw.slice(2, mesh={"d": 2})
+        double = pw.compiled(lambda x: x * 2, slice=s, in_specs=P("d"), out_specs=P("d"))
+        double(jnp.arange(4.0)).result()   # [0., 2., 4., 6.]
+    """
+
+    def __init__(
+        self,
+        fn: Callable,
+        *,
+        slice: VirtualSlice,  # noqa: A002 - the public keyword is `slice`
+        in_specs: Any = None,
+        out_specs: Any = None,
+        name: str | None = None,
+    ):
+        if not callable(fn):
+            raise TypeError(f"`pw.compiled` needs a callable; got {fn!r} of type {type(fn).__name__}.")
+        if not isinstance(slice, VirtualSlice):
+            raise TypeError(
+                f"`pw.compiled(slice=...)` needs a VirtualSlice from `pw.slice(n, ...)`; got {slice!r}."
+            )
+        slice.check_live("pw.compiled")
+        self.fn = fn
+        self.slice = slice
+        self.name = name or getattr(fn, "__name__", None) or "compiled"
+        if self.name == "<lambda>":
+            self.name = "lambda"
+        self.in_specs = in_specs
+        self.out_specs = out_specs
+        self.in_shardings = specs_to_shardings(in_specs, slice, "pw.compiled(in_specs=...)")
+        self.out_shardings = specs_to_shardings(out_specs, slice, "pw.compiled(out_specs=...)")
+        self.uid = next(_uids)
+
+        @functools.wraps(fn)
+        def body(*args, **kwargs):
+            return fn(*args, **kwargs)
+
+        body.__name__ = f"{_safe(self.name)}{_MARK}{self.uid}"
+        self.jit_name = body.__name__
+        self.jitted = jax.jit(body, in_shardings=self.in_shardings, out_shardings=self.out_shardings)
+        _registry[self.jit_name] = self
+        self._program = None
+        functools.update_wrapper(self, fn, updated=())
+
+    def __call__(self, *args, **kwargs):
+        if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((args, kwargs))):
+            return self.jitted(*args, **kwargs)  # being traced inside a program: one node
+        if self._program is None:
+            from .program import Program
+
+            self._program = Program(self, name=self.name, slice=self.slice)
+        return self._program(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"CompiledFunction({self.name!r}, slice={self.slice.name!r}, in_specs={self.in_specs}, out_specs={self.out_specs})"
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c == "_" else "_" for c in name) or "fn"
+
+
+def compiled(
+    fn: Callable | None = None,
+    *,
+    slice: VirtualSlice | str | None = None,  # noqa: A002
+    in_specs: Any = None,
+    out_specs: Any = None,
+    name: str | None = None,
+):
+    """Compile ``fn`` for a slice: `jax.jit` with NamedShardings on the slice's mesh.
+
+    ``in_specs`` / ``out_specs`` are PartitionSpecs (a pytree prefix of the
+    arguments / results, as for `jax.jit`); None replicates over the slice.
+    Usable as a decorator: ``@pw.compiled(slice=s, in_specs=P("d"))``.
+
+    Example::
+
+        a = pw.compiled(lambda x: x * 2, slice=s)
+        fut = a(jnp.array([1.0, 2.0]))     # a one-node program; returns a Future
+    """
+    if isinstance(slice, str):
+        from .controller import controller
+
+        slice = controller().resources.get(slice)
+    if slice is None:
+        raise TypeError(
+            "`pw.compiled` needs `slice=`: the virtual slice the function runs on, e.g. "
+            "`s = pw.slice(2)` then `pw.compiled(fn, slice=s)`."
+        )
+
+    def wrap(f: Callable) -> CompiledFunction:
+        return CompiledFunction(f, slice=slice, in_specs=in_specs, out_specs=out_specs, name=name)
+
+    return wrap if fn is None else wrap(fn)

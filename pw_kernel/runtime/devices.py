@@ -1,0 +1,301 @@
+"""Islands, virtual slices and the resource manager that maps one onto the other.
+
+An *island* is a group of devices with a fast interconnect (one per platform by
+default). A *virtual slice* asks for ``n`` devices with a named mesh shape; the
+resource manager places it on the least-loaded devices of one island, 1:1 while
+free devices remain and time-multiplexed (oversubscribed) after that.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import threading
+from collections.abc import Mapping, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from .errors import SliceError, SliceReleasedError, SpecError
+
+Device = jax.Device
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Island:
+    """Devices joined by a fast interconnect; transfers between islands are explicit nodes.
+
+    Example::
+
+        >>> [i.id for i in pw.islands()]
+        [0]
+    """
+
+    id: int
+    devices: tuple[Device, ...]
+    platform: str
+
+    def __repr__(self) -> str:
+        ids = ",".join(str(d.id) for d in self.devices)
+        return f"Island(id={self.id}, platform={self.platform!r}, devices=[{ids}])"
+
+
+def build_islands(devices: Sequence[Device], spec: int | Sequence[Sequence[int]] | None) -> list[Island]:
+    """Group ``devices`` into islands: one per platform, k equal parts, or explicit id lists."""
+    if spec is None or isinstance(spec, int):
+        parts = 1 if spec is None else spec
+        if isinstance(parts, bool) or parts < 1:
+            raise SliceError(f"`pw.Config(islands=...)` must be a positive int or lists of device ids; got {spec!r}.")
+        islands: list[Island] = []
+        by_platform: dict[str, list[Device]] = {}
+        for d in devices:
+            by_platform.setdefault(d.platform, []).append(d)
+        for platform, devs in by_platform.items():
+            if len(devs) % parts:
+                raise SliceError(
+                    f"`pw.Config(islands={parts})` splits each platform's devices into {parts} equal islands, "
+                    f"but {platform} has {len(devs)} devices. Pass a divisor of {len(devs)}, or explicit "
+                    f"lists of device ids such as islands=[[0, 1, 2], [3, 4, 5, 6, 7]]."
+                )
+            size = len(devs) // parts
+            for k in range(parts):
+                islands.append(Island(len(islands), tuple(devs[k * size : (k + 1) * size]), platform))
+        return islands
+    by_id = {d.id: d for d in devices}
+    seen: set[int] = set()
+    islands = []
+    for group in spec:
+        members = []
+        for i in group:
+            if i not in by_id:
+                raise SliceError(
+                    f"`pw.Config(islands=...)` names device id {i!r}, but the devices are "
+                    f"{sorted(by_id)}. Use ids from `pw.devices()`."
+                )
+            if i in seen:
+                raise SliceError(f"`pw.Config(islands=...)` puts device {i} in two islands; each device belongs to one.")
+            seen.add(i)
+            members.append(by_id[i])
+        if not members:
+            raise SliceError("`pw.Config(islands=...)` has an empty island; every island needs at least one device.")
+        platforms = {d.platform for d in members}
+        if len(platforms) > 1:
+            raise SliceError(f"`pw.Config(islands=...)`: island {list(group)} mixes platforms {sorted(platforms)}.")
+        islands.append(Island(len(islands), tuple(members), members[0].platform))
+    return islands
+
+
+class VirtualSlice:
+    """A named set of devices with a mesh, placed on one island by the resource manager.
+
+    Example::
+
+        s = pw.slice(4, mesh={"data": 2, "model": 2}, name="a")
+        x = jax.device_put(jnp.ones((8, 8)), s.sharding("data", None))
+        s.release()
+    """
+
+    __slots__ = ("name", "mesh", "devices", "island", "_manager", "_released", "__weakref__")
+
+    def __init__(self, name: str, mesh: Mesh, island: Island, manager: ResourceManager):
+        self.name = name
+        self.mesh = mesh
+        self.devices: tuple[Device, ...] = tuple(mesh.devices.flat)
+        self.island = island
+        self._manager = manager
+        self._released = False
+
+    @property
+    def size(self) -> int:
+        return len(self.devices)
+
+    @property
+    def axis_names(self) -> tuple[str, ...]:
+        return tuple(self.mesh.axis_names)
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    def sharding(self, *spec) -> NamedSharding:
+        """A NamedSharding on this slice's mesh; ``s.sharding("data", None)`` is ``P("data", None)``.
+
+        Example::
+
+            s.sharding()            # replicated over the slice
+            s.sharding("data")      # first dimension split over the "data" axis
+        """
+        if len(spec) == 1 and isinstance(spec[0], PartitionSpec):
+            pspec = spec[0]
+        else:
+            pspec = PartitionSpec(*spec)
+        self.check_live("VirtualSlice.sharding")
+        check_spec_axes(pspec, self, "VirtualSlice.sharding")
+        return NamedSharding(self.mesh, pspec)
+
+    def release(self) -> None:
+        """Give the devices back to the resource manager; later use raises SliceReleasedError."""
+        self._manager.release(self)
+
+    def check_live(self, api: str) -> None:
+        if self._released:
+            raise SliceReleasedError(
+                f"`{api}`: slice {self.name!r} was released. Ask for a new one with "
+                f"`pw.slice({self.size}, mesh={dict(self.mesh.shape)!r})` and use that instead."
+            )
+
+    def __repr__(self) -> str:
+        ids = ",".join(str(d.id) for d in self.devices)
+        state = ", released" if self._released else ""
+        return f"VirtualSlice({self.name!r}, mesh={dict(self.mesh.shape)}, devices=[{ids}], island={self.island.id}{state})"
+
+
+def check_spec_axes(spec: PartitionSpec, slice_: VirtualSlice, api: str) -> None:
+    """Raise SpecError when ``spec`` names a mesh axis the slice does not have."""
+    names = set(slice_.axis_names)
+    for entry in spec:
+        for axis in entry if isinstance(entry, tuple) else (entry,):
+            if axis is not None and axis not in names:
+                raise SpecError(
+                    f"`{api}`: PartitionSpec {spec} names mesh axis {axis!r}, but slice {slice_.name!r} "
+                    f"has axes {slice_.axis_names}. Use one of those names, or None to replicate a dimension."
+                )
+
+
+class ResourceManager:
+    """Maps virtual slices onto the physical devices of islands, balancing load."""
+
+    def __init__(self, islands: Sequence[Island]):
+        self.islands = list(islands)
+        self._load: dict[int, int] = {d.id: 0 for i in self.islands for d in i.devices}
+        self._slices: dict[str, VirtualSlice] = {}
+        self._names = itertools.count()
+        self._lock = threading.Lock()
+
+    @property
+    def slices(self) -> list[VirtualSlice]:
+        with self._lock:
+            return list(self._slices.values())
+
+    def get(self, name: str) -> VirtualSlice:
+        with self._lock:
+            try:
+                return self._slices[name]
+            except KeyError:
+                known = sorted(self._slices) or "none yet"
+                raise SliceError(
+                    f"No live slice named {name!r}; live slices: {known}. Create it with `pw.slice(n, name={name!r})`."
+                ) from None
+
+    def load(self, device: Device) -> int:
+        """How many live virtual slices are mapped onto ``device``."""
+        return self._load.get(device.id, 0)
+
+    def island_of(self, devices) -> Island | None:
+        ids = {d.id for d in devices}
+        for island in self.islands:
+            if ids <= {d.id for d in island.devices}:
+                return island
+        return None
+
+    def allocate(
+        self,
+        n: int,
+        mesh: Mapping[str, int] | None = None,
+        name: str | None = None,
+        island: int | Island | None = None,
+    ) -> VirtualSlice:
+        """Place a slice of ``n`` devices; see `pw.slice`."""
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+            raise SliceError(f"`pw.slice(n)` needs a positive int number of devices; got {n!r}.")
+        n = int(n)
+        axes = self._check_mesh(n, mesh)
+        with self._lock:
+            if name is None:
+                name = f"slice{next(self._names)}"
+                while name in self._slices:
+                    name = f"slice{next(self._names)}"
+            elif not isinstance(name, str) or not name:
+                raise SliceError(f"`pw.slice(name=...)` must be a non-empty str; got {name!r}.")
+            elif name in self._slices:
+                raise SliceError(
+                    f"`pw.slice(name={name!r})`: a live slice already has that name ({self._slices[name]!r}). "
+                    f"Release it first (`s.release()`) or pick another name."
+                )
+            target = self._pick_island(n, island)
+            chosen = sorted(target.devices, key=lambda d: (self._load[d.id], d.id))[:n]
+            chosen.sort(key=lambda d: d.id)
+            for d in chosen:
+                self._load[d.id] += 1
+            grid = np.array(chosen, dtype=object).reshape(tuple(axes.values()))
+            s = VirtualSlice(name, Mesh(grid, tuple(axes)), target, self)
+            self._slices[name] = s
+            return s
+
+    def release(self, s: VirtualSlice) -> None:
+        with self._lock:
+            if s._released:
+                return
+            s._released = True
+            if self._slices.get(s.name) is s:
+                del self._slices[s.name]
+            for d in s.devices:
+                self._load[d.id] -= 1
+
+    def release_all(self) -> None:
+        for s in self.slices:
+            self.release(s)
+
+    def _check_mesh(self, n: int, mesh: Mapping[str, int] | None) -> dict[str, int]:
+        if mesh is None:
+            return {"d": n}
+        if not isinstance(mesh, Mapping) or not mesh:
+            raise SliceError(
+                f"`pw.slice(mesh=...)` must be a dict of axis name to size such as {{'data': 2, 'model': 2}}; got {mesh!r}."
+            )
+        for axis, size in mesh.items():
+            if not isinstance(axis, str) or isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
+                raise SliceError(
+                    f"`pw.slice(mesh=...)` maps axis names (str) to positive sizes (int); got {axis!r}: {size!r}."
+                )
+        total = math.prod(mesh.values())
+        if total != n:
+            shape = " x ".join(str(v) for v in mesh.values())
+            raise SliceError(
+                f"`pw.slice({n}, mesh={dict(mesh)!r})`: the mesh has {shape} = {total} devices, not {n}. "
+                f"Make the axis sizes multiply to {n}, or ask for pw.slice({total}, ...)."
+            )
+        return {str(k): int(v) for k, v in mesh.items()}
+
+    def _pick_island(self, n: int, island: int | Island | None) -> Island:
+        if island is not None:
+            iid = island.id if isinstance(island, Island) else island
+            matches = [i for i in self.islands if i.id == iid]
+            if not matches or (isinstance(island, Island) and matches[0] is not island):
+                raise SliceError(
+                    f"`pw.slice(island={island!r})`: no such island; the islands are "
+                    f"{[i.id for i in self.islands]} (see `pw.islands()`)."
+                )
+            target = matches[0]
+            if len(target.devices) < n:
+                raise SliceError(
+                    f"`pw.slice({n}, island={target.id})`: island {target.id} has only {len(target.devices)} devices. "
+                    f"Ask for at most {len(target.devices)}, or leave island=None to let the resource manager choose."
+                )
+            return target
+        fits = [i for i in self.islands if len(i.devices) >= n]
+        if not fits:
+            sizes = [len(i.devices) for i in self.islands]
+            raise SliceError(
+                f"`pw.slice({n})`: no island has {n} devices (island sizes: {sizes}; all devices: "
+                f"{sum(sizes)}). A slice lives on one island: ask for at most {max(sizes)} devices, "
+                f"or configure larger islands with `pw.init(pw.Config(islands=...))`."
+            )
+
+        def cost(i: Island):
+            loads = sorted(self._load[d.id] for d in i.devices)
+            return (loads[n - 1], sum(loads[:n]), sum(loads), i.id)
+
+        return min(fits, key=cost)

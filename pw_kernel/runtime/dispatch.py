@@ -1,0 +1,213 @@
+"""Parallel asynchronous dispatch: one dispatcher thread, one completion watcher.
+
+Shapes are static, so node k+1 can be dispatched as soon as node k has been
+*dispatched*: JAX arrays are futures themselves, and XLA orders the work on
+each device. The dispatcher only waits when an island has ``max_inflight``
+nodes outstanding; the watcher blocks on outputs in dispatch order, records
+each node's end, releases in-flight credit and resolves futures.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import queue
+import threading
+from typing import TYPE_CHECKING
+
+import jax
+
+from .events import NodeEvent
+from .run import FINAL
+
+if TYPE_CHECKING:
+    from .controller import Controller
+    from .run import Run
+
+
+class Dispatcher:
+    """Owns the two controller threads and the per-island in-flight counters."""
+
+    def __init__(self, controller: Controller):
+        self.controller = controller
+        self.cond = threading.Condition(controller.lock)
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        n = max((i.id for i in controller.islands), default=-1) + 1
+        # Single-writer counters: the dispatcher increments `dispatched`, the watcher `completed`.
+        self.dispatched = [0] * n
+        self.completed = [0] * n
+        self.last_end: dict[int, int] = {}
+        self.seq = 0
+        self._stopping = False
+        self._waiting_credit = False
+        self._threads = [
+            threading.Thread(target=self._dispatch_loop, name="pw-dispatcher", daemon=True),
+            threading.Thread(target=self._watch_loop, name="pw-watcher", daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
+
+    @property
+    def threads(self) -> list[threading.Thread]:
+        return list(self._threads)
+
+    def inflight(self, island: int) -> int:
+        return self.dispatched[island] - self.completed[island]
+
+    def wake(self) -> None:
+        """Tell the dispatcher something changed (caller holds the controller lock)."""
+        self.cond.notify()
+
+    def stop(self, timeout: float | None = 10.0) -> None:
+        with self.cond:
+            self._stopping = True
+            self.cond.notify_all()
+        self.queue.put(None)
+        for t in self._threads:
+            if t is not threading.current_thread():
+                t.join(timeout)
+
+    # ------------------------------------------------------------ dispatcher
+    def _dispatch_loop(self) -> None:
+        while True:
+            with self.cond:
+                run = self._pick()
+                while run is None:
+                    if self._stopping:
+                        return
+                    self.cond.wait()
+                    run = self._pick()
+            self._dispatch(run)
+
+    def _pick(self) -> Run | None:
+        """Among active runs, the policy's choice of those that can dispatch now (lock held)."""
+        c = self.controller
+        sched = c.scheduler
+        limit = c.config.max_inflight
+        runnable = []
+        self._waiting_credit = False
+        for run in list(sched.active):
+            if run.state in FINAL:
+                sched.remove(run)
+                continue
+            steps = run.plan.steps
+            if run._cursor < len(steps):
+                island = steps[run._cursor].island
+                if self.dispatched[island] - self.completed[island] >= limit:
+                    self._waiting_credit = True  # stays queued / paused until the watcher frees credit
+                    continue
+            if run.state == "queued" and not c._start(run):
+                continue
+            if run._cursor >= len(steps):
+                sched.remove(run)
+                if run.nodes_done == run.nodes_total and run.state == "running":
+                    run._transition("done")
+                continue
+            runnable.append(run)
+        if not runnable:
+            return None
+        return sched.policy.pick(runnable)
+
+    def _dispatch(self, run: Run) -> None:
+        """Dispatch up to the policy's quantum of ``run``'s next steps; no lock held around JAX calls."""
+        c = self.controller
+        steps = run.plan.steps
+        slots = run._slots
+        futures = run.futures
+        log = c.events
+        now = log.now
+        put = self.queue.put
+        dispatched = self.dispatched
+        completed = self.completed
+        limit = c.config.max_inflight
+        quantum = c.scheduler.policy.quantum
+        k = run._cursor
+        n_steps = len(steps)
+        sent = 0
+        if slots is None:  # cancelled or failed between pick and here
+            return
+        while k < n_steps and sent < quantum:
+            st = steps[k]
+            island = st.island
+            if dispatched[island] - completed[island] >= limit or run.state in FINAL:
+                break
+            t = now()
+            try:
+                outs = st.call(*[slots[i] for i in st.ins])
+            except Exception as e:
+                with self.cond:
+                    c._fail(run, st, e)
+                break
+            for i, o in zip(st.outs, outs):
+                slots[i] = o
+            for i in st.frees:
+                slots[i] = None
+            for j, pos in st.publishes:
+                futures[j]._array = outs[pos]
+            self.seq += 1
+            ev = NodeEvent(
+                self.seq, run.id, run.name, run.tenant, st.name, st.kind, st.devices, island, st.src_island, t,
+                st.nbytes, st.shapes,
+            )
+            dispatched[island] += 1
+            run.nodes_dispatched += 1
+            put((run, st, ev, outs))
+            k += 1
+            sent += 1
+        run._cursor = k
+        if sent:
+            c.scheduler.policy.charge(run, sent)
+
+    # --------------------------------------------------------------- watcher
+    def _watch_loop(self) -> None:
+        c = self.controller
+        log = c.events
+        now = log.now
+        last_end = self.last_end
+        completed = self.completed
+        while True:
+            item = self.queue.get()
+            if item is None:
+                return
+            run, st, ev, outs = item
+            err = None
+            try:
+                jax.block_until_ready(outs)
+            except Exception as e:  # an asynchronous failure surfaces here
+                err = e
+            end = now()
+            start = ev.dispatch
+            for d in st.devices:
+                prev = last_end.get(d, 0)
+                if prev > start:
+                    start = prev
+            if end < start:
+                end = start
+            ev.start = start
+            ev.end = end
+            for d in st.devices:
+                last_end[d] = end
+            completed[st.island] += 1
+            if self._waiting_credit:
+                with self.cond:
+                    self.cond.notify()
+            if err is not None:
+                ev.error = f"{type(err).__name__}: {err}"
+                with self.cond:
+                    c._fail(run, st, err)
+            else:
+                for j, pos in st.publishes:
+                    fut = run.futures[j]
+                    if not fut.done():
+                        try:
+                            fut.set_result(outs[pos])
+                        except concurrent.futures.InvalidStateError:
+                            pass  # cancelled meanwhile
+            run.nodes_done += 1
+            run.events.append(ev)
+            log.emit_node(ev)
+            if run.nodes_done == run.nodes_total and run.state == "running" and run._cursor == run.nodes_total:
+                with self.cond:
+                    if run.state == "running":
+                        run._transition("done")
+                        c.scheduler.remove(run)
+            del item, outs, run, st, ev

@@ -1,0 +1,62 @@
+"""Errors raised by pw_kernel: one base class, one subclass per kind of mistake.
+
+Messages name the API in backticks, show what was received and say what to do.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+
+
+class PathwaysError(Exception):
+    """Base class of every error pw_kernel raises on purpose."""
+
+
+class SliceError(PathwaysError, ValueError):
+    """A slice request that cannot be satisfied (size, mesh shape, island, name)."""
+
+
+class SliceReleasedError(PathwaysError, RuntimeError):
+    """A released VirtualSlice was used."""
+
+
+class SpecError(PathwaysError, ValueError):
+    """`in_specs` / `out_specs` that do not fit the slice's mesh or the arguments."""
+
+
+class TracingError(PathwaysError, TypeError):
+    """A program could not be traced into a dataflow graph."""
+
+
+class ControlFlowError(TracingError):
+    """Python control flow in a program depends on a value computed on devices."""
+
+
+class FusedModeError(PathwaysError, ValueError):
+    """`mode="fused"` was asked for a program that cannot run as one executable."""
+
+
+class NodeError(PathwaysError, RuntimeError):
+    """A node of a run raised; carries the node, the program and the original cause."""
+
+    def __init__(self, message: str, *, run_id: int, program: str, node: str):
+        super().__init__(message)
+        self.run_id = run_id
+        self.program = program
+        self.node = node
+
+
+class InputFailedError(PathwaysError, RuntimeError):
+    """A run's input future belongs to a run that failed or was cancelled."""
+
+
+class ControllerShutdownError(PathwaysError, RuntimeError):
+    """The controller was shut down before the run finished."""
+
+
+class CancelledError(PathwaysError, concurrent.futures.CancelledError):
+    """A run (and so its futures) was cancelled."""
+
+
+class TimeoutError(PathwaysError, concurrent.futures.TimeoutError):  # noqa: A001
+    """Waiting for a future or a run took longer than its timeout."""

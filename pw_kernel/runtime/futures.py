@@ -1,0 +1,164 @@
+"""Sharded futures: program outputs whose shape, dtype and sharding are known at submit time."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import math
+from typing import TYPE_CHECKING, Any
+
+import jax
+import numpy as np
+from jax.sharding import Sharding
+
+from .errors import CancelledError, PathwaysError, TimeoutError
+
+if TYPE_CHECKING:
+    from .run import Run
+
+
+def check_timeout(timeout: float | None, api: str) -> float | None:
+    """Validate a user timeout: None waits forever, 0 polls, negative is a mistake."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or math.isnan(timeout):
+        raise ValueError(f"`{api}(timeout=...)` must be a number of seconds or None; got {timeout!r}.")
+    if timeout < 0:
+        raise ValueError(
+            f"`{api}(timeout={timeout!r})`: a timeout cannot be negative. Use None to wait until done, "
+            f"0 to check without waiting, or a positive number of seconds."
+        )
+    return float(timeout)
+
+
+class Future(concurrent.futures.Future):
+    """A program output that will be a `jax.Array`; shape, dtype and sharding are known now.
+
+    Works with `concurrent.futures.wait`, `await` (asyncio, as in ipykernel) and
+    as the input of later programs, which are submitted without waiting.
+
+    Example::
+
+        y, z = step(v)            # returns at once
+        y.shape, y.sharding       # known before anything ran
+        y.result()                # blocks: the jax.Array
+        await z                   # or asynchronously
+    """
+
+    def __init__(self, run: Run, index: int, shape, dtype, sharding: Sharding | None):
+        super().__init__()
+        self.run = run
+        self.index = index
+        self.shape: tuple[int, ...] = tuple(shape)
+        self.dtype = np.dtype(dtype)
+        self.sharding = sharding
+        self._array: Any = None  # set once the producing node is dispatched
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def aval(self) -> jax.ShapeDtypeStruct:
+        return jax.ShapeDtypeStruct(self.shape, self.dtype, sharding=self.sharding)
+
+    @property
+    def dispatched(self) -> bool:
+        """True once the producing node was dispatched: later programs can consume it now."""
+        return self._array is not None
+
+    def result(self, timeout: float | None = None):
+        """Block until the value is computed and return it as a `jax.Array`.
+
+        Ctrl-C while waiting cancels the run (nodes not yet dispatched are dropped).
+        """
+        timeout = check_timeout(timeout, "Future.result")
+        try:
+            return super().result(timeout)
+        except concurrent.futures.CancelledError:
+            raise CancelledError(self._cancel_message()) from None
+        except concurrent.futures.TimeoutError:
+            raise TimeoutError(
+                f"`Future.result(timeout={timeout})`: {self._label()} not ready after {timeout} s "
+                f"(run is {self.run.state}, {self.run.nodes_done}/{self.run.nodes_total} nodes done). "
+                f"Wait longer, or cancel with `fut.cancel()`."
+            ) from None
+        except KeyboardInterrupt:
+            self.run.cancel()
+            raise
+
+    def exception(self, timeout: float | None = None):
+        timeout = check_timeout(timeout, "Future.exception")
+        try:
+            return super().exception(timeout)
+        except concurrent.futures.CancelledError:
+            raise CancelledError(self._cancel_message()) from None
+        except concurrent.futures.TimeoutError:
+            raise TimeoutError(f"`Future.exception(timeout={timeout})`: {self._label()} not done yet.") from None
+        except KeyboardInterrupt:
+            self.run.cancel()
+            raise
+
+    def cancel(self) -> bool:
+        """Cancel the run that computes this future; False if it already finished."""
+        return self.run.cancel()
+
+    def __await__(self):
+        return asyncio.wrap_future(self).__await__()
+
+    # Outside programs a future can stand in for its array (it blocks).
+    def __jax_array__(self):
+        return self.result()
+
+    def __array__(self, dtype=None, copy=None):
+        return np.asarray(self.result(), dtype=dtype)
+
+    def _label(self) -> str:
+        return f"output {self.index} of run {self.run.id} ({self.run.name!r})"
+
+    def _cancel_message(self) -> str:
+        return f"{self._label()} was cancelled."
+
+    def _state_name(self) -> str:
+        if self.cancelled():
+            return "cancelled"
+        if self.done():
+            return "failed" if super().exception() is not None else "done"
+        return "dispatched" if self._array is not None else "pending"
+
+    def __repr__(self) -> str:
+        from .graph import describe_sharding
+
+        shape = ",".join(map(str, self.shape))
+        return (
+            f"<pw.Future run={self.run.id} {self.run.name!r} out[{self.index}] {self.dtype.name}[{shape}] "
+            f"{describe_sharding(self.sharding)} state={self._state_name()}>"
+        )
+
+
+def get(tree: Any, timeout: float | None = None) -> Any:
+    """Block on every `pw.Future` in a pytree and return the same tree with `jax.Array` leaves.
+
+    Example::
+
+        y, z = pw.get(step(v))
+    """
+    import time
+
+    timeout = check_timeout(timeout, "pw.get")
+    deadline = None if timeout is None else time.monotonic() + timeout
+
+    def one(x):
+        if isinstance(x, Future):
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            return x.result(left)
+        return x
+
+    return jax.tree_util.tree_map(one, tree)
+
+
+__all__ = ["Future", "get", "check_timeout", "PathwaysError"]

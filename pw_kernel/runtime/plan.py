@@ -1,0 +1,188 @@
+"""Execution plans: a ProgramGraph lowered to a flat list of steps over numbered value slots.
+
+The dispatcher's hot loop only indexes lists: ``outs = step.call(*[slots[i] for
+i in step.ins])``. Everything else (which slot dies where, which future a step
+publishes, which devices it occupies) is decided here, once per graph and mode.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+import jax
+from jax.sharding import NamedSharding, PartitionSpec
+
+from .errors import FusedModeError
+from .graph import Node, ProgramGraph
+from .tracing import make_evaluator
+
+ExecMode = Literal["fused", "chained"]
+
+
+@dataclasses.dataclass(eq=False)
+class Step:
+    """One dispatchable unit: a graph node (or, fused, the whole program)."""
+
+    name: str
+    kind: str
+    call: Any
+    ins: tuple[int, ...]
+    outs: tuple[int, ...]
+    frees: tuple[int, ...]  # slots whose last reader is this step
+    publishes: tuple[tuple[int, int], ...]  # (output index j, position in outs) this step produces
+    island: int
+    src_island: int | None
+    devices: tuple[int, ...]
+    nbytes: int
+    shapes: str
+    node: Node | None
+
+
+@dataclasses.dataclass(eq=False)
+class Plan:
+    mode: ExecMode
+    steps: list[Step]
+    n_slots: int
+    input_slots: tuple[int, ...]
+    const_slots: dict[int, Any]
+    output_slots: tuple[int, ...]
+    #: step index whose completion makes output j ready (-1: ready when the run starts)
+    output_step: tuple[int, ...]
+
+
+def _step_for(node: Node, graph: ProgramGraph, call, ins, outs, name=None, kind=None) -> Step:
+    vals = graph.values
+    return Step(
+        name=name or node.name,
+        kind=kind or node.kind,
+        call=call,
+        ins=tuple(ins),
+        outs=tuple(outs),
+        frees=(),
+        publishes=(),
+        island=node.slice.island.id,
+        src_island=node.src_slice.island.id if node.src_slice is not None else None,
+        devices=tuple(d.id for d in node.devices),
+        nbytes=sum(vals[i].nbytes for i in outs),
+        shapes=", ".join(vals[i].type_str for i in ins) + " -> " + ", ".join(vals[i].type_str for i in outs),
+        node=node,
+    )
+
+
+def _finish(mode: ExecMode, graph: ProgramGraph, steps: list[Step], outputs: tuple[int, ...], n_slots: int) -> Plan:
+    keep = set(outputs) | set(graph.inputs)
+    last_reader: dict[int, int] = {}
+    for k, st in enumerate(steps):
+        for i in st.ins:
+            last_reader[i] = k
+    frees: dict[int, list[int]] = {}
+    for slot, k in last_reader.items():
+        if slot not in keep:
+            frees.setdefault(k, []).append(slot)
+    producer = {slot: k for k, st in enumerate(steps) for slot in st.outs}
+    output_step = tuple(producer.get(slot, -1) for slot in outputs)
+    publishes: dict[int, list[tuple[int, int]]] = {}
+    for j, (slot, k) in enumerate(zip(outputs, output_step)):
+        if k >= 0:
+            publishes.setdefault(k, []).append((j, slot))
+    for k, st in enumerate(steps):
+        st.frees = tuple(frees.get(k, ()))
+        st.publishes = tuple((j, st.outs.index(slot)) for j, slot in publishes.get(k, ()))
+    return Plan(
+        mode=mode,
+        steps=steps,
+        n_slots=n_slots,
+        input_slots=graph.inputs,
+        const_slots=dict(graph.consts),
+        output_slots=outputs,
+        output_step=output_step,
+    )
+
+
+def chained(graph: ProgramGraph) -> Plan:
+    """One step per node, in the graph's (topological) order."""
+    steps = [_step_for(n, graph, n.fn, n.inputs, n.outputs) for n in graph.nodes]
+    return _finish("chained", graph, steps, graph.outputs, len(graph.values))
+
+
+def fusable(graph: ProgramGraph) -> str | None:
+    """None if the program can run as one executable; else the reason it cannot."""
+    work = [n for n in graph.nodes if n.kind != "transfer"]
+    if not work:
+        return "it has no compute or glue nodes"
+    slices = {id(n.slice): n.slice.name for n in work}
+    if len(slices) > 1:
+        return f"its nodes run on {len(slices)} slices ({', '.join(sorted(slices.values()))}); fusion needs one"
+    entry = {v for v in (*graph.inputs, *graph.consts)}
+    for n in graph.nodes:
+        if n.kind == "transfer" and n.inputs[0] not in entry:
+            return "a value moves between slices in the middle of it"
+    return None
+
+
+def fused(graph: ProgramGraph) -> Plan:
+    """Input transfers, then the whole program as one `jax.jit` on its slice."""
+    reason = fusable(graph)
+    if reason is not None:
+        raise FusedModeError(
+            f"`mode='fused'`: program {graph.name!r} cannot run as one executable because {reason}. "
+            f"Use mode='chained' (or 'auto', which picks chained here)."
+        )
+    work = [n for n in graph.nodes if n.kind != "transfer"]
+    s = work[0].slice
+    jaxpr = graph.jaxpr.jaxpr
+    var_of = dict(zip(jaxpr.invars, graph.inputs))
+    var_of.update(zip(jaxpr.constvars, graph.consts))
+    consumers: dict[int, list[Node]] = {}
+    for n in graph.nodes:
+        for i in n.inputs:
+            consumers.setdefault(i, []).append(n)
+    steps: list[Step] = []
+    fused_vars, fused_slots, in_sh = [], [], []
+    for var, vid in var_of.items():
+        users = consumers.get(vid)
+        if not users:
+            continue
+        moved = [n for n in users if n.kind == "transfer"]
+        if moved:
+            t = moved[0]
+            steps.append(_step_for(t, graph, t.fn, t.inputs, t.outputs))
+            slot = t.outputs[0]
+        else:
+            slot = vid
+        fused_vars.append(var)
+        fused_slots.append(slot)
+        in_sh.append(graph.values[slot].sharding)
+    out_sh = []
+    for vid in graph.outputs:
+        sh = graph.values[vid].sharding
+        if not isinstance(sh, NamedSharding) or set(sh.device_set) != set(s.devices):
+            sh = NamedSharding(s.mesh, PartitionSpec())
+        out_sh.append(sh)
+    call = jax.jit(
+        make_evaluator(jaxpr.eqns, fused_vars, jaxpr.outvars), in_shardings=tuple(in_sh), out_shardings=tuple(out_sh)
+    )
+    # Fused outputs get fresh slots so chained-graph value ids stay meaningful.
+    out_slots = list(range(len(graph.values), len(graph.values) + len(graph.outputs)))
+    anchor = work[0]
+    step = _step_for(anchor, graph, call, fused_slots, [], name=f"{graph.name}[fused]", kind="compute")
+    step.outs = tuple(out_slots)
+    step.nbytes = sum(graph.values[v].nbytes for v in graph.outputs)
+    step.shapes = f"{len(work)} nodes fused"
+    steps.append(step)
+    return _finish("fused", graph, steps, tuple(out_slots), len(graph.values) + len(graph.outputs))
+
+
+def plan_for(graph: ProgramGraph, mode: str) -> Plan:
+    """The cached plan of ``graph`` for ``mode`` ('auto' picks fused when possible and useful)."""
+    if mode not in ("auto", "fused", "chained"):
+        raise ValueError(f"`mode` must be 'auto', 'fused' or 'chained'; got {mode!r}.")
+    if mode == "auto":
+        work = sum(1 for n in graph.nodes if n.kind != "transfer")
+        mode = "fused" if work > 1 and fusable(graph) is None else "chained"
+    plan = graph._plans.get(mode)
+    if plan is None:
+        plan = fused(graph) if mode == "fused" else chained(graph)
+        graph._plans[mode] = plan
+    return plan

@@ -1,0 +1,462 @@
+"""Trace a Python function into a ProgramGraph with JAX's own tracing.
+
+`jax.make_jaxpr` turns the function into a jaxpr in which every call of a
+`pw.compiled` function is a nested ``jit`` equation carrying its shardings.
+Those become compute nodes on their slice; runs of other equations between
+them become glue nodes on the slice of their inputs; values that must move
+between slices (or be resharded) get explicit transfer nodes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.extend.core import Literal
+from jax.sharding import NamedSharding, PartitionSpec, Sharding
+
+from . import compiled as compiled_mod
+from .devices import ResourceManager, VirtualSlice
+from .errors import ControlFlowError, SpecError, TracingError
+from .futures import Future
+from .graph import Node, ProgramGraph, Value
+
+_JAX_DIR = os.path.dirname(jax.__file__)
+_PW_DIR = os.path.dirname(os.path.dirname(__file__))
+
+
+def is_traced_leaf(x: Any) -> bool:
+    """Arrays and futures are traced program inputs; every other leaf is a constant."""
+    return isinstance(x, (Future, jax.Array, np.ndarray, np.generic))
+
+
+def abstract_leaf(x: Any) -> jax.ShapeDtypeStruct:
+    if isinstance(x, (Future, jax.Array)):
+        return jax.ShapeDtypeStruct(tuple(x.shape), x.dtype, sharding=x.sharding)
+    x = np.asarray(x)
+    return jax.ShapeDtypeStruct(x.shape, x.dtype)
+
+
+def signature(args: tuple, kwargs: dict) -> tuple[Any, list[Any], tuple]:
+    """Flatten (args, kwargs); return (treedef, leaves, hashable cache key)."""
+    leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
+    key = []
+    for i, leaf in enumerate(leaves):
+        if is_traced_leaf(leaf):
+            a = abstract_leaf(leaf)
+            key.append(("A", a.shape, np.dtype(a.dtype).str, a.sharding))
+        else:
+            try:
+                hash(leaf)
+            except TypeError:
+                raise TracingError(
+                    f"`pw.program`: argument leaf {i} is a {type(leaf).__name__}, which is neither an array "
+                    f"(traced) nor hashable (a constant baked into the trace). Pass it as a jax/numpy array, "
+                    f"or as a hashable value such as a tuple."
+                ) from None
+            key.append(("S", type(leaf), leaf))
+    return treedef, leaves, (treedef, tuple(key))
+
+
+def user_frame(tb_frames) -> tuple[str, int] | None:
+    """The innermost (file, line) that is user code, not JAX's or pw_kernel's."""
+    for filename, line in tb_frames:
+        if not filename.startswith((_JAX_DIR, _PW_DIR)) and "/importlib/" not in filename:
+            return filename, line
+    return None
+
+
+def _eqn_source(eqn) -> tuple[str, int] | None:
+    tb = getattr(eqn.source_info, "traceback", None)
+    if tb is None:
+        return None
+    return user_frame((f.file_name, f.line_num) for f in tb.frames)
+
+
+def _exc_source(exc: BaseException) -> tuple[str, int] | None:
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    return user_frame((f.filename, f.lineno) for f in reversed(frames))
+
+
+def _fmt_source(src: tuple[str, int] | None) -> str:
+    if src is None:
+        return ""
+    import linecache
+
+    filename, line = src
+    text = linecache.getline(filename, line).strip()
+    where = f"{filename}, line {line}"
+    return f"\n  at {where}" + (f":\n    {text}" if text else "")
+
+
+def _bind(eqn, args):
+    params = eqn.params
+    bind_params = eqn.primitive.get_bind_params(params)
+    if isinstance(bind_params, tuple):  # older JAX: (subfuns, params)
+        subfuns, bind_params = bind_params
+        return eqn.primitive.bind(*subfuns, *args, **bind_params)
+    return eqn.primitive.bind(*args, **bind_params)
+
+
+def make_evaluator(eqns: Sequence[Any], invars: Sequence[Any], outvars: Sequence[Any]) -> Callable:
+    """A function of ``invars`` that replays ``eqns`` (by binding their primitives) and returns ``outvars``."""
+
+    def evaluate(*args):
+        env = dict(zip(invars, args))
+
+        def read(v):
+            return v.val if isinstance(v, Literal) else env[v]
+
+        for eqn in eqns:
+            ans = _bind(eqn, [read(v) for v in eqn.invars])
+            if eqn.primitive.multiple_results:
+                env.update(zip(eqn.outvars, ans))
+            else:
+                env[eqn.outvars[0]] = ans
+        return tuple(read(v) for v in outvars)
+
+    return evaluate
+
+
+def _check_divisible(shape, sharding: Sharding, what: str) -> None:
+    if not isinstance(sharding, NamedSharding):
+        return
+    spec = sharding.spec
+    if len(spec) > len(shape):
+        raise SpecError(
+            f"{what}: PartitionSpec {spec} has {len(spec)} entries but the value has shape {tuple(shape)} "
+            f"(rank {len(shape)}). Give at most {len(shape)} entries."
+        )
+    for dim, entry in enumerate(spec):
+        if entry is None:
+            continue
+        axes = entry if isinstance(entry, tuple) else (entry,)
+        size = math.prod(sharding.mesh.shape[a] for a in axes)
+        if shape[dim] % size:
+            raise SpecError(
+                f"{what}: dimension {dim} of shape {tuple(shape)} is {shape[dim]}, which does not divide "
+                f"evenly over mesh axes {axes} of size {size} (PartitionSpec {spec}). Use a size that is a "
+                f"multiple of {size}, or replicate that dimension with None."
+            )
+
+
+def _map_sharding(sharding: Sharding | None, shape, target: VirtualSlice) -> NamedSharding:
+    """The same PartitionSpec on ``target``'s mesh when it fits there, else replicated."""
+    if isinstance(sharding, NamedSharding):
+        spec = sharding.spec
+        names = set(target.axis_names)
+        try:
+            axes_ok = all(
+                a is None or all(x in names for x in (a if isinstance(a, tuple) else (a,))) for a in spec
+            )
+            if axes_ok:
+                candidate = NamedSharding(target.mesh, spec)
+                _check_divisible(shape, candidate, "")
+                return candidate
+        except SpecError:
+            pass
+    return NamedSharding(target.mesh, PartitionSpec())
+
+
+def _same_placement(have: Sharding | None, want: Sharding, ndim: int) -> bool:
+    if have is None:
+        return False
+    try:
+        return have.is_equivalent_to(want, ndim)
+    except Exception:  # different device sets or incomparable kinds
+        return False
+
+
+@dataclasses.dataclass
+class _Builder:
+    name: str
+    resources: ResourceManager
+    default_slice: VirtualSlice | None
+    nodes: list[Node] = dataclasses.field(default_factory=list)
+    values: list[Value] = dataclasses.field(default_factory=list)
+    var_value: dict[Any, int] = dataclasses.field(default_factory=dict)
+    transfers: dict[int, list[tuple[Sharding, int]]] = dataclasses.field(default_factory=dict)
+    name_counts: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def new_value(self, aval_shape, dtype, sharding, origin, producer=None, slice_=None) -> int:
+        if slice_ is None and sharding is not None:
+            slice_ = self.slice_of(sharding)
+        v = Value(len(self.values), tuple(aval_shape), np.dtype(dtype), sharding, origin, producer, slice_)
+        self.values.append(v)
+        return v.id
+
+    def slice_of(self, sharding: Sharding) -> VirtualSlice | None:
+        devs = sharding.device_set
+        best = None
+        for s in self.resources.slices:
+            if set(s.devices) == devs:
+                if isinstance(sharding, NamedSharding) and sharding.mesh == s.mesh:
+                    return s
+                best = best or s
+        return best
+
+    def unique(self, name: str) -> str:
+        k = self.name_counts.get(name, 0)
+        self.name_counts[name] = k + 1
+        return name if k == 0 else f"{name}:{k}"
+
+    def add_node(self, **kw) -> Node:
+        node = Node(id=len(self.nodes), **kw)
+        self.nodes.append(node)
+        return node
+
+    def placed(self, vid: int, want: Sharding, slice_: VirtualSlice, source) -> int:
+        """Value ``vid`` with sharding ``want`` on ``slice_``: itself, or a (cached) transfer of it."""
+        v = self.values[vid]
+        if _same_placement(v.sharding, want, len(v.shape)):
+            return vid
+        for have, tid in self.transfers.get(vid, ()):
+            if _same_placement(have, want, len(v.shape)):
+                return tid
+        src = v.slice
+        if src is not None:
+            src_name = src.name
+        elif v.sharding is None:
+            src_name = "host"
+        else:
+            src_name = "dev" + ",".join(str(d.id) for d in sorted(v.sharding.device_set, key=lambda d: d.id))
+        out = self.new_value(v.shape, v.dtype, want, "node", producer=len(self.nodes), slice_=slice_)
+
+        def transfer(x, _want=want):
+            return [jax.device_put(x, _want)]
+
+        label = "reshard" if src is slice_ else "transfer"
+        self.add_node(
+            name=self.unique(f"{label} {src_name}->{slice_.name}"),
+            kind="transfer",
+            slice=slice_,
+            src_slice=src,
+            inputs=(vid,),
+            outputs=(out,),
+            fn=transfer,
+            source=source,
+        )
+        self.transfers.setdefault(vid, []).append((want, out))
+        return out
+
+    def read(self, var) -> int:
+        return self.var_value[var]
+
+
+def trace_program(
+    fn: Callable,
+    args: tuple,
+    kwargs: dict,
+    *,
+    name: str,
+    resources: ResourceManager,
+    default_slice: VirtualSlice | None = None,
+) -> ProgramGraph:
+    """Trace ``fn(*args, **kwargs)`` into a ProgramGraph; see the module docstring."""
+    treedef, leaves, _ = signature(args, kwargs)
+    traced_idx = [i for i, x in enumerate(leaves) if is_traced_leaf(x)]
+    abstract = [abstract_leaf(leaves[i]) for i in traced_idx]
+    out_tree_box: list[Any] = []
+
+    def flat_fn(*traced):
+        full = list(leaves)
+        for i, t in zip(traced_idx, traced):
+            full[i] = t
+        a, k = jax.tree_util.tree_unflatten(treedef, full)
+        out = fn(*a, **k)
+        flat, out_tree = jax.tree_util.tree_flatten(out)
+        out_tree_box.append(out_tree)
+        return flat
+
+    try:
+        closed = jax.make_jaxpr(flat_fn)(*abstract)
+    except jax.errors.ConcretizationTypeError as e:
+        src = _exc_source(e)
+        raise ControlFlowError(
+            f"`pw.program` {name!r}: Python control flow depends on a value computed on devices "
+            f"({type(e).__name__}).{_fmt_source(src)}\n"
+            "A program is traced once into a static dataflow graph, so `if`/`while` on array values cannot "
+            "be decided at trace time. Instead: (1) use `jax.lax.cond` / `jnp.where` / `jax.lax.while_loop` "
+            "inside a `pw.compiled` function, or (2) fetch the value first (`fut.result()`) and branch in "
+            "plain Python outside the program. Loops over Python ranges are fine: they unroll."
+        ) from None
+    except (TracingError, SpecError):
+        raise
+    except Exception as e:
+        src = _exc_source(e)
+        hint = ""
+        if "not a valid JAX type" in str(e):
+            hint = "\nA program must return arrays (or pytrees of arrays); return non-array values outside it."
+        raise TracingError(
+            f"`pw.program` {name!r} could not be traced: {type(e).__name__}: {e}{_fmt_source(src)}{hint}"
+        ) from e
+
+    jaxpr = closed.jaxpr
+    b = _Builder(name=name, resources=resources, default_slice=default_slice)
+
+    input_ids = []
+    for var, a in zip(jaxpr.invars, abstract):
+        vid = b.new_value(a.shape, a.dtype, a.sharding, "input")
+        b.var_value[var] = vid
+        input_ids.append(vid)
+    consts: dict[int, Any] = {}
+    for var, c in zip(jaxpr.constvars, closed.consts):
+        sh = c.sharding if isinstance(c, jax.Array) else None
+        vid = b.new_value(np.shape(c), np.asarray(c).dtype if sh is None else c.dtype, sh, "const")
+        b.var_value[var] = vid
+        consts[vid] = c
+
+    # Where glue that reads no device value goes: the program's slice, else the first compute slice.
+    if b.default_slice is None:
+        for eqn in jaxpr.eqns:
+            cf = compiled_mod.lookup(str(eqn.params.get("name", "")))
+            if cf is not None:
+                b.default_slice = cf.slice
+                break
+
+    # Which vars are read after a given equation (to find a glue group's outputs).
+    last_use: dict[Any, int] = {}
+    for k, eqn in enumerate(jaxpr.eqns):
+        for v in eqn.invars:
+            if not isinstance(v, Literal):
+                last_use[v] = k
+    for v in jaxpr.outvars:
+        if not isinstance(v, Literal):
+            last_use[v] = len(jaxpr.eqns)
+
+    glue: list[tuple[int, Any]] = []
+    glue_slice: list[VirtualSlice | None] = [None]
+
+    def flush_glue():
+        if not glue:
+            return
+        s = glue_slice[0]
+        eqns = [e for _, e in glue]
+        produced = {v for e in eqns for v in e.outvars}
+        last_k = glue[-1][0]
+        invars: list[Any] = []
+        for e in eqns:
+            for v in e.invars:
+                if not isinstance(v, Literal) and v not in produced and v not in invars:
+                    invars.append(v)
+        outvars = [v for e in eqns for v in e.outvars if last_use.get(v, -1) > last_k]
+        source = _eqn_source(eqns[0])
+        in_ids, in_sh = [], []
+        for v in invars:
+            val = b.values[b.read(v)]
+            want = val.sharding if val.slice is s else _map_sharding(val.sharding, val.shape, s)
+            in_ids.append(b.placed(val.id, want, s, source))
+            in_sh.append(want)
+        out_sh = []
+        for v in outvars:
+            same = [sh for vv, sh in zip(invars, in_sh) if tuple(vv.aval.shape) == tuple(v.aval.shape)]
+            out_sh.append(same[0] if same else NamedSharding(s.mesh, PartitionSpec()))
+        prims = tuple(dict.fromkeys(e.primitive.name for e in eqns))
+        node_id = len(b.nodes)
+        out_ids = [b.new_value(v.aval.shape, v.aval.dtype, sh, "node", node_id, s) for v, sh in zip(outvars, out_sh)]
+        fn_ = jax.jit(make_evaluator(eqns, invars, outvars), in_shardings=tuple(in_sh), out_shardings=tuple(out_sh))
+        label = ",".join(prims[:3]) + (",…" if len(prims) > 3 else "")
+        b.add_node(
+            name=b.unique(f"glue[{label}]"),
+            kind="glue",
+            slice=s,
+            inputs=tuple(in_ids),
+            outputs=tuple(out_ids),
+            fn=fn_,
+            primitives=prims,
+            source=source,
+        )
+        for v, vid in zip(outvars, out_ids):
+            b.var_value[v] = vid
+        glue.clear()
+
+    for k, eqn in enumerate(jaxpr.eqns):
+        cf = compiled_mod.lookup(str(eqn.params.get("name", ""))) if "jit" in eqn.primitive.name else None
+        if cf is None:
+            s = None
+            for v in eqn.invars:
+                if isinstance(v, Literal):
+                    continue
+                if v in b.var_value:
+                    s = b.values[b.var_value[v]].slice
+                elif glue:  # produced earlier in the glue group being collected
+                    s = glue_slice[0]
+                if s is not None:
+                    break
+            if s is None:
+                s = glue_slice[0] if glue else b.default_slice
+            if s is None:
+                raise TracingError(
+                    f"`pw.program` {name!r}: the jnp operation `{eqn.primitive.name}` reads no array that lives "
+                    f"on a slice, and the program calls no `pw.compiled` function, so there is nowhere to run it."
+                    f"{_fmt_source(_eqn_source(eqn))}\nPass a slice: `@pw.program(slice=s)`, or call a "
+                    f"`pw.compiled` function."
+                )
+            s.check_live(f"pw.program {name!r}")
+            if glue and glue_slice[0] is not s:
+                flush_glue()
+            glue_slice[0] = s
+            glue.append((k, eqn))
+            continue
+        flush_glue()
+        cf.slice.check_live(f"pw.compiled {cf.name!r}")
+        source = _eqn_source(eqn)
+        in_ids, in_sh, literals = [], [], {}
+        var_ins = []
+        for pos, (v, want) in enumerate(zip(eqn.invars, eqn.params["in_shardings"])):
+            if isinstance(v, Literal):
+                literals[pos] = v
+                continue
+            val = b.values[b.read(v)]
+            _check_divisible(val.shape, want, f"`{cf.name}` argument {pos} ({val.type_str})")
+            in_ids.append(b.placed(val.id, want, cf.slice, source))
+            in_sh.append(want)
+            var_ins.append(v)
+        out_sh = list(eqn.params["out_shardings"])
+        node_id = len(b.nodes)
+        out_ids = []
+        for v, sh in zip(eqn.outvars, out_sh):
+            _check_divisible(v.aval.shape, sh, f"`{cf.name}` output ({v.aval.str_short()})")
+            out_ids.append(b.new_value(v.aval.shape, v.aval.dtype, sh, "node", node_id, cf.slice))
+        fn_ = jax.jit(
+            make_evaluator([eqn], var_ins, eqn.outvars), in_shardings=tuple(in_sh), out_shardings=tuple(out_sh)
+        )
+        b.add_node(
+            name=b.unique(cf.name),
+            kind="compute",
+            slice=cf.slice,
+            inputs=tuple(in_ids),
+            outputs=tuple(out_ids),
+            fn=fn_,
+            source=source,
+        )
+        for v, vid in zip(eqn.outvars, out_ids):
+            b.var_value[v] = vid
+    flush_glue()
+
+    outputs = []
+    for v in jaxpr.outvars:
+        if isinstance(v, Literal):
+            vid = b.new_value(np.shape(v.val), np.asarray(v.val).dtype, None, "const")
+            consts[vid] = np.asarray(v.val)
+            outputs.append(vid)
+        else:
+            outputs.append(b.read(v))
+    return ProgramGraph(
+        name=name,
+        nodes=b.nodes,
+        values=b.values,
+        inputs=tuple(input_ids),
+        outputs=tuple(outputs),
+        out_tree=out_tree_box[-1],
+        consts=consts,
+        jaxpr=closed,
+        default_slice=b.default_slice,
+    )

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Set up everything pw_kernel needs on a fresh Debian machine: system packages
+# (when missing), a virtual environment in .venv and the package with its extras.
+# Idempotent: a second run only checks.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
+
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else
+        log "need root to run: $*"; return 1; fi
+}
+
+APT_UPDATED=0
+apt_install() {
+    command -v apt-get >/dev/null || { log "apt-get not found; install these yourself: $*"; return 1; }
+    if [ "$APT_UPDATED" -eq 0 ]; then
+        log "apt-get update"
+        as_root apt-get update -qq
+        APT_UPDATED=1
+    fi
+    log "apt-get install $*"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+# 1. A Python >= 3.11.
+PY=""
+for cand in ${PYTHON:-} python3.12 python3.11 python3 python; do
+    if command -v "$cand" >/dev/null 2>&1 &&
+        "$cand" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' 2>/dev/null; then
+        PY=$cand
+        break
+    fi
+done
+if [ -z "$PY" ]; then
+    apt_install python3 python3-venv python3-pip
+    PY=python3
+fi
+
+# 2. System packages: graphviz's `dot` renders program graphs.
+command -v dot >/dev/null || apt_install graphviz
+
+# 3. The virtual environment (Debian's python3 needs python3-venv for ensurepip).
+if [ ! -x .venv/bin/python ]; then
+    log "creating .venv with $($PY --version)"
+    if ! "$PY" -m venv .venv 2>/dev/null; then
+        rm -rf .venv
+        ver=$("$PY" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+        apt_install "python${ver}-venv" || apt_install python3-venv
+        "$PY" -m venv .venv
+    fi
+fi
+
+# 4. The package and its extras (skipped when pyproject.toml has not changed).
+stamp=.venv/.pw_kernel-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+    log "installing pw_kernel and its test and notebook extras into .venv"
+    .venv/bin/python -m pip install -q --upgrade pip
+    .venv/bin/python -m pip install -q -e ".[test,notebook]"
+    touch "$stamp"
+fi
+log "ready: $(.venv/bin/python -c 'import jax, pw_kernel; print(f"pw_kernel {pw_kernel.__version__}, jax {jax.__version__}")')"
