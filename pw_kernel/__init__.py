@@ -80,6 +80,20 @@ def slice(n: int, mesh: dict[str, int] | None = None, name: str | None = None, i
     return controller().slice(n, mesh=mesh, name=name, island=island)
 
 
+def load_ipython_extension(ipython) -> None:
+    """`%load_ext pw_kernel`: register the `%%pathways` / `%pathways` magics (imported lazily)."""
+    from .magics import load_ipython_extension as load
+
+    load(ipython)
+
+
+def unload_ipython_extension(ipython) -> None:
+    """`%unload_ext pw_kernel`."""
+    from .magics import unload_ipython_extension as unload
+
+    unload(ipython)
+
+
 __all__ = [
     "CancelledError",
     "CompiledFunction",

@@ -291,6 +291,12 @@ def trace_program(
         raise
     except Exception as e:
         src = _exc_source(e)
+        if "evenly divide" in str(e):
+            raise SpecError(
+                f"`pw.program` {name!r}: a value does not fit the PartitionSpec it is given: {e}{_fmt_source(src)}\n"
+                "Use sizes that are multiples of the mesh axes they are split over, or replicate that "
+                "dimension with None in the spec."
+            ) from None
         hint = ""
         if "not a valid JAX type" in str(e):
             hint = "\nA program must return arrays (or pytrees of arrays); return non-array values outside it."

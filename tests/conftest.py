@@ -1,0 +1,33 @@
+"""Test setup: 8 simulated CPU devices before JAX starts, state-machine validation on."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("PW_VALIDATE", "1")
+os.environ.setdefault("PW_NUM_CPU_DEVICES", "8")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+
+jax.config.update("jax_num_cpu_devices", int(os.environ["PW_NUM_CPU_DEVICES"]))
+
+import pytest  # noqa: E402
+
+import pw_kernel as pw  # noqa: E402
+
+
+@pytest.fixture
+def ctl():
+    """A fresh controller with one island (validation on); shut down and joined afterwards."""
+    c = pw.init(pw.Config(validate=True))
+    yield c
+    pw.shutdown()
+
+
+@pytest.fixture
+def ctl2():
+    """A fresh controller whose 8 devices form two islands of 4."""
+    c = pw.init(pw.Config(islands=2, validate=True))
+    yield c
+    pw.shutdown()

@@ -1,0 +1,233 @@
+"""Running programs: MPMD over several slices, futures across runs, failures, cancellation, modes."""
+
+from __future__ import annotations
+
+import re
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import pw_kernel as pw
+
+
+def mlp_weights(width=32, depth=4, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.normal(size=(width, width)).astype(np.float32) / np.sqrt(width) for _ in range(depth)]
+
+
+def reference(x, ws):
+    for i, w in enumerate(ws):
+        x = np.tanh(x @ w)
+        if i % 2 == 0:
+            x = x * 0.5 + 1.0
+    return x, (x * x).mean()
+
+
+@pytest.fixture
+def mpmd(ctl2):
+    """An MPMD program over 4 slices in 2 islands: a layer per slice, glue between, transfers."""
+    slices = [
+        pw.slice(2, mesh={"data": 2}, name="s0", island=0),
+        pw.slice(2, mesh={"model": 2}, name="s1", island=0),
+        pw.slice(2, mesh={"data": 2}, name="s2", island=1),
+        pw.slice(2, mesh={"data": 1, "model": 2}, name="s3", island=1),
+    ]
+    specs = [
+        (P("data"), None, P("data")),
+        (None, P(None, "model"), P(None, "model")),
+        (P("data"), None, P("data")),
+        (P("data"), P(None, "model"), P("data", "model")),
+    ]
+    layers = [
+        pw.compiled(lambda x, w: jnp.tanh(x @ w), slice=s, in_specs=(i, w), out_specs=o, name=f"layer{k}")
+        for k, (s, (i, w, o)) in enumerate(zip(slices, specs))
+    ]
+    ws = mlp_weights()
+    placed = [jax.device_put(w, s.sharding(*(spec[1] or P()))) for w, s, spec in zip(ws, slices, specs)]
+
+    @pw.program
+    def model(x, *ws):
+        for i, (layer, w) in enumerate(zip(layers, ws)):
+            x = layer(x, w)
+            if i % 2 == 0:
+                x = x * 0.5 + 1.0  # glue on the layer's slice
+        return x, jnp.mean(x * x)
+
+    return model, ws, placed
+
+
+def test_mpmd_program_over_four_slices(mpmd):
+    model, ws, placed = mpmd
+    x = np.random.default_rng(1).normal(size=(8, 32)).astype(np.float32)
+    g = model.trace(x, *placed)
+    kinds = g.kinds()
+    assert kinds["compute"] == 4 and kinds["glue"] == 3 and kinds["transfer"] >= 4
+    assert {s.name for s in g.slices} == {"s0", "s1", "s2", "s3"}
+    assert sum(n.cross_island for n in g.nodes) == 1  # s1 (island 0) -> s2 (island 1)
+    y, loss = pw.get(model(x, *placed))
+    ry, rloss = reference(x, ws)
+    np.testing.assert_allclose(np.asarray(y), ry, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(float(loss), rloss, rtol=1e-5)
+    assert y.sharding.spec == P("data", "model")
+
+
+def test_fused_equals_chained(ctl):
+    s = pw.slice(4, mesh={"data": 4}, name="s")
+    f = pw.compiled(lambda x: jnp.sin(x) * 3, slice=s, in_specs=P("data"), out_specs=P("data"), name="f")
+    g = pw.compiled(lambda x: x.sum(), slice=s, in_specs=P("data"), name="g")
+
+    @pw.program
+    def p(x):
+        y = f(x) + 1
+        return y, g(y * y)
+
+    x = jax.device_put(jnp.arange(16.0), s.sharding("data"))
+    fused_run = p.submit(x, mode="fused")
+    chained_run = p.submit(x, mode="chained")
+    assert fused_run.mode == "fused" and fused_run.nodes_total == 1
+    assert chained_run.mode == "chained" and chained_run.nodes_total == 3  # f, glue[add,mul], g
+    for a, b in zip(fused_run.result(), chained_run.result()):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        assert a.sharding == b.sharding
+    assert p.submit(x).mode == "fused"  # auto picks fused on one slice
+
+
+def test_futures_feed_later_runs_without_waiting(ctl):
+    s1 = pw.slice(1, name="s1")
+    s2 = pw.slice(1, name="s2")
+    gate = threading.Event()
+
+    def wait_for_gate(x):
+        gate.wait(30)
+        return x
+
+    slow = pw.compiled(
+        lambda x: jax.pure_callback(wait_for_gate, jax.ShapeDtypeStruct(x.shape, x.dtype), x) + 1,
+        slice=s1,
+        name="slow",
+    )
+    inc = pw.compiled(lambda x: x + 1, slice=s2, name="inc")
+    first = slow(jnp.zeros(3))
+    second = inc(first)  # submitted while `first` is still being computed
+    third = inc(second)
+    assert not first.done() and not third.done()
+    assert isinstance(second, pw.Future) and second.shape == (3,) and second.dtype == np.float32
+    gate.set()
+    np.testing.assert_array_equal(np.asarray(third.result(timeout=60)), [3.0] * 3)
+    assert pw.controller().run(second.run.id).state == "done"
+
+
+def test_compiled_function_alone_is_a_one_node_program(ctl):
+    s = pw.slice(2, name="s")
+    double = pw.compiled(lambda x: x * 2, slice=s, name="double")
+    fut = double(jnp.array([1.0, 2.0]))
+    assert isinstance(fut, pw.Future)
+    np.testing.assert_array_equal(np.asarray(fut.result()), [2.0, 4.0])
+    run = fut.run
+    assert run.name == "double" and [e.node for e in run.events] == ["transfer dev0->s", "double"]
+
+    @pw.compiled(slice=s, in_specs=P("d"), out_specs=P("d"))
+    def halve(x):
+        return x / 2
+
+    assert isinstance(halve, pw.CompiledFunction) and halve.__name__ == "halve"
+    np.testing.assert_array_equal(np.asarray(halve(jnp.array([2.0, 4.0])).result()), [1.0, 2.0])
+
+
+def failing_callback(x):
+    raise ValueError("sensor offline")
+
+
+def test_a_failing_node_fails_only_its_run(ctl):
+    s = pw.slice(1, name="s")
+    other = pw.slice(2, name="other")
+    broken = pw.compiled(
+        lambda x: jax.pure_callback(failing_callback, jax.ShapeDtypeStruct(x.shape, x.dtype), x),
+        slice=s,
+        name="read_sensor",
+    )
+    fine = pw.compiled(lambda x: x + 1, slice=other, name="fine")
+
+    @pw.program
+    def pipeline(x):
+        y = broken(x)
+        return fine(y), fine(x)
+
+    healthy = fine(jnp.ones(2))
+    y, z = pipeline(jnp.ones(2))
+    for fut in (y, z):
+        with pytest.raises(pw.NodeError) as info:
+            fut.result(timeout=60)
+        err = info.value
+        assert err.node == "read_sensor" and err.program == "pipeline"
+        assert "sensor offline" in str(err) and "node 'read_sensor' of program 'pipeline'" in str(err)
+    assert y.run.state == "failed" and y.exception() is y.run.error
+    np.testing.assert_array_equal(np.asarray(healthy.result()), [2.0, 2.0])
+    np.testing.assert_array_equal(np.asarray(fine(jnp.ones(2)).result()), [2.0, 2.0])  # controller still fine
+    # a future of the failed run used as an input: the new run fails clearly
+    later = fine(y)
+    with pytest.raises(pw.InputFailedError, match=re.escape(f"reads output 0 of run {y.run.id} ('pipeline'), which failed")):
+        later.result(timeout=60)
+
+
+def test_cancel_a_queued_run(ctl):
+    pw.init(pw.Config(max_inflight=1, validate=True))
+    s = pw.slice(1, name="s")
+    started, gate = threading.Event(), threading.Event()
+
+    def hold(x):
+        started.set()
+        gate.wait(30)
+        return x
+
+    blocker = pw.compiled(lambda x: jax.pure_callback(hold, jax.ShapeDtypeStruct(x.shape, x.dtype), x), slice=s, name="hold")
+    inc = pw.compiled(lambda x: x + 1, slice=s, name="inc")
+    x = jax.device_put(jnp.zeros(2), s.sharding())
+    first = blocker(x)
+    assert started.wait(30)
+    queued = pw.program(lambda v: inc(v), name="queued").submit(x)
+    assert queued.state == "queued"  # the island's one in-flight slot is taken
+    assert queued.cancel() is True and queued.state == "cancelled"
+    assert queued.cancel() is False
+    with pytest.raises(pw.CancelledError, match="was cancelled"):
+        queued.outputs.result()
+    gate.set()
+    np.testing.assert_array_equal(np.asarray(first.result(timeout=60)), [0.0, 0.0])
+    assert queued.nodes_dispatched == 0
+    np.testing.assert_array_equal(np.asarray(inc(x).result(timeout=60)), [1.0, 1.0])
+
+
+def test_cancel_a_running_run_drops_undispatched_nodes(ctl):
+    pw.init(pw.Config(max_inflight=1, validate=True))
+    s = pw.slice(1, name="s")
+    started, gate = threading.Event(), threading.Event()
+
+    def hold(x):
+        started.set()
+        gate.wait(30)
+        return x
+
+    blocker = pw.compiled(lambda x: jax.pure_callback(hold, jax.ShapeDtypeStruct(x.shape, x.dtype), x), slice=s, name="hold")
+    inc = pw.compiled(lambda x: x + 1, slice=s, name="inc")
+
+    @pw.program
+    def long(x):
+        x = blocker(x)
+        for _ in range(10):
+            x = inc(x)
+        return x
+
+    x = jax.device_put(jnp.zeros(2), s.sharding())
+    long.trace(x)
+    run = long.submit(x, mode="chained")
+    assert started.wait(30)
+    assert run.state == "running" and run.cancel()
+    gate.set()
+    with pytest.raises(pw.CancelledError):
+        run.outputs.result(timeout=60)
+    assert run.nodes_dispatched < run.nodes_total
+    assert run.outputs.cancelled()
