@@ -110,10 +110,7 @@ class Future(concurrent.futures.Future):
     def __await__(self):
         return asyncio.wrap_future(self).__await__()
 
-    # Outside programs a future can stand in for its array (it blocks).
-    def __jax_array__(self):
-        return self.result()
-
+    # Outside programs numpy can read a future (it blocks); for JAX use `fut.result()`.
     def __array__(self, dtype=None, copy=None):
         return np.asarray(self.result(), dtype=dtype)
 

@@ -1,0 +1,141 @@
+"""pw.Future: the concurrent.futures / asyncio contract, with shape, dtype and sharding up front."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import re
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import pw_kernel as pw
+
+
+@pytest.fixture
+def gated(ctl):
+    """A compiled function that holds until the test opens the gate."""
+    s = pw.slice(2, mesh={"data": 2}, name="s")
+    gate = threading.Event()
+
+    def hold(x):
+        gate.wait(30)
+        return x
+
+    slow = pw.compiled(
+        lambda x: jax.pure_callback(hold, jax.ShapeDtypeStruct(x.shape, x.dtype), x) * 2,
+        slice=s,
+        in_specs=P(),
+        out_specs=P("data"),
+        name="slow",
+    )
+    yield slow, gate
+    gate.set()
+
+
+def test_shape_dtype_and_sharding_known_at_submit(gated):
+    slow, gate = gated
+    fut = slow(jnp.ones((4, 3)))
+    assert fut.shape == (4, 3) and fut.dtype == np.float32 and fut.ndim == 2 and fut.size == 12
+    assert fut.sharding.spec == P("data") and not fut.done()
+    text = repr(fut)
+    assert "float32[4,3]" in text and "P('data')" in text and "'slow'" in text
+    assert "state=" in text and ("pending" in text or "dispatched" in text)
+    gate.set()
+    assert fut.result(timeout=60).sharding == fut.sharding
+    assert fut.done() and fut.exception() is None and "state=done" in repr(fut)
+
+
+def test_timeouts(gated):
+    slow, gate = gated
+    fut = slow(jnp.ones(2))
+    with pytest.raises(pw.TimeoutError, match=re.escape("not ready after 0.0 s")):
+        fut.result(timeout=0)
+    with pytest.raises(ValueError, match=re.escape("`Future.result(timeout=-1)`: a timeout cannot be negative")):
+        fut.result(timeout=-1)
+    with pytest.raises(ValueError, match=re.escape("must be a number of seconds or None; got 'soon'")):
+        fut.result(timeout="soon")
+    with pytest.raises(pw.TimeoutError):
+        fut.run.wait(timeout=0.01)
+    assert isinstance(pw.TimeoutError("x"), concurrent.futures.TimeoutError)
+    gate.set()
+    assert fut.result(timeout=60) is not None
+
+
+def test_done_callbacks_and_concurrent_futures_wait(gated):
+    slow, gate = gated
+    futs = [slow(jnp.full(2, float(i))) for i in range(3)]
+    seen = []
+    futs[0].add_done_callback(lambda f: seen.append(f))
+    done, not_done = concurrent.futures.wait(futs, timeout=0)
+    assert not done and len(not_done) == 3
+    gate.set()
+    done, not_done = concurrent.futures.wait(futs, timeout=60)
+    assert len(done) == 3 and not not_done
+    assert seen == [futs[0]]
+    assert [float(np.asarray(f.result())[0]) for f in futs] == [0.0, 2.0, 4.0]
+    assert list(concurrent.futures.as_completed(futs, timeout=5))
+
+
+def test_await_in_asyncio(gated):
+    slow, gate = gated
+    fut = slow(jnp.ones(2))
+
+    async def main():
+        asyncio.get_running_loop().call_later(0.05, gate.set)
+        return await fut
+
+    out = asyncio.run(main())
+    np.testing.assert_array_equal(np.asarray(out), [2.0, 2.0])
+
+
+def test_cancel_via_future_and_futures_of_cancelled_runs(gated):
+    slow, gate = gated
+
+    @pw.program
+    def two(x):
+        y = slow(x)
+        return y, y + 1
+
+    a, b = two(jnp.ones(2))
+    assert a.cancel() is True  # cancels the run; both outputs are cancelled
+    assert a.cancelled() and b.cancelled() and a.run.state == "cancelled"
+    with pytest.raises(pw.CancelledError, match=re.escape(f"output 1 of run {a.run.id} ('two') was cancelled")):
+        b.result()
+    assert isinstance(pw.CancelledError("x"), concurrent.futures.CancelledError)
+    gate.set()
+
+
+def test_get_blocks_on_a_tree(ctl):
+    s = pw.slice(2, name="s")
+    f = pw.compiled(lambda x: {"double": x * 2, "neg": -x}, slice=s, name="f")
+    out = pw.get({"a": f(jnp.ones(2)), "b": 3, "c": [f(jnp.zeros(2))["neg"]]})
+    np.testing.assert_array_equal(np.asarray(out["a"]["double"]), [2.0, 2.0])
+    assert out["b"] == 3 and isinstance(out["c"][0], jax.Array)
+
+
+def test_numpy_reads_a_future(ctl):
+    s = pw.slice(1, name="s")
+    f = pw.compiled(lambda x: x + 1, slice=s, name="f")
+    fut = f(jnp.arange(3.0))
+    np.testing.assert_array_equal(np.asarray(fut), [1.0, 2.0, 3.0])
+    np.testing.assert_array_equal(np.asarray(fut.result() + 1), [2.0, 3.0, 4.0])
+
+
+def test_program_outputs_keep_their_tree(ctl):
+    s = pw.slice(1, name="s")
+    f = pw.compiled(lambda x: x + 1, slice=s, name="f")
+
+    @pw.program
+    def p(x):
+        return {"y": f(x), "pair": (x, 3.0)}
+
+    out = p(jnp.zeros(2))
+    assert set(out) == {"y", "pair"} and all(isinstance(v, pw.Future) for v in (out["y"], *out["pair"]))
+    got = pw.get(out)
+    np.testing.assert_array_equal(np.asarray(got["pair"][0]), [0.0, 0.0])  # an input passed through
+    assert float(got["pair"][1]) == 3.0  # a constant output

@@ -1,0 +1,88 @@
+"""The runtime's contracts: the Run state machine, controller lifecycle, and imports."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+
+import jax.numpy as jnp
+import pytest
+
+import pw_kernel as pw
+from pw_kernel.runtime.run import FINAL, TRANSITIONS, InvalidTransition
+
+
+def test_transition_table_is_the_documented_state_machine():
+    assert set(TRANSITIONS) == {
+        ("queued", "running"),
+        ("queued", "cancelled"),
+        ("queued", "failed"),
+        ("running", "done"),
+        ("running", "failed"),
+        ("running", "cancelled"),
+    }
+    assert not any(src in FINAL for src, _ in TRANSITIONS)  # final states are final
+
+
+def test_an_invalid_transition_is_refused_and_validation_is_on(ctl):
+    assert ctl.config.validate
+    s = pw.slice(1)
+    run = pw.program(lambda x: x + 1, slice=s, name="p").submit(jnp.ones(2))
+    run.wait(30)
+    assert run.state == "done"
+    with ctl.lock, pytest.raises(InvalidTransition, match="no transition done -> running"):
+        run._transition("running")
+    run.validate()
+
+
+def test_status_lists_islands_slices_and_runs(ctl2):
+    s = pw.slice(2, name="left")
+    pw.program(lambda x: x * 2, slice=s, name="double").submit(jnp.ones(2)).wait(30)
+    st = pw.controller().status()
+    assert [i.id for i in st.islands] == [0, 1] and [x.name for x in st.slices] == ["left"]
+    assert st.counts() == {"done": 1}
+    text = str(st)
+    assert "VirtualSlice('left'" in text and "double" in text and "policy fifo" in text
+
+
+def test_shutdown_fails_inflight_runs_and_joins_threads(ctl):
+    c = pw.init(pw.Config(validate=True))
+    threads = c.threads
+    assert [t.name for t in threads] == ["pw-dispatcher", "pw-watcher"] and all(t.is_alive() for t in threads)
+    before = set(threading.enumerate())
+    s = pw.slice(1)
+    gate = threading.Event()
+    import jax
+
+    def hold(x):
+        gate.wait(30)
+        return x
+
+    slow = pw.compiled(lambda x: jax.pure_callback(hold, jax.ShapeDtypeStruct(x.shape, x.dtype), x), slice=s)
+    fut = slow(jnp.ones(2))
+    queued = pw.program(lambda x: x + 1, slice=s, name="later")(jnp.ones(2))
+    threading.Timer(0.2, gate.set).start()
+    c.shutdown()
+    assert not any(t.is_alive() for t in threads)
+    assert set(threading.enumerate()) <= before - set(threads) | {t for t in threading.enumerate() if t.name.startswith("Thread")}
+    for f in (fut, queued):
+        assert f.done()
+        if f.exception() is not None:
+            assert isinstance(f.exception(), pw.ControllerShutdownError)
+    with pytest.raises(pw.ControllerShutdownError, match="this controller was shut down"):
+        c.slice(1)
+    assert pw.controller() is not c  # a fresh one on demand
+
+
+def test_runtime_imports_only_jax_and_numpy():
+    code = (
+        "import sys, pw_kernel as pw\n"
+        "heavy = [m for m in ('IPython', 'ipywidgets', 'ipykernel', 'graphviz', 'anywidget', 'traitlets', 'jupyter_client')"
+        " if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+        "print(len(pw.devices()))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "8"  # the embedded default: 8 simulated CPU devices
