@@ -8,6 +8,7 @@ sharding; edges are values flowing from a producer to a consumer.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import html
 import math
 from typing import Any, Literal
@@ -157,14 +158,15 @@ class ProgramGraph:
                 out.append(Edge(v.producer, node.id, v))
         return out
 
-    @property
-    def slices(self) -> list[VirtualSlice]:
+    @functools.cached_property
+    def slices(self) -> tuple[VirtualSlice, ...]:
+        """The slices the program's nodes run on, in order of first use."""
         seen: dict[int, VirtualSlice] = {}
         for n in self.nodes:
             for s in (n.src_slice, n.slice):
                 if s is not None:
                     seen.setdefault(id(s), s)
-        return list(seen.values())
+        return tuple(seen.values())
 
     def kinds(self) -> dict[str, int]:
         counts: dict[str, int] = {}
