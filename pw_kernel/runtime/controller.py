@@ -214,12 +214,13 @@ class Controller:
         if node is not None and node.source is not None:
             where = run.source_map.get(node.name)
             src = f"\n  at {where}" if where else f"\n  at {node.source[0]}, line {node.source[1]}"
+        step_name = step.name if step is not None else "<dispatcher>"
         err = NodeError(
-            f"node {step.name!r} of program {run.graph.name!r} (run {run.id}, {run.name!r}) failed: "
+            f"node {step_name!r} of program {run.graph.name!r} (run {run.id}, {run.name!r}) failed: "
             f"{type(exc).__name__}: {exc}{src}",
             run_id=run.id,
             program=run.graph.name,
-            node=step.name,
+            node=step_name,
         )
         err.__cause__ = exc
         run._transition("failed", err)

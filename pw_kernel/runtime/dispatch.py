@@ -88,7 +88,11 @@ class Dispatcher:
                     run = self._pick()
                 dead, self.graveyard = self.graveyard, []
             del dead  # free finished nodes' buffers here, between bursts (see _watch_loop)
-            self._dispatch(run)
+            try:
+                self._dispatch(run)
+            except BaseException as e:  # a bug of ours: fail the run, keep the controller alive
+                with self.cond:
+                    self.controller._fail(run, None, e)
 
     def _pick(self) -> Run | None:
         """Among active runs, the policy's choice of those that can dispatch now (lock held)."""
@@ -184,7 +188,12 @@ class Dispatcher:
             batch = self.queue.get()
             if batch is None:
                 return
-            self._complete(batch)
+            try:
+                self._complete(batch)
+            except BaseException as e:  # a bug of ours: fail those runs, keep watching
+                with self.cond:
+                    for run, st, _, _ in batch:
+                        self.controller._fail(run, st, e)
             if self._idle:
                 del batch
             else:
@@ -218,21 +227,23 @@ class Dispatcher:
             ev.end = end if end > start else start
             for d in st.devices:
                 last_end[d] = ev.end
-        failed: dict[int, BaseException] = {}
+        failed: dict[int, BaseException] = {}  # batch index -> error of the first failing node of a run
         try:
             jax.block_until_ready([item[3] for item in batch])
         except Exception:  # an asynchronous failure: find the first failing node of each run
-            for run, _, _, outs in batch:
-                if run.id not in failed:
+            seen: set[int] = set()
+            for i, (run, _, _, outs) in enumerate(batch):
+                if run.id not in seen:
                     try:
                         jax.block_until_ready(outs)
                     except Exception as e:
-                        failed[run.id] = e
+                        failed[i] = e
+                        seen.add(run.id)
         completed = self.completed
         emit = log.emit_node
-        for run, st, ev, outs in batch:
+        for i, (run, st, ev, outs) in enumerate(batch):
             completed[st.island] += 1
-            err = failed.get(run.id)
+            err = failed.get(i) if failed else None
             if err is not None and run.state not in FINAL:
                 ev.error = f"{type(err).__name__}: {err}"
                 with self.cond:

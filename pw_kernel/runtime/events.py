@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import json
+import logging
 import os
 import threading
 import time
@@ -86,6 +87,7 @@ class RunEvent:
 
 
 Subscriber = Callable[[Any], None]
+_log = logging.getLogger("pw_kernel")
 
 
 class EventLog:
@@ -136,14 +138,13 @@ class EventLog:
         for cb in self._subscribers:
             self._call(cb, ev)
 
-    @staticmethod
-    def _call(cb: Subscriber, ev: Any) -> None:
+    def _call(self, cb: Subscriber, ev: Any) -> None:
         try:
             cb(ev)
-        except Exception as e:  # a broken view must never stop the controller
-            import warnings
-
-            warnings.warn(f"pw_kernel event subscriber {cb!r} raised {type(e).__name__}: {e}", RuntimeWarning, stacklevel=2)
+        except Exception:  # a broken view must never stop the controller: log it once, drop it
+            _log.exception("pw_kernel: event subscriber %r raised; it is unsubscribed", cb)
+            with self._lock:
+                self._subscribers = [s for s in self._subscribers if s is not cb]
 
     def query(
         self,
