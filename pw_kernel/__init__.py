@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from .runtime.config import Config, configure_cpu_devices
 from .runtime.errors import (
+    AdmissionError,
     CancelledError,
     ControlFlowError,
     ControllerShutdownError,
@@ -41,7 +42,7 @@ from .runtime.futures import Future, get  # noqa: E402
 from .runtime.graph import Edge, Node, ProgramGraph, Value  # noqa: E402
 from .runtime.program import Program, program  # noqa: E402
 from .runtime.run import Run  # noqa: E402
-from .runtime.scheduler import FIFO, Policy  # noqa: E402
+from .runtime.scheduler import FIFO, FairShare, Policy, Priority  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -95,6 +96,7 @@ def unload_ipython_extension(ipython) -> None:
 
 
 __all__ = [
+    "AdmissionError",
     "CancelledError",
     "CompiledFunction",
     "Config",
@@ -104,6 +106,7 @@ __all__ = [
     "Edge",
     "EventLog",
     "FIFO",
+    "FairShare",
     "Future",
     "FusedModeError",
     "InputFailedError",
@@ -113,6 +116,7 @@ __all__ = [
     "NodeEvent",
     "PathwaysError",
     "Policy",
+    "Priority",
     "Program",
     "ProgramGraph",
     "Run",

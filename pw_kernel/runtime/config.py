@@ -37,6 +37,11 @@ class Config:
     max_events: int = 1_000_000
     #: Default execution mode of programs.
     mode: Mode = "auto"
+    #: Bytes per device that runs may reserve (memory-aware admission). None: the device's
+    #: reported limit (``memory_stats()['bytes_limit']``) times ``memory_fraction``, or no limit
+    #: where the device reports none (the CPU).
+    device_memory: int | None = None
+    memory_fraction: float = 0.9
 
 
 def configure_cpu_devices(n: int | None = None) -> bool:

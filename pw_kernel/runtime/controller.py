@@ -13,7 +13,7 @@ from . import plan as plan_mod
 from .config import Config
 from .devices import Island, ResourceManager, VirtualSlice, build_islands
 from .dispatch import Dispatcher
-from .errors import ControllerShutdownError, InputFailedError, NodeError, PathwaysError
+from .errors import AdmissionError, ControllerShutdownError, InputFailedError, NodeError, PathwaysError
 from .events import EventLog
 from .futures import Future
 from .graph import ProgramGraph
@@ -73,6 +73,8 @@ class Controller:
                 self.events.device_names[d.id] = f"{d.platform}:{d.id}"
         self.lock = threading.RLock()
         self.scheduler = Scheduler()
+        self.capacity: dict[int, int] = self._capacity()  # device id -> bytes runs may reserve
+        self.reserved: dict[int, int] = {}
         self.runs: list[Run] = []
         self._ids = itertools.count()
         self._closed = False
@@ -104,6 +106,14 @@ class Controller:
                     f"or replaced (`pw.init`). Create the slices and compiled functions again."
                 )
         plan = plan_mod.plan_for(graph, mode or self.config.mode)
+        for d, need in plan.peak_bytes.items():
+            cap = self.capacity.get(d)
+            if cap is not None and need > cap:
+                raise AdmissionError(
+                    f"`submit {graph.name!r}`: the run needs about {need / 2**20:.1f} MiB on device {d}, but runs "
+                    f"may reserve at most {cap / 2**20:.1f} MiB there (Config.device_memory / memory_fraction). "
+                    f"Shard the values over more devices, use smaller shapes, or raise the limit."
+                )
         with self.lock:
             run = Run(self, next(self._ids), name or graph.name, graph, plan, inputs, tenant, weight, priority)
             self.runs.append(run)
@@ -111,6 +121,22 @@ class Controller:
             self.scheduler.add(run)
             self.dispatcher.wake()
         return run
+
+    def set_policy(self, policy) -> None:
+        """Switch the scheduling policy now (FIFO, FairShare, Priority); queued runs follow the new one.
+
+        Example::
+
+            pw.controller().set_policy(pw.FairShare({"A": 1, "B": 3}))
+        """
+        if not all(hasattr(policy, a) for a in ("pick", "charge", "quantum", "name")):
+            raise TypeError(
+                f"`Controller.set_policy` needs a policy such as pw.FIFO(), pw.FairShare() or pw.Priority(); "
+                f"got {policy!r}."
+            )
+        with self.lock:
+            self.scheduler.policy = policy
+            self.dispatcher.wake()
 
     def status(self) -> Status:
         with self.lock:
@@ -169,8 +195,45 @@ class Controller:
         return f"<pw.Controller {state}: {len(self.devices)} devices, {len(self.islands)} islands, {len(self.runs)} runs>"
 
     # --------------------------------------------- called by the dispatcher
+    def _capacity(self) -> dict[int, int]:
+        cap: dict[int, int] = {}
+        for d in self.devices:
+            if self.config.device_memory is not None:
+                cap[d.id] = int(self.config.device_memory)
+                continue
+            try:
+                stats = d.memory_stats() or {}
+            except Exception:  # not every backend reports memory
+                stats = {}
+            if "bytes_limit" in stats:
+                cap[d.id] = int(stats["bytes_limit"] * self.config.memory_fraction)
+        return cap
+
+    def _admit(self, run: Run) -> bool:
+        """Reserve the run's estimated peak memory if it fits next to what running runs hold (lock held)."""
+        need = run.plan.peak_bytes
+        cap, reserved = self.capacity, self.reserved
+        for d, n in need.items():
+            c = cap.get(d)
+            if c is not None and reserved.get(d, 0) + n > c:
+                run.waiting_for = "memory"
+                return False
+        for d, n in need.items():
+            reserved[d] = reserved.get(d, 0) + n
+        run._reserved = need
+        run.waiting_for = None
+        return True
+
+    def _unreserve(self, run: Run) -> None:
+        """Give back a final run's reservation and let queued runs try again (lock held)."""
+        if run._reserved:
+            for d, n in run._reserved.items():
+                self.reserved[d] -= n
+            run._reserved = {}
+            self.dispatcher.wake()
+
     def _start(self, run: Run) -> bool:
-        """Resolve a queued run's inputs; True when it can start (lock held)."""
+        """Resolve a queued run's inputs and admit it; True when it can start (lock held)."""
         arrays = []
         for x in run._inputs:
             if isinstance(x, Future):
@@ -187,10 +250,13 @@ class Controller:
                     self.scheduler.remove(run)
                     return False
                 if x._array is None:
+                    run.waiting_for = "input"
                     return False  # its producer has not been dispatched yet
                 arrays.append(x._array)
             else:
                 arrays.append(x)
+        if not self._admit(run):
+            return False  # back-pressure: waits until running runs give memory back
         plan = run.plan
         slots: list[Any] = [None] * plan.n_slots
         for slot, a in zip(plan.input_slots, arrays):

@@ -142,6 +142,7 @@ class Dispatcher:
         k = run._cursor
         n_steps = len(steps)
         sent = 0
+        cost = 0
         if slots is None:  # cancelled or failed between pick and here
             return
         while k < n_steps and sent < quantum:
@@ -172,6 +173,7 @@ class Dispatcher:
             batch.append((run, st, ev, outs))
             k += 1
             sent += 1
+            cost += st.cost
             if len(batch) >= _BATCH or t >= flush_at:
                 self.queue.put(batch)
                 batch = []
@@ -180,7 +182,7 @@ class Dispatcher:
             self.queue.put(batch)
         run._cursor = k
         if sent:
-            c.scheduler.policy.charge(run, sent)
+            c.scheduler.policy.charge(run, cost)
 
     # --------------------------------------------------------------- watcher
     def _watch_loop(self) -> None:
@@ -225,6 +227,7 @@ class Dispatcher:
                     start = prev
             ev.start = start
             ev.end = end if end > start else start
+            st.cost += (ev.end - start - st.cost) >> 2  # running mean of device time, for fair share
             for d in st.devices:
                 last_end[d] = ev.end
         failed: dict[int, BaseException] = {}  # batch index -> error of the first failing node of a run

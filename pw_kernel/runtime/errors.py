@@ -50,6 +50,10 @@ class InputFailedError(PathwaysError, RuntimeError):
     """A run's input future belongs to a run that failed or was cancelled."""
 
 
+class AdmissionError(PathwaysError, MemoryError):
+    """A run needs more device memory than its devices have, even with nothing else running."""
+
+
 class ControllerShutdownError(PathwaysError, RuntimeError):
     """The controller was shut down before the run finished."""
 

@@ -8,9 +8,11 @@ publishes, which devices it occupies) is decided here, once per graph and mode.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Literal
 
 import jax
+import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from .errors import FusedModeError
@@ -37,6 +39,7 @@ class Step:
     nbytes: int
     shapes: str
     node: Node | None
+    cost: int = 1000  # ns of device time, a running mean updated by the watcher
 
 
 @dataclasses.dataclass(eq=False)
@@ -49,6 +52,8 @@ class Plan:
     output_slots: tuple[int, ...]
     #: step index whose completion makes output j ready (-1: ready when the run starts)
     output_step: tuple[int, ...]
+    #: estimated peak bytes the run allocates per device id (for memory-aware admission)
+    peak_bytes: dict[int, int] = dataclasses.field(default_factory=dict)
 
 
 def _step_for(node: Node, graph: ProgramGraph, call, ins, outs, name=None, kind=None) -> Step:
@@ -97,7 +102,47 @@ def _finish(mode: ExecMode, graph: ProgramGraph, steps: list[Step], outputs: tup
         const_slots=dict(graph.consts),
         output_slots=outputs,
         output_step=output_step,
+        peak_bytes=_peak_bytes(graph, steps, outputs),
     )
+
+
+def shard_bytes(value) -> dict[int, int]:
+    """Bytes a value occupies on each device it lives on (a replica counts in full)."""
+    sh = value.sharding
+    if sh is None:
+        return {}
+    try:
+        shard = sh.shard_shape(value.shape)
+    except Exception:
+        shard = value.shape
+    nbytes = math.prod(shard) * np.dtype(value.dtype).itemsize
+    return {d.id: nbytes for d in sh.device_set}
+
+
+def _peak_bytes(graph: ProgramGraph, steps: list[Step], outputs: tuple[int, ...]) -> dict[int, int]:
+    """Walk the steps in order: add each step's outputs, drop slots at their last reader; keep the peak.
+
+    An estimate: it counts the buffers the run allocates (node outputs, transfers),
+    not its inputs (they exist already) nor XLA's scratch space inside a node.
+    """
+    live: dict[int, int] = {}
+    peak: dict[int, int] = {}
+    size: dict[int, dict[int, int]] = {}
+    values = graph.values
+    for st in steps:
+        for slot in st.outs:
+            if slot < len(values):
+                b = size[slot] = shard_bytes(values[slot])
+            else:  # a fused output: sized like the program output it stands for
+                b = size[slot] = shard_bytes(values[graph.outputs[slot - len(values)]])
+            for d, n in b.items():
+                live[d] = live.get(d, 0) + n
+                if live[d] > peak.get(d, 0):
+                    peak[d] = live[d]
+        for slot in st.frees:
+            for d, n in size.get(slot, {}).items():
+                live[d] -= n
+    return peak
 
 
 def chained(graph: ProgramGraph) -> Plan:

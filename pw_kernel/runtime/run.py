@@ -92,6 +92,9 @@ class Run:
         self._slots: list[Any] | None = None
         self._cursor = 0
         self._final = threading.Event()
+        self._reserved: dict[int, int] = {}
+        #: why a queued run has not started: None, "input" (a future not yet dispatched) or "memory"
+        self.waiting_for: str | None = None
         vals = graph.values
         self.futures = [
             Future(self, j, vals[v].shape, vals[v].dtype, vals[v].sharding) for j, v in enumerate(graph.outputs)
@@ -211,6 +214,7 @@ class Run:
     def _release(self) -> None:
         self._slots = None
         self._inputs = []
+        self.controller._unreserve(self)
         self._final.set()
 
     def _dbg(self) -> str:

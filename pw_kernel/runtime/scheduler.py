@@ -4,12 +4,17 @@ The dispatcher is one thread, so every island receives its computations in
 one consistent order (the paper's gang scheduling): programs whose collectives
 cover overlapping devices can never be enqueued in different orders on
 different devices, and so cannot deadlock. A policy only decides *which* run
-goes next among those that can make progress.
+goes next among those that can make progress, and how many of its nodes.
+
+Policies (switchable at run time with `Controller.set_policy`):
+- `FIFO`: oldest run first, run to completion unless blocked.
+- `FairShare`: weighted fair share of device time between tenants, node by node.
+- `Priority`: highest priority first (FIFO within a level), preempting at node granularity.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -24,7 +29,7 @@ class Policy(Protocol):
 
     def pick(self, runnable: Sequence[Run]) -> Run: ...
 
-    def charge(self, run: Run, nodes: int) -> None: ...
+    def charge(self, run: Run, cost_ns: int) -> None: ...
 
 
 class FIFO:
@@ -32,7 +37,7 @@ class FIFO:
 
     Example::
 
-        pw.controller().scheduler.policy = pw.FIFO()
+        pw.controller().set_policy(pw.FIFO())
     """
 
     name = "fifo"
@@ -41,11 +46,90 @@ class FIFO:
     def pick(self, runnable: Sequence[Run]) -> Run:
         return runnable[0]
 
-    def charge(self, run: Run, nodes: int) -> None:
+    def charge(self, run: Run, cost_ns: int) -> None:
         pass
 
     def __repr__(self) -> str:
         return "FIFO()"
+
+
+class FairShare:
+    """Weighted fair share of device time between tenants, interleaved node by node.
+
+    Each tenant accrues virtual time = device time of its dispatched nodes /
+    its weight (a node's device time is the running mean of its measured
+    durations); the tenant with the least virtual time goes next. A tenant
+    that (re)joins starts at the least virtual time of the active ones, so
+    idling earns no credit. Weights come from ``weights`` or from the
+    ``weight=`` of a tenant's runs.
+
+    Example::
+
+        pw.controller().set_policy(pw.FairShare({"A": 1, "B": 2, "C": 4, "D": 8}))
+        step.submit(x, tenant="B")
+    """
+
+    name = "fair"
+    quantum = 1
+
+    def __init__(self, weights: Mapping[str, float] | None = None):
+        self.weights: dict[str, float] = {}
+        for tenant, w in (weights or {}).items():
+            self.set_weight(tenant, w)
+        self.vtime: dict[str, float] = {}
+
+    def set_weight(self, tenant: str, weight: float) -> None:
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
+            raise ValueError(f"`FairShare` weight of tenant {tenant!r} must be a positive number; got {weight!r}.")
+        self.weights[tenant] = float(weight)
+
+    def weight(self, run: Run) -> float:
+        return self.weights.get(run.tenant, run.weight)
+
+    def pick(self, runnable: Sequence[Run]) -> Run:
+        vtime = self.vtime
+        if len(vtime) > 4 * len(runnable) + 64:  # forget tenants long gone
+            live = {r.tenant for r in runnable}
+            self.vtime = vtime = {t: v for t, v in vtime.items() if t in live}
+        floor = min((vtime[r.tenant] for r in runnable if r.tenant in vtime), default=0.0)
+        best = None
+        best_key = None
+        for r in runnable:
+            v = vtime.get(r.tenant)
+            if v is None or v < floor:
+                v = vtime[r.tenant] = floor
+            key = (v, r.id)
+            if best_key is None or key < best_key:
+                best, best_key = r, key
+        return best
+
+    def charge(self, run: Run, cost_ns: int) -> None:
+        self.vtime[run.tenant] = self.vtime.get(run.tenant, 0.0) + cost_ns / self.weight(run)
+
+    def __repr__(self) -> str:
+        return f"FairShare({self.weights})"
+
+
+class Priority:
+    """Highest ``priority=`` first (FIFO among equals); a new urgent run preempts at the next node.
+
+    Example::
+
+        pw.controller().set_policy(pw.Priority())
+        step.submit(x, priority=10)
+    """
+
+    name = "priority"
+    quantum = 1
+
+    def pick(self, runnable: Sequence[Run]) -> Run:
+        return min(runnable, key=lambda r: (-r.priority, r.id))
+
+    def charge(self, run: Run, cost_ns: int) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        return "Priority()"
 
 
 class Scheduler:

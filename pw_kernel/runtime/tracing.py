@@ -125,6 +125,48 @@ def make_evaluator(eqns: Sequence[Any], invars: Sequence[Any], outvars: Sequence
     return evaluate
 
 
+# Node executables are shared between nodes (and programs) that do the same thing with the
+# same shardings, so a chain calling one compiled function K times compiles it once, as JAX would.
+_EXECUTABLES: dict[Any, tuple[Any, Callable]] = {}
+_MAX_EXECUTABLES = 4096
+
+
+def _literal_key(v) -> Any:
+    val = np.asarray(v.val)
+    return ("lit", val.dtype.str, val.shape, val.tobytes())
+
+
+def _glue_key(eqns, invars, outvars) -> Any | None:
+    """A structural key for a group of equations (vars renamed by position); None if not hashable."""
+    local = {v: ("in", i) for i, v in enumerate(invars)}
+    parts = []
+    for k, e in enumerate(eqns):
+        ins = tuple(_literal_key(v) if isinstance(v, Literal) else local.get(v, ("?", id(v))) for v in e.invars)
+        params = repr(sorted(e.params.items(), key=lambda kv: kv[0]))
+        if "..." in params or " at 0x" in params:  # truncated or identity-based: not a safe key
+            return None
+        parts.append((e.primitive.name, params, ins, tuple(str(v.aval) for v in e.outvars)))
+        for j, v in enumerate(e.outvars):
+            local[v] = ("t", k, j)
+    outs = tuple(_literal_key(v) if isinstance(v, Literal) else local.get(v) for v in outvars)
+    return (tuple(str(v.aval) for v in invars), tuple(parts), outs)
+
+
+def node_executable(eqns, invars, outvars, in_sh, out_sh, key: Any | None = None) -> Callable:
+    """`jax.jit` of the equations with the given shardings, shared with identical nodes."""
+    if key is not None:
+        key = (key, tuple(in_sh), tuple(out_sh))
+        hit = _EXECUTABLES.get(key)
+        if hit is not None:
+            return hit[1]
+    fn = jax.jit(make_evaluator(eqns, invars, outvars), in_shardings=tuple(in_sh), out_shardings=tuple(out_sh))
+    if key is not None:
+        if len(_EXECUTABLES) >= _MAX_EXECUTABLES:
+            _EXECUTABLES.clear()
+        _EXECUTABLES[key] = (eqns, fn)  # eqns keep the jaxprs in the key alive
+    return fn
+
+
 def _check_divisible(shape, sharding: Sharding, what: str) -> None:
     if not isinstance(sharding, NamedSharding):
         return
@@ -367,7 +409,7 @@ def trace_program(
         prims = tuple(dict.fromkeys(e.primitive.name for e in eqns))
         node_id = len(b.nodes)
         out_ids = [b.new_value(v.aval.shape, v.aval.dtype, sh, "node", node_id, s) for v, sh in zip(outvars, out_sh)]
-        fn_ = jax.jit(make_evaluator(eqns, invars, outvars), in_shardings=tuple(in_sh), out_shardings=tuple(out_sh))
+        fn_ = node_executable(eqns, invars, outvars, in_sh, out_sh, _glue_key(eqns, invars, outvars))
         label = ",".join(prims[:3]) + (",…" if len(prims) > 3 else "")
         b.add_node(
             name=b.unique(f"glue[{label}]"),
@@ -431,9 +473,11 @@ def trace_program(
         for v, sh in zip(eqn.outvars, out_sh):
             _check_divisible(v.aval.shape, sh, f"`{cf.name}` output ({v.aval.str_short()})")
             out_ids.append(b.new_value(v.aval.shape, v.aval.dtype, sh, "node", node_id, cf.slice))
-        fn_ = jax.jit(
-            make_evaluator([eqn], var_ins, eqn.outvars), in_shardings=tuple(in_sh), out_shardings=tuple(out_sh)
-        )
+        # The inner jaxpr object is JAX's trace-cache entry: identical calls share it.
+        key = ("compute", id(eqn.params["jaxpr"]), tuple(
+            _literal_key(v) if isinstance(v, Literal) else ("in", var_ins.index(v)) for v in eqn.invars
+        ))
+        fn_ = node_executable([eqn], var_ins, eqn.outvars, in_sh, out_sh, key)
         b.add_node(
             name=b.unique(cf.name),
             kind="compute",
