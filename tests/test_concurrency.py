@@ -76,7 +76,7 @@ def test_concurrent_runs_with_collectives_on_overlapping_slices(ctl):
         np.testing.assert_allclose(np.asarray(y.result(timeout=120)), ey, rtol=1e-4, atol=1e-4)
         np.testing.assert_allclose(float(z.result(timeout=120)), ez, rtol=1e-4, atol=1e-3)
     runs = pw.controller().runs
-    assert len(runs) == 48 and all(r.state == "done" for r in runs)
+    assert len(runs) == 48 and all(r.wait(30).state == "done" for r in runs)
     # one consistent order per island: the dispatch sequence numbers never go backwards per device
     last_seq: dict[int, int] = {}
     for ev in sorted(pw.controller().events.query(), key=lambda e: e.seq):
