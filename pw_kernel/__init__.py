@@ -40,6 +40,7 @@ from .runtime.devices import Island, VirtualSlice  # noqa: E402
 from .runtime.events import EventLog, NodeEvent, RunEvent  # noqa: E402
 from .runtime.futures import Future, get  # noqa: E402
 from .runtime.graph import Edge, Node, ProgramGraph, Value  # noqa: E402
+from .runtime.pipeline import Pipeline, PipelineError, pipeline, schedule_ops  # noqa: E402
 from .runtime.program import Program, program  # noqa: E402
 from .runtime.run import Run  # noqa: E402
 from .runtime.scheduler import FIFO, FairShare, Policy, Priority  # noqa: E402
@@ -115,6 +116,8 @@ __all__ = [
     "NodeError",
     "NodeEvent",
     "PathwaysError",
+    "Pipeline",
+    "PipelineError",
     "Policy",
     "Priority",
     "Program",
@@ -135,7 +138,9 @@ __all__ = [
     "get",
     "init",
     "islands",
+    "pipeline",
     "program",
     "shutdown",
+    "schedule_ops",
     "slice",
 ]

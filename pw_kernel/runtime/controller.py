@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import itertools
 import threading
@@ -318,6 +319,14 @@ def _queued_event(run: Run, t: int):
 
 _controller: Controller | None = None
 _controller_lock = threading.Lock()
+
+
+@atexit.register
+def _shutdown_at_exit() -> None:
+    # Join the controller's threads before JAX's runtime is torn down under them.
+    c = _controller
+    if c is not None:
+        c.shutdown(timeout=5)
 
 
 def controller() -> Controller:

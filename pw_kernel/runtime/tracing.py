@@ -22,7 +22,7 @@ from jax.sharding import NamedSharding, PartitionSpec, Sharding
 
 from . import compiled as compiled_mod
 from .devices import ResourceManager, VirtualSlice
-from .errors import ControlFlowError, SpecError, TracingError
+from .errors import ControlFlowError, PathwaysError, SpecError, TracingError
 from .futures import Future
 from .graph import Node, ProgramGraph, Value
 
@@ -329,7 +329,7 @@ def trace_program(
             "inside a `pw.compiled` function, or (2) fetch the value first (`fut.result()`) and branch in "
             "plain Python outside the program. Loops over Python ranges are fine: they unroll."
         ) from None
-    except (TracingError, SpecError):
+    except PathwaysError:  # already says what is wrong and what to do
         raise
     except Exception as e:
         src = _exc_source(e)
