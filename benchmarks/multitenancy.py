@@ -1,0 +1,143 @@
+"""Multi-tenancy: aggregate throughput with 1, 2, 4, 8 tenants, Jain fairness, weighted shares.
+
+    python benchmarks/multitenancy.py [--json out.json]
+
+Each tenant submits a backlog of identical programs (a chain of matmul nodes
+on one shared 8-device slice) from its own thread, so every tenant is
+saturating. Figures come from the controller's event log (device time per
+tenant) and wall clock; raw JAX dispatching the same nodes op-by-op from one
+thread is the throughput reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import threading
+import time
+
+import pw_kernel as pw  # noqa: I001 - configures simulated CPU devices before JAX starts
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+
+def jain(xs):
+    return sum(xs) ** 2 / (len(xs) * sum(x * x for x in xs)) if xs else 1.0
+
+
+def setup(width: int, nodes: int):
+    s = pw.slice(len(pw.devices()), mesh={"data": len(pw.devices())}, name="shared")
+    f = pw.compiled(lambda x, w: jnp.tanh(x @ w), slice=s, in_specs=(P("data"), None), out_specs=P("data"), name="layer")
+    w = jax.device_put(jnp.eye(width) * 0.5, s.sharding())
+    x = jax.device_put(jnp.ones((8 * 16, width)), s.sharding("data"))
+
+    @pw.program(name="job")
+    def job(x, w):
+        for _ in range(nodes):
+            x = f(x, w)
+        return x
+
+    job.trace(x, w)
+    job.submit(x, w, mode="chained").result()
+    return s, f, job, x, w
+
+
+def run_tenants(job, x, w, tenants, runs_per_tenant, weights=None):
+    c = pw.controller()
+    c.set_policy(pw.FairShare(weights or {}))
+    barrier = threading.Barrier(len(tenants) + 1)
+    all_runs: dict[str, list] = {t: [] for t in tenants}
+
+    def tenant(name):
+        barrier.wait()
+        for _ in range(runs_per_tenant):
+            all_runs[name].append(job.submit(x, w, mode="chained", tenant=name))
+
+    threads = [threading.Thread(target=tenant, args=(t,)) for t in tenants]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    for runs in all_runs.values():
+        for r in runs:
+            r.wait()
+    wall = time.perf_counter() - t0
+    nodes = sum(r.nodes_total for runs in all_runs.values() for r in runs)
+    # Shares over the window in which every tenant still had work: up to the first tenant's last node.
+    ends = {t: max(e.end for r in runs for e in r.events) for t, runs in all_runs.items()}
+    window_end = min(ends.values())
+    busy = {
+        t: sum(min(e.end, window_end) - e.start for r in runs for e in r.events if e.start < window_end)
+        for t, runs in all_runs.items()
+    }
+    return nodes / wall, busy
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--width", type=int, default=256)
+    ap.add_argument("--nodes", type=int, default=16, help="nodes per program")
+    ap.add_argument("--runs", type=int, default=24, help="runs per tenant (the backlog)")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    pw.init(max_inflight=64)
+    s, f, job, x, w = setup(args.width, args.nodes)
+
+    # Raw JAX reference: the same nodes op-by-op from one thread.
+    def raw(n_nodes):
+        v = x
+        t = time.perf_counter()
+        for _ in range(n_nodes):
+            v = f.jitted(v, w)
+        v.block_until_ready()
+        return n_nodes / (time.perf_counter() - t)
+
+    raw(args.nodes)
+    jax_rate = raw(args.nodes * args.runs)
+
+    rates = {}
+    for k in (1, 2, 4, 8):
+        tenants = [f"T{i}" for i in range(k)]
+        rate, busy = run_tenants(job, x, w, tenants, max(args.runs // k, 2) if k > 1 else args.runs)
+        rates[k] = {"nodes_per_s": rate, "relative": None, "jain": jain(list(busy.values()))}
+    for k in rates:
+        rates[k]["relative"] = rates[k]["nodes_per_s"] / rates[1]["nodes_per_s"]
+
+    weights = {"w1": 1, "w2": 2, "w4": 4, "w8": 8}
+    _, busy = run_tenants(job, x, w, list(weights), args.runs, weights)
+    total = sum(busy.values())
+    shares = {t: busy[t] / total for t in weights}
+    ideal = {t: weights[t] / sum(weights.values()) for t in weights}
+
+    result = {
+        "benchmark": "multitenancy",
+        "platform": jax.devices()[0].platform,
+        "jax": jax.__version__,
+        "python": platform.python_version(),
+        "date": time.strftime("%Y-%m-%d"),
+        "jax_op_by_op_nodes_per_s": jax_rate,
+        "tenants": rates,
+        "weighted_shares": shares,
+        "ideal_shares": ideal,
+    }
+    print(f"multitenancy: programs of {args.nodes} matmul nodes ({args.width}x{args.width}) on one 8-device slice")
+    print(f"raw JAX op-by-op, one thread: {jax_rate:,.0f} nodes/s")
+    print(f"{'tenants':>8} {'nodes/s':>10} {'vs 1':>6} {'vs JAX':>7} {'Jain':>6}")
+    for k, r in rates.items():
+        print(f"{k:>8} {r['nodes_per_s']:>10,.0f} {r['relative']:>6.2f} {r['nodes_per_s'] / jax_rate:>7.2f} {r['jain']:>6.3f}")
+    print("weighted fair share 1:2:4:8, device-time shares while all four were backlogged:")
+    for t in weights:
+        print(f"  {t}: {shares[t]:.3f} (ideal {ideal[t]:.3f})")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(result, fh, indent=2)
+    pw.shutdown()
+    return result
+
+
+if __name__ == "__main__":
+    main()
