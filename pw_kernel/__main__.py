@@ -1,0 +1,47 @@
+"""``python -m pw_kernel install [--user | --sys-prefix | --prefix DIR] [--devices N]``: the Jupyter kernelspec."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pw_kernel", description="pw_kernel command line.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    inst = sub.add_parser(
+        "install",
+        help='install the "Python 3 (Pathways)" Jupyter kernel',
+        description='Install the "Python 3 (Pathways)" Jupyter kernelspec: ipykernel on this Python with '
+        "`%%load_ext pw_kernel` done and, without an accelerator, N simulated CPU devices.",
+    )
+    where = inst.add_mutually_exclusive_group()
+    where.add_argument("--user", action="store_true", help="install for the current user (~/.local/share/jupyter)")
+    where.add_argument("--sys-prefix", action="store_true", help=f"install into this environment ({sys.prefix})")
+    where.add_argument("--prefix", metavar="DIR", help="install under DIR/share/jupyter/kernels")
+    inst.add_argument("--devices", type=int, default=None, metavar="N", help="simulated CPU devices (default 8)")
+    inst.add_argument("--name", default=None, help="kernelspec name (default 'pathways')")
+    inst.add_argument("--display-name", default=None, help="name shown in Jupyter (default 'Python 3 (Pathways)')")
+    args = parser.parse_args(argv)
+
+    if args.command != "install":
+        parser.print_help()
+        return 2
+    from .magics import kernelspec
+
+    devices = kernelspec.DEFAULT_CPU_DEVICES if args.devices is None else args.devices
+    if devices < 1:
+        parser.error(f"--devices must be at least 1; got {devices}.")
+    path = kernelspec.install(
+        user=args.user,
+        prefix=sys.prefix if args.sys_prefix else args.prefix,
+        devices=devices,
+        name=args.name or kernelspec.KERNEL_NAME,
+        display_name=args.display_name or kernelspec.DISPLAY_NAME,
+    )
+    print(f"Installed kernelspec {args.name or kernelspec.KERNEL_NAME!r} ({devices} CPU devices) in {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""The notebook front: `%load_ext pw_kernel`, `%%pathways`, `%pathways`, post-run failure reports, kernelspec.
+
+IPython is imported only when the extension is loaded, so `import pw_kernel`
+works where no notebook stack is installed.
+
+Example::
+
+    %load_ext pw_kernel
+
+    %%pathways --block
+    y = a(x)
+"""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+from typing import Any
+
+_loaded: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+class PathwaysWarning(UserWarning):
+    """Something about the notebook setup that limits what pw_kernel can do."""
+
+
+def load_ipython_extension(ip: Any) -> None:
+    """Register `%%pathways` / `%pathways` and the post-run failure report on the IPython shell ``ip``."""
+    if ip is None or not hasattr(ip, "register_magics"):
+        raise RuntimeError(
+            f"`pw_kernel.load_ipython_extension` needs an IPython shell; got {ip!r}. Run `%load_ext pw_kernel` in "
+            f"a Jupyter notebook or IPython. In a plain Python program use the API directly: `@pw.program`, "
+            f"`pw.slice(...)`, `pw.compiled(...)`."
+        )
+    try:
+        from .magics import PathwaysMagics
+    except ImportError as e:
+        raise ImportError(
+            f"`%load_ext pw_kernel` needs IPython ({e}). Install the notebook extra: pip install 'pw_kernel[notebook]'."
+        ) from e
+    if ip in _loaded:
+        return
+    magics = PathwaysMagics(ip)
+    ip.register_magics(magics)
+    magics.reporter.register()
+    _loaded[ip] = magics
+    check_devices()
+
+
+def unload_ipython_extension(ip: Any) -> None:
+    """`%unload_ext pw_kernel`: remove the magics and the post-run hook (runs in flight keep running)."""
+    magics = _loaded.pop(ip, None)
+    if magics is None:
+        return
+    magics.reporter.unregister()
+    magics.close()
+    manager = ip.magics_manager
+    for kind in ("line", "cell"):
+        table = manager.magics[kind]
+        if getattr(table.get("pathways"), "__self__", None) is magics:
+            del table["pathways"]
+    manager.registry.pop(type(magics).__name__, None)
+
+
+def check_devices() -> bool:
+    """Warn when JAX already started with a single CPU device (slices larger than 1 are then impossible).
+
+    Returns True when the devices are fine (or JAX has not started: `import pw_kernel` configured them).
+    """
+    import jax
+
+    try:
+        from jax._src import xla_bridge  # no public way to ask "have the backends started?"
+
+        started = xla_bridge.backends_are_initialized()
+    except Exception:
+        started = True
+    if not started:
+        return True
+    devices = jax.devices()
+    if len(devices) > 1 or devices[0].platform != "cpu":
+        return True
+    warnings.warn(
+        PathwaysWarning(
+            "pw_kernel: JAX already started with a single CPU device, so slices of more than one device, meshes "
+            "and multi-slice programs cannot be made. To simulate 8 CPU devices, either:\n"
+            "  1. restart the kernel and run `%load_ext pw_kernel` (or `import pw_kernel`) before any JAX code;\n"
+            "  2. use the \"Python 3 (Pathways)\" kernel: `python -m pw_kernel install --user`, then pick it in "
+            "Jupyter;\n"
+            "  3. set the environment variable JAX_NUM_CPU_DEVICES=8 before starting Jupyter."
+        ),
+        stacklevel=2,
+    )
+    return False
+
+
+__all__ = ["PathwaysWarning", "check_devices", "load_ipython_extension", "unload_ipython_extension"]

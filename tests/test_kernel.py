@@ -1,0 +1,307 @@
+"""The "Python 3 (Pathways)" kernel, through a real Jupyter kernel process and jupyter_client.
+
+Every call has a timeout; kernels are installed into a temporary directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+jupyter_client = pytest.importorskip("jupyter_client")
+pytest.importorskip("ipykernel")
+
+from jupyter_client import KernelManager  # noqa: E402
+from jupyter_client.kernelspec import KernelSpecManager  # noqa: E402
+
+pytestmark = pytest.mark.timeout(180)
+
+#: A traceback frame (as IPython shows them) inside pw_kernel or JAX rather than the user's code.
+RUNTIME_FRAME = re.compile(r"(pw_kernel|jax)/\S+\.py:\d+")
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+GATED = """
+import threading, time
+import jax, jax.numpy as jnp
+import pw_kernel as pw
+
+s = pw.slice(2, name="s")
+b = pw.compiled(lambda x: x + 1, slice=s, name="b")
+v = jnp.array([1.0, 2.0])
+
+# Device work that waits for `gate`, and device work that then fails.
+one = pw.slice(1, name="one")
+gate = threading.Event()
+
+def _held(x):
+    gate.wait(30)
+    return x
+
+def _broken(x):
+    gate.wait(30)
+    raise ValueError("the sensor returned garbage")
+
+def on_host(fn):
+    return lambda x: jax.pure_callback(fn, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+
+held = pw.compiled(on_host(_held), slice=one, name="held")
+broken = pw.compiled(on_host(_broken), slice=one, name="broken")
+"""
+
+
+def kernel_env(tmp: Path) -> dict[str, str]:
+    """The test process's environment without its device settings: the kernelspec must provide them."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PW_", "JAX_", "XLA_"))}
+    env["JAX_PLATFORMS"] = "cpu"  # these tests are about simulated CPU devices, also on a GPU machine
+    env["IPYTHONDIR"] = str(tmp / "ipython")
+    return env
+
+
+def install(prefix: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "pw_kernel", "install", "--prefix", str(prefix), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+class Reply:
+    """What one execute request produced."""
+
+    def __init__(self, reply: dict, messages: list[dict]):
+        self.status = reply["content"]["status"]
+        self.ename = reply["content"].get("ename")
+        self.traceback = ANSI.sub("", "\n".join(reply["content"].get("traceback", [])))
+        self.messages = messages
+        streams = [m["content"] for m in messages if m["msg_type"] == "stream"]
+        self.stdout = "".join(s["text"] for s in streams if s["name"] == "stdout")
+        self.stderr = "".join(s["text"] for s in streams if s["name"] == "stderr")
+        data = [m["content"]["data"] for m in messages if m["msg_type"] in ("display_data", "execute_result")]
+        self.text = self.stdout + "\n".join(d.get("text/plain", "") for d in data)
+        self.html = "\n".join(d.get("text/html", "") for d in data)
+
+
+class Kernel:
+    """A running kernel and a client that keeps IOPub messages it has not been asked about yet."""
+
+    def __init__(self, kernel_dir: Path, name: str, env: dict[str, str]):
+        self.km = KernelManager(kernel_name=name, kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(kernel_dir)]))
+        self.km.start_kernel(env=env)
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=90)
+        self.backlog: list[dict] = []
+
+    def _messages(self, deadline: float):
+        while self.backlog:
+            yield self.backlog.pop(0)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("no matching message from the kernel in time")
+            try:
+                yield self.kc.get_iopub_msg(timeout=left)
+            except queue.Empty:
+                raise TimeoutError("no matching message from the kernel in time") from None
+
+    def wait_for(self, predicate: Callable[[dict], bool], timeout: float = 30) -> dict:
+        """The next IOPub message satisfying ``predicate``; others stay for later."""
+        skipped = []
+        try:
+            for m in self._messages(time.monotonic() + timeout):
+                if predicate(m):
+                    return m
+                skipped.append(m)
+        finally:
+            self.backlog[:0] = skipped
+        raise AssertionError("unreachable")
+
+    def submit(self, code: str) -> str:
+        return self.kc.execute(code)
+
+    def finish(self, msg_id: str, timeout: float = 60) -> Reply:
+        mine, others = [], []
+        for m in self._messages(time.monotonic() + timeout):
+            if m["parent_header"].get("msg_id") != msg_id:
+                others.append(m)
+                continue
+            if m["msg_type"] == "status" and m["content"]["execution_state"] == "idle":
+                break
+            mine.append(m)
+        self.backlog[:0] = others
+        deadline = time.monotonic() + timeout
+        while True:
+            reply = self.kc.get_shell_msg(timeout=max(deadline - time.monotonic(), 0.1))
+            if reply["parent_header"].get("msg_id") == msg_id:
+                return Reply(reply, mine)
+
+    def execute(self, code: str, timeout: float = 60) -> Reply:
+        return self.finish(self.submit(code), timeout)
+
+    def run(self, code: str, timeout: float = 60) -> Reply:
+        reply = self.execute(code, timeout)
+        assert reply.status == "ok", f"cell failed: {reply.ename}\n{code}\n{reply.traceback}\n{reply.stderr}"
+        return reply
+
+    def shutdown(self) -> None:
+        self.kc.stop_channels()
+        self.km.shutdown_kernel(now=True)
+
+
+def display_update(text: str) -> Callable[[dict], bool]:
+    return lambda m: m["msg_type"] == "update_display_data" and text in m["content"]["data"].get("text/plain", "")
+
+
+@pytest.fixture(scope="module")
+def kernel_dir(tmp_path_factory) -> Path:
+    prefix = tmp_path_factory.mktemp("jupyter")
+    proc = install(prefix)
+    assert proc.returncode == 0, proc.stderr
+    assert "Installed kernelspec 'pathways' (8 CPU devices)" in proc.stdout
+    return prefix / "share" / "jupyter" / "kernels"
+
+
+@pytest.fixture(scope="module")
+def kernel(kernel_dir, tmp_path_factory):
+    k = Kernel(kernel_dir, "pathways", kernel_env(tmp_path_factory.mktemp("kernel")))
+    yield k
+    k.shutdown()
+
+
+@pytest.fixture
+def gated(kernel):
+    """The kernel with fresh slices and gated device functions; the gate is opened afterwards."""
+    kernel.run("import pw_kernel as pw\npw.init()")  # fresh slices for each test
+    kernel.run(GATED)
+    yield kernel
+    kernel.run("gate.set(); pw.controller().wait_all(timeout=30)")
+
+
+# ------------------------------------------------------------------ install
+def test_install_writes_the_python3_pathways_kernelspec(kernel_dir):
+    spec = json.loads((kernel_dir / "pathways" / "kernel.json").read_text())
+    assert spec["display_name"] == "Python 3 (Pathways)"
+    assert spec["argv"][:3] == [sys.executable, "-m", "ipykernel_launcher"]
+    assert "--ext=pw_kernel" in spec["argv"]
+    assert spec["env"]["PW_NUM_CPU_DEVICES"] == "8" and spec["env"]["JAX_NUM_CPU_DEVICES"] == "8"
+
+
+def test_install_rejects_a_device_count_below_one(tmp_path):
+    proc = install(tmp_path, "--devices", "0")
+    assert proc.returncode == 2
+    assert "--devices must be at least 1; got 0." in proc.stderr
+
+
+# ------------------------------------------------------------------- kernel
+def test_the_pathways_kernel_has_8_devices_and_the_magics_loaded(kernel):
+    reply = kernel.run("import jax\nprint(len(jax.devices()), jax.devices()[0].platform)")
+    assert reply.stdout.strip() == "8 cpu"
+    kernel.run("import jax.numpy as jnp\nimport pw_kernel as pw\nwide = pw.slice(8, name='wide')")
+    reply = kernel.run("%%pathways --block --slice wide\nw = jnp.arange(8.0) * 2\nw.sum()")  # no %load_ext
+    assert "Array(56., dtype=float32)" in reply.text
+
+
+def test_a_devices_option_sets_the_simulated_device_count(tmp_path):
+    proc = install(tmp_path, "--devices", "4", "--name", "pathways4", "--display-name", "Pathways x4")
+    assert proc.returncode == 0, proc.stderr
+    k = Kernel(tmp_path / "share" / "jupyter" / "kernels", "pathways4", kernel_env(tmp_path))
+    try:
+        assert k.run("import jax; print(len(jax.devices()))").stdout.strip() == "4"
+    finally:
+        k.shutdown()
+
+
+def test_futures_resolve_while_the_kernel_is_idle(gated):
+    k = gated
+    submitted = k.run("%%pathways --name idle\ny = held(v)\n")
+    assert "run" in submitted.text and "'idle'" in submitted.text  # the cell returned with the run pending
+    assert k.run("print(y.done())").stdout.strip() == "False"
+    # Nothing executes while the device work finishes: the run's display updates itself.
+    k.run("threading.Timer(0.5, gate.set).start()\nt_idle = time.time()")
+    update = k.wait_for(display_update("'idle': done"), timeout=30)
+    assert "y = Future float32[2]" in update["content"]["data"]["text/plain"]
+    reply = k.run("print(y.done(), t_idle < y.run.finished_at < time.time(), y.result())")
+    assert reply.stdout.strip() == "True True [1. 2.]"
+
+
+def test_a_run_failing_while_idle_is_reported_once_at_the_next_cell(gated):
+    k = gated
+    k.run("%%pathways --name sensor --mode chained\nx = b(v)\ny = broken(x)\n")
+    n = int(k.run("print(pw.controller().runs[-1].id)").stdout)
+    k.run("threading.Timer(0.5, gate.set).start()")
+    k.wait_for(display_update("'sensor': failed"), timeout=30)  # failed while the kernel was idle
+
+    report = k.run("1 + 1")
+    assert f"pw_kernel: run {n} 'sensor' failed after the cell that submitted it had returned" in report.text
+    assert re.search(r"at Cell In\[\d+\], line 3: y = broken\(x\)", report.text)
+    assert "ValueError: the sensor returned garbage" in report.text
+    assert re.search(r"Cell In\[\d+\], line \d+, in _broken", report.text)
+    assert "dispatch.py" not in report.text
+    assert "pw-err" in report.html
+
+    assert "failed after" not in k.run("2 + 2").text  # reported once
+
+    shown = k.execute("y.result()")  # the futures raise the error too
+    assert shown.status == "error" and shown.ename == "NodeError"
+    assert "----> 1 y.result()" in shown.traceback
+    assert not RUNTIME_FRAME.search(shown.traceback.split("NodeError:")[0]), shown.traceback
+
+
+def test_a_long_blocking_cell_refreshes_its_runs_display(gated):
+    k = gated
+    k.run("import pw_kernel.magics.magics as m\nsaved = m.PROGRESS_AFTER_S, m.PROGRESS_EVERY_S")
+    k.run("m.PROGRESS_AFTER_S = m.PROGRESS_EVERY_S = 0.0  # instead of after ~2 s, every 1 s")
+    try:
+        k.run("threading.Timer(1.0, gate.set).start()")
+        msg_id = k.submit("%%pathways --block --name patient\ny = held(v)\ny")
+        seen = set()
+        while len(seen) < 2:  # state changes alone would give one 'running' display; elapsed time ticks
+            update = k.wait_for(display_update("'patient': running"), timeout=30)
+            seen.add(update["content"]["data"]["text/plain"])
+        reply = k.finish(msg_id)
+        assert reply.status == "ok" and "Array([1., 2.], dtype=float32)" in reply.text
+    finally:
+        k.run("m.PROGRESS_AFTER_S, m.PROGRESS_EVERY_S = saved")
+
+
+def test_ctrl_c_cancels_a_blocking_run_and_the_kernel_stays_usable(gated):
+    k = gated
+    msg_id = k.submit("%%pathways --block --mode chained --name long\ny = v\nfor i in range(5):\n    y = held(y)\n")
+    k.wait_for(lambda m: m["parent_header"].get("msg_id") == msg_id and m["msg_type"] == "display_data", timeout=60)
+    k.km.interrupt_kernel()
+    reply = k.finish(msg_id, timeout=30)
+    assert reply.status == "error" and reply.ename == "KeyboardInterrupt"
+    assert re.search(r"pw_kernel: Ctrl-C cancelled run \d+ \('long'\)", reply.stderr)
+    assert not RUNTIME_FRAME.search(reply.traceback), reply.traceback
+
+    state = k.run("r = pw.controller().runs[-1]\nprint(r.name, r.state)")
+    assert state.stdout.strip() == "long cancelled"
+    k.run("gate.set()")  # let the device work already dispatched drain
+    again = k.run("%%pathways --block\nz = b(v)\nz")
+    assert "Array([2., 3.], dtype=float32)" in again.text
+
+
+def test_load_ext_in_a_plain_kernel_whose_jax_has_one_device_says_how_to_get_more(tmp_path):
+    spec_dir = tmp_path / "kernels" / "plain"
+    spec_dir.mkdir(parents=True)
+    argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    (spec_dir / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": "plain", "language": "python"}))
+    k = Kernel(tmp_path / "kernels", "plain", kernel_env(tmp_path))
+    try:
+        assert k.run("import jax; print(len(jax.devices()))").stdout.strip() == "1"
+        reply = k.run("%load_ext pw_kernel")
+        assert "JAX already started with a single CPU device" in reply.stderr
+        assert "python -m pw_kernel install --user" in reply.stderr
+        assert k.run("%pathways devices").text.count("cpu:") == 1  # and the extension still works
+    finally:
+        k.shutdown()

@@ -1,0 +1,588 @@
+"""The notebook front through a real IPython shell: `%load_ext pw_kernel`, `%%pathways`, `%pathways`."""
+
+from __future__ import annotations
+
+import _thread
+import os
+import re
+import subprocess
+import sys
+import threading
+
+import jax
+import numpy as np
+import pytest
+
+import pw_kernel as pw
+
+IPython = pytest.importorskip("IPython")
+from IPython.core.error import UsageError  # noqa: E402
+from IPython.utils.capture import capture_output  # noqa: E402
+
+SETUP = """
+import threading
+import jax, jax.numpy as jnp, numpy as np
+import pw_kernel as pw
+
+s = pw.slice(2, name="s")
+a = pw.compiled(lambda x: x * 2, slice=s, name="a")
+b = pw.compiled(lambda x: x + 1, slice=s, name="b")
+c = pw.compiled(lambda x: x / 2, slice=s, name="c")
+v = jnp.array([1.0, 2.0])
+
+# A compiled function whose device work waits for `gate`, and one that then fails:
+# they make "still running" and "failed later" happen exactly when a test says so.
+one = pw.slice(1, name="one")
+gate = threading.Event()
+
+def _held(x):
+    gate.wait(30)
+    return x
+
+def _broken(x):
+    gate.wait(30)
+    raise ValueError("the sensor returned garbage")
+
+def on_host(fn):
+    return lambda x: jax.pure_callback(fn, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+
+held = pw.compiled(on_host(_held), slice=one, name="held")
+broken = pw.compiled(on_host(_broken), slice=one, name="broken")
+"""
+
+
+class Cell:
+    """What one executed cell showed: stdout, stderr, rich outputs, its error."""
+
+    def __init__(self, number, result, cap):
+        self.number = number
+        self.result = result
+        self.error = result.error_in_exec or result.error_before_exec
+        self.stdout = cap.stdout
+        self.stderr = cap.stderr
+        self.outputs = [o.data for o in cap.outputs]
+        self.text = cap.stdout + "\n".join(o.get("text/plain", "") for o in self.outputs)
+        self.html = "\n".join(o.get("text/html", "") for o in self.outputs)
+
+
+class Notebook:
+    def __init__(self, ip):
+        self.ip = ip
+
+    @property
+    def ns(self):
+        return self.ip.user_ns
+
+    def execute(self, source: str) -> Cell:
+        number = self.ip.execution_count
+        with capture_output() as cap:
+            result = self.ip.run_cell(source, store_history=True)
+        return Cell(number, result, cap)
+
+    def run(self, source: str) -> Cell:
+        cell = self.execute(source)
+        if cell.error is not None:
+            raise AssertionError(f"cell failed: {cell.error!r}\n{source}\n--- output:\n{cell.stdout}\n{cell.stderr}")
+        return cell
+
+    def fail(self, source: str) -> Cell:
+        cell = self.execute(source)
+        assert cell.error is not None, f"cell should have failed:\n{source}\n--- output:\n{cell.text}"
+        return cell
+
+
+@pytest.fixture(scope="module")
+def ip(tmp_path_factory):
+    os.environ.setdefault("IPYTHONDIR", str(tmp_path_factory.mktemp("ipython")))
+    from IPython.testing.globalipapp import get_ipython
+
+    shell = get_ipython()
+    types = shell.display_formatter.active_types
+    shell.display_formatter.active_types = [*types, "text/html"]  # as a notebook front-end would ask
+    shell.run_line_magic("load_ext", "pw_kernel")
+    yield shell
+    shell.run_line_magic("unload_ext", "pw_kernel")
+    shell.display_formatter.active_types = types
+
+
+@pytest.fixture
+def nb(ip, ctl):
+    """A notebook on a fresh controller, with the setup cell executed."""
+    ip.reset()
+    notebook = Notebook(ip)
+    notebook.run(SETUP)
+    yield notebook
+    gate = ip.user_ns.get("gate")
+    if gate is not None:
+        gate.set()  # never leave device work waiting on a gate
+
+
+#: A traceback frame (as IPython shows them) inside pw_kernel or JAX, not the user's code. The messages of
+#: errors raised in a `pure_callback` quote the callback's own traceback, in Python's format, which differs.
+RUNTIME_FRAME = re.compile(r"File \S*(pw_kernel|jax)/\S+\.py:\d+")
+
+
+# ------------------------------------------------------------------ loading
+def test_load_ext_registers_the_magics_and_unload_removes_them(ip):
+    assert ip.find_cell_magic("pathways") is not None
+    assert ip.find_line_magic("pathways") is not None
+
+    ip.run_line_magic("unload_ext", "pw_kernel")
+    try:
+        assert ip.find_cell_magic("pathways") is None
+        assert ip.find_line_magic("pathways") is None
+        with pytest.raises(UsageError, match=re.escape("Cell magic `%%pathways` not found")):
+            ip.run_cell_magic("pathways", "", "y = 1\n")
+        hooks = [getattr(cb, "__self__", None) for cb in ip.events.callbacks["post_run_cell"]]
+        assert not any(type(h).__name__ == "FailureReporter" for h in hooks)
+    finally:
+        ip.run_line_magic("load_ext", "pw_kernel")
+    assert ip.find_cell_magic("pathways") is not None
+
+
+def test_loading_outside_ipython_is_a_clear_error():
+    with pytest.raises(RuntimeError, match=re.escape("needs an IPython shell; got None")):
+        pw.load_ipython_extension(None)
+
+
+def test_import_pw_kernel_does_not_import_ipython():
+    code = "import sys, pw_kernel, pw_kernel.magics; assert 'IPython' not in sys.modules, 'IPython imported'"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_magic_docstrings_show_the_python_they_expand_to(ip):
+    cell_doc = ip.find_cell_magic("pathways").__doc__
+    assert "@pw.program(name=\"step\")" in cell_doc
+    assert "run = step.submit(v)" in cell_doc
+    assert "%%pathways [--name NAME] [--slice NAME] [--block] [--timeout S]" in cell_doc
+    line_doc = ip.find_line_magic("pathways").__doc__
+    for python in ("pw.controller().status()", "pw.controller().run(RUN).wait()", "pw.controller().cancel_all()"):
+        assert python in line_doc
+
+
+# ------------------------------------------------------------ %%pathways
+def test_the_papers_example_as_a_cell_returns_futures_at_once(nb):
+    cell = nb.run(
+        """%%pathways --name f
+x = a(v)
+y = b(x)
+z = a(c(x))
+"""
+    )
+    y, z = nb.ns["y"], nb.ns["z"]
+    assert isinstance(y, pw.Future) and isinstance(z, pw.Future) and isinstance(nb.ns["x"], pw.Future)
+    assert (y.shape, y.dtype) == ((2,), np.float32)  # known before anything ran
+    np.testing.assert_allclose(pw.get(y), [3.0, 5.0])
+    np.testing.assert_allclose(pw.get(z), [2.0, 4.0])
+    run = pw.controller().runs[-1]
+    assert run.name == "f"
+    assert len(run.graph.inputs) == 1  # only `v` is traced; a, b, c are constants
+    assert f"run {run.id} 'f'" in cell.text
+    assert "<code>f</code>" in cell.html
+
+
+def test_block_binds_arrays_and_a_trailing_expression_is_the_cells_result(nb):
+    cell = nb.run(
+        """%%pathways --block
+y = b(a(v))
+y * 10
+"""
+    )
+    assert isinstance(nb.ns["y"], jax.Array)
+    np.testing.assert_allclose(nb.ns["y"], [3.0, 5.0])
+    np.testing.assert_allclose(cell.result.result, [30.0, 50.0])
+    assert pw.controller().runs[-1].state == "done"
+
+
+def test_loops_augmented_assignment_unpacking_helpers_and_print_work_in_a_cell(nb):
+    nb.run(
+        """
+def double_then_inc(t):
+    return b(a(t))
+"""
+    )
+    cell = nb.run(
+        """%%pathways --block
+x = v
+for i in range(3):
+    x = double_then_inc(x)
+x += 1
+def halve(t):
+    return c(t)
+lo, hi = halve(x), a(x)
+print("tracing", x.shape, x.dtype)
+"""
+    )
+    expected = np.array([1.0, 2.0])
+    for _ in range(3):
+        expected = expected * 2 + 1
+    expected = expected + 1
+    np.testing.assert_allclose(nb.ns["x"], expected)
+    np.testing.assert_allclose(nb.ns["lo"], expected / 2)
+    np.testing.assert_allclose(nb.ns["hi"], expected * 2)
+    assert nb.ns["i"] == 2  # plain Python values the cell binds are bound as they are
+    assert nb.ns["halve"].__qualname__ == "halve"  # as if defined in a normal cell
+    assert "tracing (2,) float32" in cell.stdout  # print runs once, at trace time
+
+
+def test_rebinding_an_input_reads_the_old_value_and_binds_the_new_one(nb):
+    nb.run("x = jnp.array([1.0, 3.0])\nsteps = 0")
+    cell = """%%pathways
+x = a(x)
+steps = steps + 1
+"""
+    nb.run(cell)
+    nb.run(cell)
+    np.testing.assert_allclose(nb.ns["x"].result(), [4.0, 12.0])
+    assert nb.ns["steps"] == 2
+
+
+def test_pytrees_of_arrays_are_traced_inputs_and_outputs(nb):
+    nb.run("params = {'w': jnp.array([2.0, 2.0]), 'b': jnp.array([1.0, 1.0])}")
+    nb.run(
+        """%%pathways --block
+h = a(v) * params["w"] + params["b"]
+pair = (h, b(h))
+"""
+    )
+    run = pw.controller().runs[-1]
+    assert len(run.graph.inputs) == 3  # v, params["b"], params["w"]
+    np.testing.assert_allclose(nb.ns["pair"][1], [6.0, 10.0])
+
+
+def test_a_later_cell_reads_futures_of_an_earlier_one_without_waiting(nb):
+    nb.run(
+        """%%pathways --name producer
+h = held(v)
+"""
+    )
+    producer = pw.controller().runs[-1]
+    nb.run(
+        """%%pathways --name consumer
+out = b(h) * 2
+"""
+    )
+    consumer = pw.controller().runs[-1]
+    # The consumer cell returned while its input is still being computed.
+    assert not producer.done() and not consumer.done()
+    assert isinstance(nb.ns["out"], pw.Future) and nb.ns["out"].shape == (2,)
+    nb.ns["gate"].set()
+    np.testing.assert_allclose(nb.ns["out"].result(timeout=20), [4.0, 6.0])
+    assert consumer.state == "done"
+
+
+def test_slice_option_places_glue_that_reads_no_device_value(nb):
+    nb.run("mine = pw.slice(2, name='glue-here')")
+    nb.run(
+        """%%pathways --slice glue-here --block
+ones = jnp.ones(4) * 3
+"""
+    )
+    graph = pw.controller().runs[-1].graph
+    assert {n.slice.name for n in graph.nodes} == {"glue-here"}
+    nb.run(
+        """%%pathways --slice mine --block
+twos = jnp.ones(4) * 2
+"""
+    )
+    np.testing.assert_allclose(nb.ns["twos"], [2.0] * 4)
+
+
+def test_out_mode_tenant_and_name_options(nb):
+    nb.run(
+        """%%pathways --out r --mode chained --tenant alice --name step
+y = b(a(v))
+"""
+    )
+    r = nb.ns["r"]
+    assert isinstance(r, pw.Run)
+    assert (r.name, r.mode, r.tenant) == ("step", "chained", "alice")
+    assert r.wait(20).state == "done"
+
+
+def test_graph_and_timeline_options_display_the_program_and_its_run(nb):
+    cell = nb.run(
+        """%%pathways --block --graph --timeline --mode chained --name shown
+y = b(a(v))
+"""
+    )
+    assert "ProgramGraph 'shown'" in cell.text
+    if pw.magics.display.render_svg("digraph { a -> b }") is not None:
+        assert "<svg" in cell.html
+    else:
+        assert "digraph" in cell.html
+    assert "node events" in cell.text and "<svg" in cell.html  # the timeline
+
+
+# ---------------------------------------------------------------- mistakes
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ("--mode fast", "argument --mode: invalid choice: 'fast'"),
+        ("--slice nowhere", "no live slice named 'nowhere'. Live slices: 's' (2 devices), 'one' (1 devices)"),
+        ("--timeout 5", "`%%pathways --timeout S` limits how long `--block` waits; add `--block`."),
+        ("--block --timeout 0", "the timeout must be a positive number of seconds"),
+        ("--out 2x", "'2x' is not a valid variable name"),
+        ("--bogus", "unrecognized arguments: --bogus"),
+    ],
+)
+def test_bad_options_are_usage_errors(nb, options, message):
+    with pytest.raises(UsageError, match=re.escape(message)):
+        nb.ip.run_cell_magic("pathways", options, "y = a(v)\n")
+
+
+def test_a_name_that_exists_nowhere_is_a_usage_error_naming_it(nb):
+    cell = nb.fail(
+        """%%pathways
+x = a(v)
+y = b(nope)
+"""
+    )
+    assert isinstance(cell.error, UsageError)
+    assert "the cell reads `nope` (line 3) before assigning it" in str(cell.error)
+    assert "y" not in nb.ns
+
+
+def test_a_released_slice_is_a_usage_error(nb):
+    nb.run("gone = pw.slice(1, name='gone'); gone.release()")
+    with pytest.raises(UsageError, match=re.escape("slice 'gone' was released")):
+        nb.ip.run_cell_magic("pathways", "--slice gone", "y = jnp.ones(2)\n")
+
+
+def test_return_at_cell_level_is_a_usage_error(nb):
+    cell = nb.fail("%%pathways\ny = a(v)\nreturn y\n")
+    assert isinstance(cell.error, UsageError)
+    assert "(cell line 3): `return` at cell level cannot be part of a program" in str(cell.error)
+
+
+def test_a_syntax_error_points_at_the_cell_line(nb):
+    cell = nb.fail("%%pathways\ny = a(v)\nz = (y +\n")
+    assert isinstance(cell.error, SyntaxError)
+    assert cell.error.lineno == 3
+
+
+def test_a_tracing_error_points_at_the_cell_line_not_the_runtime(nb):
+    cell = nb.fail(
+        """%%pathways
+x = a(v)
+bad = jnp.ones(3) + x
+"""
+    )
+    assert isinstance(cell.error, pw.TracingError)
+    assert f"at Cell In[{cell.number}], line 3:\n    bad = jnp.ones(3) + x" in str(cell.error)
+    shown = cell.stdout
+    assert f"Cell In[{cell.number}], line 3" in shown and "----> 3 bad = jnp.ones(3) + x" in shown
+    assert not RUNTIME_FRAME.search(shown), shown
+
+
+def test_glue_with_nowhere_to_run_suggests_the_slice_option(nb):
+    cell = nb.fail("%%pathways\nz = jnp.ones(3)\n")
+    assert isinstance(cell.error, pw.TracingError)
+    assert "Pass a slice: `%%pathways --slice NAME`" in str(cell.error)
+    assert f"at Cell In[{cell.number}], line 2:\n    z = jnp.ones(3)" in str(cell.error)
+    assert "run_cell_magic" not in cell.stdout  # no frame: the message says where
+
+
+def test_python_control_flow_on_device_values_says_what_to_do(nb):
+    cell = nb.fail(
+        """%%pathways
+x = a(v)
+if x.sum() > 0:
+    x = b(x)
+"""
+    )
+    assert isinstance(cell.error, pw.ControlFlowError)
+    assert f"at Cell In[{cell.number}], line 3" in str(cell.error)
+    assert "jax.lax.cond" in str(cell.error)
+
+
+# ----------------------------------------------------------------- failures
+def test_a_run_failing_later_is_reported_once_after_the_next_cell(nb):
+    submitted = nb.run(
+        """%%pathways --name sensor --mode chained
+x = a(v)
+y = broken(x)
+"""
+    )
+    run = pw.controller().runs[-1]
+    nb.ns["gate"].set()
+    assert run.wait(20).state == "failed"
+
+    report = nb.run("1 + 1")  # the user moved on
+    assert f"run {run.id} 'sensor' failed after the cell that submitted it had returned" in report.text
+    assert f"at Cell In[{submitted.number}], line 3: y = broken(x)" in report.text
+    assert "ValueError: the sensor returned garbage" in report.text
+    assert re.search(r"Cell In\[\d+\], line \d+, in _broken", report.text)  # the user's frame of the callback
+    assert "dispatch.py" not in report.text and "pjit.py" not in report.text  # not the runtime's or JAX's
+    assert "pw-err" in report.html
+
+    assert "sensor" not in nb.run("2 + 2").text  # once
+
+    shown = nb.fail("y.result()")  # its futures raise the error too
+    assert isinstance(shown.error, pw.NodeError)
+    assert f"Cell In[{submitted.number}], line 3: y = broken(x)" in str(shown.error)
+    assert "----> 1 y.result()" in shown.stdout
+    assert not RUNTIME_FRAME.search(shown.stdout), shown.stdout
+    assert "dispatch.py" not in shown.stdout and "in _broken" in shown.stdout
+
+
+def test_a_failure_raised_by_block_is_not_reported_again(nb):
+    nb.ns["gate"].set()
+    cell = nb.fail(
+        """%%pathways --block --mode chained
+x = a(v)
+y = broken(x)
+"""
+    )
+    assert isinstance(cell.error, pw.NodeError)
+    assert f"Cell In[{cell.number}], line 3: y = broken(x)" in str(cell.error)
+    assert not RUNTIME_FRAME.search(cell.stdout), cell.stdout
+    assert "failed after the cell" not in nb.run("1 + 1").text
+
+
+def test_a_failure_in_a_fused_run_points_at_the_cells_lines(nb):
+    nb.ns["gate"].set()
+    cell = nb.fail("%%pathways --block --mode fused\nx = held(v)\ny = broken(x)\n")
+    assert isinstance(cell.error, pw.NodeError)
+    assert f"Cell In[{cell.number}], lines 2-3 (fused into one executable" in str(cell.error)
+
+
+def test_block_with_timeout_gives_up_waiting_and_leaves_futures_bound(nb):
+    cell = nb.fail(
+        """%%pathways --block --timeout 0.3
+y = held(v)
+"""
+    )
+    assert isinstance(cell.error, pw.TimeoutError)
+    assert "is still running after 0.3 s" in str(cell.error)
+    assert isinstance(nb.ns["y"], pw.Future)
+    nb.ns["gate"].set()
+    np.testing.assert_allclose(nb.ns["y"].result(timeout=20), [1.0, 2.0])
+
+
+def test_blocking_shows_progress_after_a_while(nb, monkeypatch):
+    from pw_kernel.magics import magics
+
+    monkeypatch.setattr(magics, "PROGRESS_AFTER_S", 0.0)
+    monkeypatch.setattr(magics, "PROGRESS_EVERY_S", 0.0)
+    shown = threading.Event()
+    real = magics.display.progress_line
+
+    def progress_line(run):
+        shown.set()
+        return real(run)
+
+    monkeypatch.setattr(magics.display, "progress_line", progress_line)
+    # The device work finishes once progress has been shown.
+    releaser = threading.Thread(target=lambda: shown.wait(20) and nb.ns["gate"].set())
+    releaser.start()
+    cell = nb.run(
+        """%%pathways --block --name slowpoke
+y = held(v)
+"""
+    )
+    releaser.join()
+    assert re.search(r"pw_kernel: run \d+ 'slowpoke' running \d+/\d+ nodes, [\d.]+ s", cell.stderr)
+
+
+def test_ctrl_c_while_blocking_cancels_the_run(nb, monkeypatch):
+    from pw_kernel.magics import magics
+
+    monkeypatch.setattr(magics, "PROGRESS_AFTER_S", 0.0)
+    # Ctrl-C arrives while the cell is blocked in its wait (the progress line marks that moment).
+    monkeypatch.setattr(magics.display, "progress_line", lambda run: _thread.interrupt_main() or "")
+    cell = nb.fail(
+        """%%pathways --block --mode chained --name interrupted
+x = held(v)
+y = b(x)
+"""
+    )
+    assert isinstance(cell.error, KeyboardInterrupt)
+    run = pw.controller().runs[-1]
+    assert run.state == "cancelled"
+    assert f"pw_kernel: Ctrl-C cancelled run {run.id} ('interrupted')" in cell.stderr
+    with pytest.raises(pw.CancelledError):
+        nb.ns["y"].result()
+    nb.ns["gate"].set()
+    assert nb.run("%%pathways --block\nz = b(v)\n").error is None  # the shell stays usable
+    np.testing.assert_allclose(nb.ns["z"], [2.0, 3.0])
+
+
+# -------------------------------------------------------------- %pathways
+def test_status_shows_islands_slices_and_runs_with_state_and_progress(nb):
+    cell = nb.run('%%pathways --block --name "<b>bold</b>"\ny = a(v)\n')
+    assert "&lt;b&gt;bold&lt;/b&gt;" in cell.html and "<b>bold</b>" not in cell.html
+    view = nb.ip.run_line_magic("pathways", "status")
+    text, html = repr(view), view._repr_html_()
+    assert "VirtualSlice('s', mesh={'d': 2}" in text and "<b>bold</b>" in text and "done" in text
+    assert "&lt;b&gt;bold&lt;/b&gt;" in html and "<b>bold</b>" not in html  # user strings are escaped
+    assert "<code>s</code>" in html and re.search(r"</span></span> (\d+)/\1<", html)
+
+
+def test_devices_shows_every_device_and_the_slices_on_it(nb):
+    view = nb.ip.run_line_magic("pathways", "devices")
+    assert "island 0 (cpu, 8 devices)" in repr(view)
+    assert len(re.findall(r"cpu:\d+ ", repr(view))) == 8
+    assert "slices: s" in repr(view) and "slices: one" in repr(view)
+    assert "<code>s</code>" in view._repr_html_()
+
+
+def test_timeline_shows_the_node_events_of_all_runs(nb):
+    nb.run("%%pathways --block --mode chained --name first\ny = b(a(v))\n")
+    nb.run("%%pathways --block --mode chained --name second\nz = c(v)\n")
+    view = nb.ip.run_line_magic("pathways", "timeline")
+    text = repr(view)
+    assert "first" in text and "second" in text and "all runs" in text
+    assert "<svg" in view._repr_html_()
+    just_second = repr(nb.ip.run_line_magic("pathways", "timeline second"))
+    assert "second" in just_second and "first" not in just_second
+
+
+def test_graph_finds_a_run_by_name_or_id_or_a_program_variable(nb):
+    nb.run("%%pathways --name paper\nx = a(v)\ny = b(x)\nz = a(c(x))\n")
+    run = pw.controller().runs[-1]
+    for target in ("paper", str(run.id)):
+        assert "ProgramGraph 'paper'" in repr(nb.ip.run_line_magic("pathways", f"graph {target}"))
+    nb.run("@pw.program\ndef f(t):\n    return b(t)\n_ = f(v)")
+    assert "ProgramGraph 'f'" in repr(nb.ip.run_line_magic("pathways", "graph f"))
+    with pytest.raises(UsageError, match=re.escape("no run named 'nothing'")):
+        nb.ip.run_line_magic("pathways", "graph nothing")
+
+
+def test_wait_blocks_until_runs_finish_and_raises_a_failure(nb):
+    nb.run("%%pathways --name later\ny = held(v)\n")
+    threading.Timer(0.2, nb.ns["gate"].set).start()
+    view = nb.ip.run_line_magic("pathways", "wait later")
+    assert "'later': done" in repr(view)
+    nb.run("%%pathways --name doomed --mode chained\ny = broken(v)\n")
+    cell = nb.fail("%pathways wait")
+    assert isinstance(cell.error, pw.NodeError) and "doomed" in str(cell.error)
+    assert "failed after the cell" not in nb.run("1 + 1").text  # `wait` showed it already
+
+
+def test_cancel_and_reset(nb):
+    nb.run("%%pathways --name stuck\ny = held(v)\n")
+    view = nb.ip.run_line_magic("pathways", "cancel stuck")
+    assert re.search(r"run \d+ \('stuck'\) cancelled", repr(view))
+    with pytest.raises(pw.CancelledError):
+        nb.ns["y"].result()
+    nb.run("%%pathways --name stuck2\ny = held(v)\n")
+    view = nb.ip.run_line_magic("pathways", "reset")
+    assert "cancelled 1 runs and released 2 slices ('s', 'one')" in repr(view)
+    assert nb.ns["s"].released and pw.controller().runs[-1].state == "cancelled"
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("", "the following arguments are required: command"),
+        ("explode", "invalid choice: 'explode'"),
+        ("graph", "`%pathways graph NAME`: name a run"),
+        ("cancel", "`%pathways cancel RUN`: name the run"),
+        ("wait 999", "No run with id 999"),
+    ],
+)
+def test_line_magic_mistakes_are_usage_errors(nb, line, message):
+    with pytest.raises(UsageError, match=re.escape(message)):
+        nb.ip.run_line_magic("pathways", line)
