@@ -344,13 +344,8 @@ class PathwaysMagics(Magics):
         try:
             graph = prog.trace(*inputs)
             c = pw.controller()
-            source_map = self._source_map(graph)
-            # Hold the controller's lock so that a node cannot fail before the run knows its cell lines.
-            # TODO(runtime): `Program.submit(..., source_map=)` would make this unnecessary.
-            with c.lock:
-                run = prog.submit(*inputs, name=name)
-                run.source_map.update(source_map)
-                run.source_map.update(self._fused_source_map(run, graph, filename, number))
+            source_map = {**self._source_map(graph), **self._fused_source_map(graph, filename, number)}
+            run = prog.submit(*inputs, name=name, source_map=source_map)
             self._present_run_errors(run)
         except pw.PathwaysError as e:
             if isinstance(e, pw.TracingError) and e.args and isinstance(e.args[0], str):
@@ -515,7 +510,7 @@ class PathwaysMagics(Magics):
         if isinstance(value, pw.ProgramGraph):
             return display.graph_view(value)
         if isinstance(value, pw.Program):
-            graphs = list(value._cache.values())  # TODO(runtime): a public `Program.graphs`
+            graphs = value.graphs
             if not graphs:
                 raise UsageError(
                     f"`%pathways graph {target}`: program {value.name!r} has not been traced yet. Call it (or "
@@ -629,14 +624,12 @@ class PathwaysMagics(Magics):
     def _source_map(self, graph) -> dict[str, str]:
         return {n.name: self._where(*n.source) for n in graph.nodes if n.source is not None}
 
-    def _fused_source_map(self, run, graph, filename: str, number: int) -> dict[str, str]:
-        """A fused run is one executable: its failure can only point at the cell's line range."""
-        if run.mode != "fused":
-            return {}
+    def _fused_source_map(self, graph, filename: str, number: int) -> dict[str, str]:
+        """A fused run is one executable (step ``NAME[fused]``): its failure can only point at the cell's lines."""
         lines = sorted({n.source[1] for n in graph.nodes if n.source is not None and n.source[0] == filename})
         span = f"line {lines[0]}" if len(lines) == 1 else f"lines {lines[0]}-{lines[-1]}" if lines else "the cell"
         where = f"Cell In[{number}], {span} (fused into one executable; `--mode chained` shows the failing line)"
-        return {st.node.name: where for st in run.plan.steps if getattr(st, "node", None) is not None}
+        return {f"{graph.name}[fused]": where}
 
     def _is_user_file(self, filename: str) -> bool:
         if self._cell_label(filename) is not None:

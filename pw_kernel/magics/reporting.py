@@ -14,11 +14,9 @@ MAX_REPORTS = 5
 
 def current_controller():
     """The process's controller if one exists, without creating one (creating one starts JAX)."""
-    # TODO(runtime): a public `pw.controller(create=False)` would replace this read of the module global.
-    from ..runtime import controller as controller_mod
+    import pw_kernel as pw
 
-    c = getattr(controller_mod, "_controller", None)
-    return None if c is None or c.closed else c
+    return pw.controller(create=False)
 
 
 class FailureReporter:

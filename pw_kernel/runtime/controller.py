@@ -96,8 +96,13 @@ class Controller:
         tenant: str = "default",
         weight: float = 1.0,
         priority: int = 0,
+        source_map: dict[str, str] | None = None,
     ) -> Run:
-        """Queue a traced program with its flat inputs (arrays or futures); returns its Run at once."""
+        """Queue a traced program with its flat inputs (arrays or futures); returns its Run at once.
+
+        ``source_map`` maps node (or step) names to where they come from, for error
+        messages (the notebook front passes cell lines).
+        """
         self._check_open("submit")
         for s in graph.slices:
             s.check_live(f"submit {graph.name!r}")
@@ -118,6 +123,8 @@ class Controller:
         d = self.dispatcher
         with self.lock:
             run = Run(self, next(self._ids), name or graph.name, graph, plan, inputs, tenant, weight, priority)
+            if source_map:
+                run.source_map.update(source_map)
             self.runs.append(run)
             self.events.emit_run(_queued_event(run, self.events.now()))
             self.scheduler.add(run)
@@ -298,11 +305,14 @@ class Controller:
         """A node raised: fail its run (lock held). Other runs are untouched."""
         if run.state in FINAL:
             return
-        src = ""
-        node = getattr(step, "node", None)
-        if node is not None and node.source is not None:
-            where = run.source_map.get(node.name)
-            src = f"\n  at {where}" if where else f"\n  at {node.source[0]}, line {node.source[1]}"
+        where = None
+        if step is not None:
+            where = run.source_map.get(step.name)
+            node = step.node
+            # A fused step stands for many nodes: only the source map can say where it came from.
+            if where is None and node is not None and node.name == step.name and node.source is not None:
+                where = f"{node.source[0]}, line {node.source[1]}"
+        src = f"\n  at {where}" if where else ""
         step_name = step.name if step is not None else "<dispatcher>"
         err = NodeError(
             f"node {step_name!r} of program {run.graph.name!r} (run {run.id}, {run.name!r}) failed: "
@@ -351,8 +361,8 @@ def _shutdown_at_exit() -> None:
         c.shutdown(timeout=5)
 
 
-def controller() -> Controller:
-    """The process's controller (created on first use).
+def controller(create: bool = True) -> Controller | None:
+    """The process's controller (created on first use; with ``create=False``, None if there is none).
 
     Example::
 
@@ -360,6 +370,8 @@ def controller() -> Controller:
     """
     global _controller
     with _controller_lock:
+        if not create:
+            return _controller if _controller is not None and not _controller.closed else None
         if _controller is None or _controller.closed:
             from .config import configure_cpu_devices
 

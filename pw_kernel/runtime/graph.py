@@ -70,6 +70,7 @@ class Node:
     src_slice: VirtualSlice | None = None  # transfers only; None means from the host
     primitives: tuple[str, ...] = ()  # glue: the jnp ops it fuses
     source: tuple[str, int] | None = None  # (file, line) of the user code that made it
+    stack: tuple[tuple[str, int], ...] = ()  # every user frame, innermost first
 
     @property
     def island(self) -> Island | None:

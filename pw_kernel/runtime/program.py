@@ -73,6 +73,7 @@ class Program:
         tenant: str | None = None,
         weight: float = 1.0,
         priority: int = 0,
+        source_map: dict[str, str] | None = None,
         **kwargs,
     ) -> Run:
         """Trace (or reuse the trace) and submit; returns the Run (its futures are ``run.outputs``)."""
@@ -88,6 +89,7 @@ class Program:
             tenant=tenant or self.tenant,
             weight=weight,
             priority=priority,
+            source_map=source_map,
         )
 
     def __call__(self, *args, **kwargs):
@@ -96,6 +98,12 @@ class Program:
     @property
     def cache_size(self) -> int:
         return len(self._cache)
+
+    @property
+    def graphs(self) -> list[ProgramGraph]:
+        """The graphs traced so far, one per input signature (oldest first)."""
+        with self._cache_lock:
+            return list(self._cache.values())
 
     def __repr__(self) -> str:
         return f"<pw.Program {self.name!r}: {len(self._cache)} traced signatures>"

@@ -182,6 +182,8 @@ class Run:
         log = self.controller.events
         msg = None if error is None else f"{type(error).__name__}: {error}"
         log.emit_run(RunEvent(self.id, self.name, self.tenant, to, log.now(), msg))
+        if to in FINAL:
+            self._final.set()  # after the event: whoever `wait()`s sees the log complete
 
     def _on_running(self, _error) -> None:
         self.started_at = time.time()
@@ -216,7 +218,6 @@ class Run:
         self._slots = None
         self._inputs = []
         self.controller._unreserve(self)
-        self._final.set()
 
     def _dbg(self) -> str:
         return repr(self)

@@ -71,11 +71,23 @@ def user_frame(tb_frames) -> tuple[str, int] | None:
     return None
 
 
-def _eqn_source(eqn) -> tuple[str, int] | None:
+def _user_frames(frames) -> tuple[tuple[str, int], ...]:
+    return tuple(
+        (f, line) for f, line in frames if not f.startswith((_JAX_DIR, _PW_DIR)) and "/importlib/" not in f
+    )
+
+
+def _eqn_stack(eqn) -> tuple[tuple[str, int], ...]:
+    """Every user frame (innermost first) of the code that made an equation."""
     tb = getattr(eqn.source_info, "traceback", None)
     if tb is None:
-        return None
-    return user_frame((f.file_name, f.line_num) for f in tb.frames)
+        return ()
+    return _user_frames((f.file_name, f.line_num) for f in tb.frames)
+
+
+def _eqn_source(eqn) -> tuple[str, int] | None:
+    stack = _eqn_stack(eqn)
+    return stack[0] if stack else None
 
 
 def _exc_source(exc: BaseException) -> tuple[str, int] | None:
@@ -420,6 +432,7 @@ def trace_program(
             fn=fn_,
             primitives=prims,
             source=source,
+            stack=_eqn_stack(eqns[0]),
         )
         for v, vid in zip(outvars, out_ids):
             b.var_value[v] = vid
@@ -486,6 +499,7 @@ def trace_program(
             outputs=tuple(out_ids),
             fn=fn_,
             source=source,
+            stack=_eqn_stack(eqn),
         )
         for v, vid in zip(eqn.outvars, out_ids):
             b.var_value[v] = vid
