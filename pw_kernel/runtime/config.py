@@ -35,9 +35,6 @@ class Config:
     validate: bool = dataclasses.field(default_factory=lambda: _env_flag("PW_VALIDATE"))
     #: Completed node events kept in the log (oldest dropped first).
     max_events: int = 1_000_000
-    #: When the controller is idle and a program was compiled already, `submit` dispatches
-    #: it on the calling thread for at most this long (µs) before handing over; 0 turns it off.
-    inline_dispatch_us: int = 1000
     #: Default execution mode of programs.
     mode: Mode = "auto"
     #: Bytes per device that runs may reserve (memory-aware admission). None: the device's

@@ -120,7 +120,6 @@ class Controller:
                     f"may reserve at most {cap / 2**20:.1f} MiB there (Config.device_memory / memory_fraction). "
                     f"Shard the values over more devices, use smaller shapes, or raise the limit."
                 )
-        d = self.dispatcher
         with self.lock:
             run = Run(self, next(self._ids), name or graph.name, graph, plan, inputs, tenant, weight, priority)
             if source_map:
@@ -128,28 +127,7 @@ class Controller:
             self.runs.append(run)
             self.events.emit_run(_queued_event(run, self.events.now()))
             self.scheduler.add(run)
-            # Idle controller, compiled plan: dispatch on this thread (no hand-off to the
-            # dispatcher thread) for a bounded time, so `submit` still returns at once.
-            inline = (
-                self.config.inline_dispatch_us > 0
-                and plan.warm
-                and len(self.scheduler.active) == 1
-                and d.token.acquire(blocking=False)
-            )
-            if inline and not self._start(run):
-                d.token.release()
-                inline = False
-            if not inline:
-                d.wake()
-        if inline:
-            try:
-                d.dispatch_inline(run, self.config.inline_dispatch_us * 1000)
-            finally:
-                d.token.release()
-                d.graveyard.clear()
-            if run._cursor < run.nodes_total and run.state == "running":
-                with self.lock:
-                    d.wake()  # the dispatcher thread takes over the rest
+            self.dispatcher.wake()
         return run
 
     def set_policy(self, policy) -> None:

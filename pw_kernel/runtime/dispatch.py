@@ -42,12 +42,9 @@ class Dispatcher:
         self.seq = 0
         self._stopping = False
         self._waiting_credit = False
-        # Whoever dispatches holds the token: the dispatcher thread, or a submitting thread that
-        # found the controller idle (see Controller.submit). One holder at a time keeps one
-        # consistent order of work per island.
-        self.token = threading.Lock()
-        # Watched batches whose buffers are freed between bursts: freeing device buffers on the
-        # watcher thread while another thread dispatches slows dispatch ~2x.
+        self._idle = True
+        # Watched batches whose buffers the dispatcher frees between bursts: freeing device
+        # buffers on the watcher thread while the dispatcher dispatches slows dispatch ~2x.
         self.graveyard: list = []
         self._threads = [
             threading.Thread(target=self._dispatch_loop, name="pw-dispatcher", daemon=True),
@@ -84,25 +81,18 @@ class Dispatcher:
                 while run is None:
                     if self._stopping:
                         return
+                    self._idle = True
                     self.graveyard.clear()
                     self.cond.wait()
+                    self._idle = False
                     run = self._pick()
                 dead, self.graveyard = self.graveyard, []
             del dead  # free finished nodes' buffers here, between bursts (see _watch_loop)
-            with self.token:
-                try:
-                    self._dispatch(run)
-                except BaseException as e:  # a bug of ours: fail the run, keep the controller alive
-                    with self.cond:
-                        self.controller._fail(run, None, e)
-
-    def dispatch_inline(self, run: Run, budget_ns: int) -> None:
-        """Dispatch ``run`` on the calling thread for up to ``budget_ns`` (token held by the caller)."""
-        try:
-            self._dispatch(run, deadline=self.controller.events.now() + budget_ns)
-        except BaseException as e:
-            with self.cond:
-                self.controller._fail(run, None, e)
+            try:
+                self._dispatch(run)
+            except BaseException as e:  # a bug of ours: fail the run, keep the controller alive
+                with self.cond:
+                    self.controller._fail(run, None, e)
 
     def _pick(self) -> Run | None:
         """Among active runs, the policy's choice of those that can dispatch now (lock held)."""
@@ -133,8 +123,8 @@ class Dispatcher:
             return None
         return sched.policy.pick(runnable)
 
-    def _dispatch(self, run: Run, deadline: int | None = None) -> None:
-        """Dispatch up to the policy's quantum of ``run``'s next steps (token held, no lock around JAX calls)."""
+    def _dispatch(self, run: Run) -> None:
+        """Dispatch up to the policy's quantum of ``run``'s next steps; no lock held around JAX calls."""
         c = self.controller
         steps = run.plan.steps
         slots = run._slots
@@ -188,8 +178,6 @@ class Dispatcher:
                 self.queue.put(batch)
                 batch = []
                 flush_at = t + _FLUSH_NS
-                if deadline is not None and t >= deadline:
-                    break
         if batch:
             self.queue.put(batch)
         run._cursor = k
@@ -208,11 +196,10 @@ class Dispatcher:
                 with self.cond:
                     for run, st, _, _ in batch:
                         self.controller._fail(run, st, e)
-            if self.token.locked():  # someone is dispatching: leave the freeing to them
+            if self._idle:
+                del batch
+            else:
                 self.graveyard.append(batch)
-                if not self.token.locked():  # ...unless they finished meanwhile
-                    self.graveyard.clear()
-            del batch
 
     def _complete(self, batch: list) -> None:
         """Wait for a batch of nodes in dispatch order, stamp their times, resolve futures, emit events.
@@ -260,18 +247,10 @@ class Dispatcher:
         for i, (run, st, ev, outs) in enumerate(batch):
             completed[st.island] += 1
             err = failed.get(i) if failed else None
-            run.nodes_done += 1
-            run.events.append(ev)
             if err is not None and run.state not in FINAL:
                 ev.error = f"{type(err).__name__}: {err}"
                 with self.cond:
                     c._fail(run, st, err)
-            elif run.nodes_done == run.nodes_total and run._cursor == run.nodes_total and run.state == "running":
-                # The last node: the run is done before anyone waiting on its futures wakes up.
-                with self.cond:
-                    if run.state == "running":
-                        run._transition("done")
-                        c.scheduler.remove(run)
             elif st.publishes:
                 futures = run.futures
                 for j, pos in st.publishes:
@@ -281,7 +260,14 @@ class Dispatcher:
                             fut.set_result(outs[pos])
                         except concurrent.futures.InvalidStateError:
                             pass  # cancelled meanwhile
+            run.nodes_done += 1
+            run.events.append(ev)
             emit(ev)
+            if run.nodes_done == run.nodes_total and run.state == "running" and run._cursor == run.nodes_total:
+                with self.cond:
+                    if run.state == "running":
+                        run._transition("done")
+                        c.scheduler.remove(run)
         if self._waiting_credit:
             with self.cond:
                 self.cond.notify()

@@ -54,8 +54,6 @@ class Plan:
     output_step: tuple[int, ...]
     #: estimated peak bytes the run allocates per device id (for memory-aware admission)
     peak_bytes: dict[int, int] = dataclasses.field(default_factory=dict)
-    #: True once a run of this plan finished: every step is compiled, so dispatch is cheap
-    warm: bool = False
 
 
 def _step_for(node: Node, graph: ProgramGraph, call, ins, outs, name=None, kind=None) -> Step:

@@ -190,7 +190,6 @@ class Run:
 
     def _on_done(self, _error) -> None:
         self.finished_at = time.time()
-        self.plan.warm = True
         slots = self._slots
         for j, fut in enumerate(self.futures):
             if not fut.done():
