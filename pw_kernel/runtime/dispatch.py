@@ -247,10 +247,18 @@ class Dispatcher:
         for i, (run, st, ev, outs) in enumerate(batch):
             completed[st.island] += 1
             err = failed.get(i) if failed else None
+            run.nodes_done += 1
+            run.events.append(ev)
             if err is not None and run.state not in FINAL:
                 ev.error = f"{type(err).__name__}: {err}"
                 with self.cond:
                     c._fail(run, st, err)
+            elif run.nodes_done == run.nodes_total and run._cursor == run.nodes_total and run.state == "running":
+                # The last node: the run is done before anyone waiting on its futures wakes up.
+                with self.cond:
+                    if run.state == "running":
+                        run._transition("done")
+                        c.scheduler.remove(run)
             elif st.publishes:
                 futures = run.futures
                 for j, pos in st.publishes:
@@ -260,14 +268,7 @@ class Dispatcher:
                             fut.set_result(outs[pos])
                         except concurrent.futures.InvalidStateError:
                             pass  # cancelled meanwhile
-            run.nodes_done += 1
-            run.events.append(ev)
             emit(ev)
-            if run.nodes_done == run.nodes_total and run.state == "running" and run._cursor == run.nodes_total:
-                with self.cond:
-                    if run.state == "running":
-                        run._transition("done")
-                        c.scheduler.remove(run)
         if self._waiting_credit:
             with self.cond:
                 self.cond.notify()

@@ -47,9 +47,10 @@ def signature(args: tuple, kwargs: dict) -> tuple[Any, list[Any], tuple]:
     leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
     key = []
     for i, leaf in enumerate(leaves):
-        if is_traced_leaf(leaf):
-            a = abstract_leaf(leaf)
-            key.append(("A", a.shape, np.dtype(a.dtype).str, a.sharding))
+        if isinstance(leaf, (Future, jax.Array)):  # the hot path of every call: no ShapeDtypeStruct
+            key.append(("A", tuple(leaf.shape), leaf.dtype, leaf.sharding))
+        elif isinstance(leaf, (np.ndarray, np.generic)):
+            key.append(("A", np.shape(leaf), leaf.dtype, None))
         else:
             try:
                 hash(leaf)
