@@ -18,6 +18,7 @@ from __future__ import annotations
 from .runtime.config import Config, configure_cpu_devices
 from .runtime.errors import (
     AdmissionError,
+    ArgumentError,
     CancelledError,
     ControlFlowError,
     ControllerShutdownError,
@@ -98,6 +99,7 @@ def unload_ipython_extension(ipython) -> None:
 
 __all__ = [
     "AdmissionError",
+    "ArgumentError",
     "CancelledError",
     "CompiledFunction",
     "Config",

@@ -305,3 +305,23 @@ def test_load_ext_in_a_plain_kernel_whose_jax_has_one_device_says_how_to_get_mor
         assert k.run("%pathways devices").text.count("cpu:") == 1  # and the extension still works
     finally:
         k.shutdown()
+
+
+def test_a_kernel_restart_with_runs_in_flight_comes_back_clean(kernel_dir, tmp_path):
+    k = Kernel(kernel_dir, "pathways", kernel_env(tmp_path))
+    try:
+        k.run(GATED)
+        k.run("%%pathways --name in_flight\nh = held(v)\n")
+        k.km.restart_kernel(now=True)
+        k.kc.wait_for_ready(timeout=90)
+        k.backlog.clear()
+        reply = k.run(
+            "import pw_kernel as pw, jax.numpy as jnp\n"
+            "print(len(pw.devices()), len(pw.controller().runs))\n"
+            "s = pw.slice(2)\n"
+            "print(pw.compiled(lambda x: x * 3, slice=s)(jnp.ones(2)).result(timeout=30))"
+        )
+        assert reply.stdout.split("\n")[:2] == ["8 0", "[3. 3.]"]
+        k.run("%%pathways --block\ny = pw.compiled(lambda x: x + 1, slice=s)(jnp.ones(2))\n")
+    finally:
+        k.shutdown()

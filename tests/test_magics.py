@@ -344,6 +344,13 @@ y = b(nope)
     assert "y" not in nb.ns
 
 
+@pytest.mark.parametrize("cell", ["pass\n", "\n", "# only a comment\n"])
+def test_a_cell_without_outputs_is_a_usage_error(nb, cell):
+    with pytest.raises(UsageError, match=re.escape("the cell assigns no names and ends in no expression")):
+        nb.ip.run_cell_magic("pathways", "", cell)
+    assert nb.run("%%pathways --block\ny = a(v)\n") and list(np.asarray(nb.ns["y"])) == [2.0, 4.0]
+
+
 def test_a_released_slice_is_a_usage_error(nb):
     nb.run("gone = pw.slice(1, name='gone'); gone.release()")
     with pytest.raises(UsageError, match=re.escape("slice 'gone' was released")):

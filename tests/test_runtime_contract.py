@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import threading
@@ -86,3 +87,26 @@ def test_runtime_imports_only_jax_and_numpy():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "8"  # the embedded default: 8 simulated CPU devices
+
+
+def test_finished_runs_keep_outputs_only_while_referenced_or_recent():
+    import gc
+
+    import numpy as np
+
+    pw.init(pw.Config(keep_outputs=2, validate=True))
+    try:
+        s = pw.slice(1)
+        f = pw.compiled(lambda x: x + 1, slice=s, name="f")
+        kept = f(jnp.zeros(2))
+        for _ in range(4):
+            f(jnp.zeros(2)).result(timeout=30)  # results dropped at once
+        pw.controller().wait_all(timeout=30)
+        gc.collect()
+        runs = pw.controller().runs
+        np.testing.assert_array_equal(np.asarray(runs[-1].outputs.result()), [1.0, 1.0])  # among the last 2
+        assert runs[0].outputs is kept  # still referenced by the user
+        with pytest.raises(pw.PathwaysError, match=re.escape("its outputs were released because nothing referenced them")):
+            runs[1].outputs
+    finally:
+        pw.shutdown()

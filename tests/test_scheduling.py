@@ -81,9 +81,9 @@ def test_switching_policy_at_run_time(ctl):
     ctl.set_policy(pw.FairShare())
     assert ctl.status().policy == "fair"
     np.testing.assert_allclose(np.asarray(p(x).result()), np.asarray(p.submit(x).result()))
-    with pytest.raises(TypeError, match=re.escape("`Controller.set_policy` needs a policy")):
+    with pytest.raises(pw.ArgumentError, match=re.escape("`Controller.set_policy` needs a policy")):
         ctl.set_policy("round-robin")
-    with pytest.raises(ValueError, match="must be a positive number"):
+    with pytest.raises(pw.ArgumentError, match="must be a positive number"):
         pw.FairShare({"A": 0})
 
 

@@ -186,3 +186,16 @@ def test_to_dot_is_valid_graphviz(two):
     assert dot_bin, "graphviz `dot` is installed by scripts/setup.sh"
     svg = subprocess.run([dot_bin, "-Tsvg"], input=dot, capture_output=True, text=True, check=True).stdout
     assert "<svg" in svg and "s1 → s2" in svg
+
+
+def test_compiled_functions_created_inside_a_program_are_nodes(two):
+    s1, _ = two
+
+    @pw.program
+    def p(x):
+        ones = jnp.ones(4)  # glue before any compiled call: placed on the first compute slice
+        return pw.compiled(lambda v: v * 5, slice=s1, name="made_here")(ones) + x
+
+    g = p.trace(jnp.ones(4))
+    assert [n.name for n in g.nodes if n.kind == "compute"] == ["made_here"]
+    np.testing.assert_array_equal(np.asarray(p(jnp.ones(4)).result()), [6.0] * 4)

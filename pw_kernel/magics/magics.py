@@ -390,6 +390,11 @@ class PathwaysMagics(Magics):
         except CellError as e:
             where = f" (cell line {e.line})" if e.line else ""
             raise UsageError(f"`%%pathways`{where}: {e}") from None
+        if not analysis.stores and not analysis.has_result:
+            raise UsageError(
+                "`%%pathways`: the cell assigns no names and ends in no expression, so its program would have no "
+                "outputs. Assign what you want to keep (`y = f(x)`), or end the cell with the value to show."
+            )
         unknown = analysis.unknown(ns)
         if unknown:
             listed = ", ".join(f"`{n}` (line {ln})" for n, ln in unknown.items())

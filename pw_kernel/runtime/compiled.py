@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -12,7 +13,7 @@ import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from .devices import VirtualSlice, check_spec_axes
-from .errors import SpecError
+from .errors import ArgumentError, SpecError
 
 # The jit eqn in a jaxpr carries the function's __name__; a unique suffix maps
 # it back to the CompiledFunction that made it (see tracing.py).
@@ -21,11 +22,32 @@ _registry: weakref.WeakValueDictionary[str, CompiledFunction] = weakref.WeakValu
 _uids = itertools.count()
 
 
+# Compiled functions called while a program is being traced, held strongly until its graph is
+# built: one created inside the traced function (a temporary) must not vanish from the registry.
+_tracing = threading.local()
+
+
 def lookup(jit_name: str) -> CompiledFunction | None:
     """The CompiledFunction whose jit eqn is named ``jit_name``, if any."""
     if _MARK not in jit_name:
         return None
+    seen = getattr(_tracing, "seen", None)
+    if seen is not None and jit_name in seen:
+        return seen[jit_name]
     return _registry.get(jit_name)
+
+
+class tracing_scope:
+    """While active on this thread, compiled functions called under a trace are kept alive."""
+
+    def __enter__(self):
+        self.outer = getattr(_tracing, "seen", None)
+        _tracing.seen = {} if self.outer is None else self.outer
+        return self
+
+    def __exit__(self, *exc):
+        _tracing.seen = self.outer
+        return False
 
 
 def _is_spec_leaf(x: Any) -> bool:
@@ -74,9 +96,9 @@ class CompiledFunction:
         name: str | None = None,
     ):
         if not callable(fn):
-            raise TypeError(f"`pw.compiled` needs a callable; got {fn!r} of type {type(fn).__name__}.")
+            raise ArgumentError(f"`pw.compiled` needs a callable; got {fn!r} of type {type(fn).__name__}.")
         if not isinstance(slice, VirtualSlice):
-            raise TypeError(
+            raise ArgumentError(
                 f"`pw.compiled(slice=...)` needs a VirtualSlice from `pw.slice(n, ...)`; got {slice!r}."
             )
         slice.check_live("pw.compiled")
@@ -104,6 +126,9 @@ class CompiledFunction:
 
     def __call__(self, *args, **kwargs):
         if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((args, kwargs))):
+            seen = getattr(_tracing, "seen", None)
+            if seen is not None:
+                seen[self.jit_name] = self
             return self.jitted(*args, **kwargs)  # being traced inside a program: one node
         if self._program is None:
             from .program import Program
@@ -143,7 +168,7 @@ def compiled(
 
         slice = controller().resources.get(slice)
     if slice is None:
-        raise TypeError(
+        raise ArgumentError(
             "`pw.compiled` needs `slice=`: the virtual slice the function runs on, e.g. "
             "`s = pw.slice(2)` then `pw.compiled(fn, slice=s)`."
         )

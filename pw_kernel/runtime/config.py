@@ -42,6 +42,11 @@ class Config:
     #: where the device reports none (the CPU).
     device_memory: int | None = None
     memory_fraction: float = 0.9
+    #: Finished runs whose outputs the controller keeps alive (`controller().runs[-1].outputs`);
+    #: older runs' outputs live only as long as their futures are referenced.
+    keep_outputs: int = 16
+    #: Runs kept in `controller().runs` (the oldest finished ones are forgotten first).
+    keep_runs: int = 10_000
 
 
 def configure_cpu_devices(n: int | None = None) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import collections
 import dataclasses
 import itertools
 import threading
@@ -14,7 +15,7 @@ from . import plan as plan_mod
 from .config import Config
 from .devices import Island, ResourceManager, VirtualSlice, build_islands
 from .dispatch import Dispatcher
-from .errors import AdmissionError, ControllerShutdownError, InputFailedError, NodeError, PathwaysError
+from .errors import AdmissionError, ArgumentError, ControllerShutdownError, InputFailedError, NodeError, PathwaysError
 from .events import EventLog
 from .futures import Future
 from .graph import ProgramGraph
@@ -76,6 +77,7 @@ class Controller:
         self.scheduler = Scheduler()
         self.capacity: dict[int, int] = self._capacity()  # device id -> bytes runs may reserve
         self.reserved: dict[int, int] = {}
+        self._recent: collections.deque = collections.deque(maxlen=self.config.keep_outputs)
         self.runs: list[Run] = []
         self._ids = itertools.count()
         self._closed = False
@@ -138,7 +140,7 @@ class Controller:
             pw.controller().set_policy(pw.FairShare({"A": 1, "B": 3}))
         """
         if not all(hasattr(policy, a) for a in ("pick", "charge", "quantum", "name")):
-            raise TypeError(
+            raise ArgumentError(
                 f"`Controller.set_policy` needs a policy such as pw.FIFO(), pw.FairShare() or pw.Priority(); "
                 f"got {policy!r}."
             )
@@ -231,6 +233,14 @@ class Controller:
         run._reserved = need
         run.waiting_for = None
         return True
+
+    def _retire(self, run: Run, futures) -> None:
+        """A run became final: keep its outputs among the most recent, forget the oldest runs (lock held)."""
+        if self.config.keep_outputs > 0 and futures is not None:
+            self._recent.append(futures)
+        if len(self.runs) > self.config.keep_runs:
+            excess = len(self.runs) - self.config.keep_runs
+            self.runs[:] = [r for k, r in enumerate(self.runs) if k >= excess or not r.done()]
 
     def _unreserve(self, run: Run) -> None:
         """Give back a final run's reservation and let queued runs try again (lock held)."""

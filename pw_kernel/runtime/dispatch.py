@@ -259,7 +259,7 @@ class Dispatcher:
                     if run.state == "running":
                         run._transition("done")
                         c.scheduler.remove(run)
-            elif st.publishes:
+            elif st.publishes and run.state == "running":
                 futures = run.futures
                 for j, pos in st.publishes:
                     fut = futures[j]

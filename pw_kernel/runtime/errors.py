@@ -12,6 +12,10 @@ class PathwaysError(Exception):
     """Base class of every error pw_kernel raises on purpose."""
 
 
+class ArgumentError(PathwaysError, TypeError, ValueError):
+    """An argument of the wrong kind or value for a pw_kernel API (a TypeError and a ValueError)."""
+
+
 class SliceError(PathwaysError, ValueError):
     """A slice request that cannot be satisfied (size, mesh shape, island, name)."""
 

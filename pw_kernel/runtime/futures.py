@@ -11,7 +11,7 @@ import jax
 import numpy as np
 from jax.sharding import Sharding
 
-from .errors import CancelledError, PathwaysError, TimeoutError
+from .errors import ArgumentError, CancelledError, PathwaysError, TimeoutError
 
 if TYPE_CHECKING:
     from .run import Run
@@ -22,9 +22,9 @@ def check_timeout(timeout: float | None, api: str) -> float | None:
     if timeout is None:
         return None
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or math.isnan(timeout):
-        raise ValueError(f"`{api}(timeout=...)` must be a number of seconds or None; got {timeout!r}.")
+        raise ArgumentError(f"`{api}(timeout=...)` must be a number of seconds or None; got {timeout!r}.")
     if timeout < 0:
-        raise ValueError(
+        raise ArgumentError(
             f"`{api}(timeout={timeout!r})`: a timeout cannot be negative. Use None to wait until done, "
             f"0 to check without waiting, or a positive number of seconds."
         )

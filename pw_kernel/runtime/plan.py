@@ -15,7 +15,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from .errors import FusedModeError
+from .errors import ArgumentError, FusedModeError
 from .graph import Node, ProgramGraph
 from .tracing import make_evaluator
 
@@ -222,7 +222,7 @@ def fused(graph: ProgramGraph) -> Plan:
 def plan_for(graph: ProgramGraph, mode: str) -> Plan:
     """The cached plan of ``graph`` for ``mode`` ('auto' picks fused when possible and useful)."""
     if mode not in ("auto", "fused", "chained"):
-        raise ValueError(f"`mode` must be 'auto', 'fused' or 'chained'; got {mode!r}.")
+        raise ArgumentError(f"`mode` must be 'auto', 'fused' or 'chained'; got {mode!r}.")
     if mode == "auto":
         work = sum(1 for n in graph.nodes if n.kind != "transfer")
         mode = "fused" if work > 1 and fusable(graph) is None else "chained"

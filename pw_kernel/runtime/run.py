@@ -15,11 +15,12 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 import time
+import weakref
 from typing import TYPE_CHECKING, Any, Literal
 
 import jax
 
-from .errors import CancelledError, TimeoutError
+from .errors import CancelledError, PathwaysError, TimeoutError
 from .events import RunEvent
 from .futures import Future, check_timeout
 
@@ -96,12 +97,40 @@ class Run:
         #: why a queued run has not started: None, "input" (a future not yet dispatched) or "memory"
         self.waiting_for: str | None = None
         vals = graph.values
-        self.futures = [
-            Future(self, j, vals[v].shape, vals[v].dtype, vals[v].sharding) for j, v in enumerate(graph.outputs)
-        ]
-        self.outputs = jax.tree_util.tree_unflatten(graph.out_tree, self.futures)
+        futures = [Future(self, j, vals[v].shape, vals[v].dtype, vals[v].sharding) for j, v in enumerate(graph.outputs)]
+        # Strong while the run is in flight; once final, the futures (and the device buffers they
+        # hold) live as long as the user keeps them, or the controller keeps the run among its
+        # most recent (Config.keep_outputs).
+        self._futures: list[Future] | None = futures
+        self._weak = [weakref.ref(f) for f in futures]
 
     # ----------------------------------------------------------------- public
+    @property
+    def futures(self) -> list[Future]:
+        """The output futures, flat; after the run ended, only those still referenced somewhere."""
+        if self._futures is not None:
+            return self._futures
+        alive = [w() for w in self._weak]
+        return [f for f in alive if f is not None]
+
+    @property
+    def outputs(self):
+        """The output futures in the tree the program returned.
+
+        Raises PathwaysError once the run is final and its futures were released (nothing held
+        them and the run is no longer among the controller's most recent).
+        """
+        futures = self._futures
+        if futures is None:
+            futures = [w() for w in self._weak]
+            if any(f is None for f in futures):
+                raise PathwaysError(
+                    f"run {self.id} ({self.name!r}): its outputs were released because nothing referenced them "
+                    f"any more (the controller keeps only the last {self.controller.config.keep_outputs} runs' "
+                    f"outputs). Keep the futures the call returned, e.g. `y = step(x)`."
+                )
+        return jax.tree_util.tree_unflatten(self.graph.out_tree, futures)
+
     @property
     def progress(self) -> tuple[int, int]:
         """(nodes done, nodes total)."""
@@ -144,22 +173,23 @@ class Run:
         """Cancel: nodes not yet dispatched are dropped, futures raise CancelledError. False if already final."""
         return self.controller._cancel(self)
 
-    def validate(self) -> None:
+    def validate(self, futures: list[Future] | None = None) -> None:
         """Assert the invariants of the current state (on in tests)."""
         s = self.state
+        futures = self.futures if futures is None else futures
         assert 0 <= self.nodes_done <= self.nodes_dispatched <= self.nodes_total, self._dbg()
         if s == "queued":
             assert self.nodes_dispatched == 0 and self.started_at is None, self._dbg()
         if s in FINAL:
             assert self.finished_at is not None, self._dbg()
-            assert all(f.done() for f in self.futures), self._dbg()
+            assert all(f.done() for f in futures), self._dbg()
         if s == "done":
             assert self.nodes_done == self.nodes_total and self.error is None, self._dbg()
-            assert all(f.exception() is None for f in self.futures), self._dbg()
+            assert all(f.exception() is None for f in futures), self._dbg()
         if s == "failed":
             assert self.error is not None, self._dbg()
         if s == "cancelled":
-            assert all(f.cancelled() or f.exception() is None for f in self.futures), self._dbg()
+            assert all(f.cancelled() or f.exception() is None for f in futures), self._dbg()
 
     def __repr__(self) -> str:
         err = f", error={type(self.error).__name__}" if self.error is not None else ""
@@ -176,9 +206,12 @@ class Run:
         if handler is None:
             raise InvalidTransition(f"run {self.id}: no transition {self.state} -> {to}")
         self.state = to
-        getattr(self, handler)(error)
         if self.controller.config.validate:
-            self.validate()
+            futures = self._futures
+            getattr(self, handler)(error)
+            self.validate(futures)
+        else:
+            getattr(self, handler)(error)
         log = self.controller.events
         msg = None if error is None else f"{type(error).__name__}: {error}"
         log.emit_run(RunEvent(self.id, self.name, self.tenant, to, log.now(), msg))
@@ -217,6 +250,8 @@ class Run:
         self._slots = None
         self._inputs = []
         self.controller._unreserve(self)
+        self.controller._retire(self, self._futures)
+        self._futures = None
 
     def _dbg(self) -> str:
         return repr(self)

@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
+from .errors import ArgumentError
+
 if TYPE_CHECKING:
     from .run import Run
 
@@ -80,7 +82,7 @@ class FairShare:
 
     def set_weight(self, tenant: str, weight: float) -> None:
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
-            raise ValueError(f"`FairShare` weight of tenant {tenant!r} must be a positive number; got {weight!r}.")
+            raise ArgumentError(f"`FairShare` weight of tenant {tenant!r} must be a positive number; got {weight!r}.")
         self.weights[tenant] = float(weight)
 
     def weight(self, run: Run) -> float:

@@ -305,7 +305,13 @@ class _Builder:
         return self.var_value[var]
 
 
-def trace_program(
+def trace_program(*args, **kwargs) -> ProgramGraph:
+    """Trace ``fn(*args, **kwargs)`` into a ProgramGraph; see the module docstring."""
+    with compiled_mod.tracing_scope():
+        return _trace_program(*args, **kwargs)
+
+
+def _trace_program(
     fn: Callable,
     args: tuple,
     kwargs: dict,
@@ -314,7 +320,6 @@ def trace_program(
     resources: ResourceManager,
     default_slice: VirtualSlice | None = None,
 ) -> ProgramGraph:
-    """Trace ``fn(*args, **kwargs)`` into a ProgramGraph; see the module docstring."""
     treedef, leaves, _ = signature(args, kwargs)
     traced_idx = [i for i, x in enumerate(leaves) if is_traced_leaf(x)]
     abstract = [abstract_leaf(leaves[i]) for i in traced_idx]
@@ -332,7 +337,7 @@ def trace_program(
 
     try:
         closed = jax.make_jaxpr(flat_fn)(*abstract)
-    except jax.errors.ConcretizationTypeError as e:
+    except jax.errors.TracerBoolConversionError as e:
         src = _exc_source(e)
         raise ControlFlowError(
             f"`pw.program` {name!r}: Python control flow depends on a value computed on devices "
@@ -344,6 +349,16 @@ def trace_program(
         ) from None
     except PathwaysError:  # already says what is wrong and what to do
         raise
+    except (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError,
+            jax.errors.TracerIntegerConversionError) as e:
+        src = _exc_source(e)
+        raise TracingError(
+            f"`pw.program` {name!r} needs a concrete value where it only has a traced one "
+            f"({type(e).__name__}).{_fmt_source(src)}\n"
+            "Inside a program, arrays are abstract (shape and dtype only) until the run executes, so "
+            "`float(x)`, `int(x)`, `np.asarray(x)` or indexing with an array value cannot work. Use jnp "
+            "operations on the array instead, or pass the value in as a Python constant."
+        ) from None
     except Exception as e:
         src = _exc_source(e)
         if "evenly divide" in str(e):
