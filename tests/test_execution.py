@@ -174,7 +174,9 @@ def test_a_failing_node_fails_only_its_run(ctl):
         later.result(timeout=60)
 
 
-def test_cancel_a_queued_run(ctl):
+@pytest.fixture
+def one_slot(ctl):
+    """A controller whose island takes one node in flight, a slice, and a compiled `hold` that waits for `gate`."""
     pw.init(pw.Config(max_inflight=1, validate=True))
     s = pw.slice(1, name="s")
     started, gate = threading.Event(), threading.Event()
@@ -187,6 +189,12 @@ def test_cancel_a_queued_run(ctl):
     blocker = pw.compiled(lambda x: jax.pure_callback(hold, jax.ShapeDtypeStruct(x.shape, x.dtype), x), slice=s, name="hold")
     inc = pw.compiled(lambda x: x + 1, slice=s, name="inc")
     x = jax.device_put(jnp.zeros(2), s.sharding())
+    yield blocker, inc, x, started, gate
+    gate.set()
+
+
+def test_cancel_a_queued_run(one_slot):
+    blocker, inc, x, started, gate = one_slot
     first = blocker(x)
     assert started.wait(30)
     queued = pw.program(lambda v: inc(v), name="queued").submit(x)
@@ -201,18 +209,8 @@ def test_cancel_a_queued_run(ctl):
     np.testing.assert_array_equal(np.asarray(inc(x).result(timeout=60)), [1.0, 1.0])
 
 
-def test_cancel_a_running_run_drops_undispatched_nodes(ctl):
-    pw.init(pw.Config(max_inflight=1, validate=True))
-    s = pw.slice(1, name="s")
-    started, gate = threading.Event(), threading.Event()
-
-    def hold(x):
-        started.set()
-        gate.wait(30)
-        return x
-
-    blocker = pw.compiled(lambda x: jax.pure_callback(hold, jax.ShapeDtypeStruct(x.shape, x.dtype), x), slice=s, name="hold")
-    inc = pw.compiled(lambda x: x + 1, slice=s, name="inc")
+def test_cancel_a_running_run_drops_undispatched_nodes(one_slot):
+    blocker, inc, x, started, gate = one_slot
 
     @pw.program
     def long(x):
@@ -221,7 +219,6 @@ def test_cancel_a_running_run_drops_undispatched_nodes(ctl):
             x = inc(x)
         return x
 
-    x = jax.device_put(jnp.zeros(2), s.sharding())
     long.trace(x)
     run = long.submit(x, mode="chained")
     assert started.wait(30)
