@@ -43,6 +43,7 @@ from .runtime.futures import Future, get  # noqa: E402
 from .runtime.graph import Edge, Node, ProgramGraph, Value  # noqa: E402
 from .runtime.pipeline import Pipeline, PipelineError, pipeline, schedule_ops  # noqa: E402
 from .runtime.program import Program, program  # noqa: E402
+from .runtime.remote import IslandLostError, add_ray_islands  # noqa: E402 - Ray itself is imported on use
 from .runtime.run import Run  # noqa: E402
 from .runtime.scheduler import FIFO, FairShare, Policy, Priority  # noqa: E402
 
@@ -113,6 +114,7 @@ __all__ = [
     "Future",
     "FusedModeError",
     "InputFailedError",
+    "IslandLostError",
     "Island",
     "Node",
     "NodeError",
@@ -134,6 +136,7 @@ __all__ = [
     "TracingError",
     "Value",
     "VirtualSlice",
+    "add_ray_islands",
     "compiled",
     "controller",
     "devices",

@@ -13,7 +13,7 @@ import jax
 
 from . import plan as plan_mod
 from .config import Config
-from .devices import Island, ResourceManager, VirtualSlice, build_islands
+from .devices import Island, ResourceManager, VirtualSlice, build_islands, remote_device_id
 from .dispatch import Dispatcher
 from .errors import AdmissionError, ArgumentError, ControllerShutdownError, InputFailedError, NodeError, PathwaysError
 from .events import EventLog
@@ -108,6 +108,8 @@ class Controller:
         self._check_open("submit")
         for s in graph.slices:
             s.check_live(f"submit {graph.name!r}")
+            if s.island.remote is not None:
+                s.island.remote.check(f"submit {graph.name!r}")
             if s._manager is not self.resources:
                 raise PathwaysError(
                     f"`submit`: program {graph.name!r} uses slice {s.name!r} from a controller that was shut down "
@@ -131,6 +133,27 @@ class Controller:
             self.scheduler.add(run)
             self.dispatcher.wake()
         return run
+
+    def add_remote_islands(self, remotes) -> list[Island]:
+        """Register remote islands (see `pw.add_ray_islands`); returns the new Island objects."""
+        from .remote import stand_in_devices
+
+        added = []
+        with self.lock:
+            next_id = max((i.id for i in self.islands), default=-1) + 1
+            for r in remotes:
+                n = len(r.info["devices"])
+                island = Island(next_id, tuple(stand_in_devices(n, "pw.add_ray_islands")), r.info["platform"], remote=r)
+                r.island = island
+                next_id += 1
+                added.append(island)
+                self.events.island_names[island.id] = f"island {island.id} (Ray: {r.info['host']} pid {r.info['pid']})"
+                for k, d in enumerate(r.info["devices"]):
+                    self.events.device_names[remote_device_id(island, k)] = f"{r.info['platform']}:{d}@{island.id}"
+            self.resources.add_islands(added)
+            self.islands = self.resources.islands
+            self.dispatcher.add_islands(len(self.islands))
+        return added
 
     def set_policy(self, policy) -> None:
         """Switch the scheduling policy now (FIFO, FairShare, Priority); queued runs follow the new one.

@@ -13,6 +13,7 @@ import itertools
 import math
 import threading
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -36,10 +37,24 @@ class Island:
     id: int
     devices: tuple[Device, ...]
     platform: str
+    #: For an island on another host: its `RemoteIsland` (the Ray actor that owns its devices).
+    #: Its ``devices`` are then local stand-ins that give slices their mesh shape for tracing.
+    remote: Any = None
+
+    @property
+    def size(self) -> int:
+        return len(self.devices)
 
     def __repr__(self) -> str:
+        if self.remote is not None:
+            return f"Island(id={self.id}, platform={self.platform!r}, remote={self.remote!r})"
         ids = ",".join(str(d.id) for d in self.devices)
         return f"Island(id={self.id}, platform={self.platform!r}, devices=[{ids}])"
+
+
+def remote_device_id(island: Island, k: int) -> int:
+    """The id events use for device ``k`` of a remote island (local ids stay below 1000)."""
+    return 1000 * (island.id + 1) + k
 
 
 def build_islands(devices: Sequence[Device], spec: int | Sequence[Sequence[int]] | None) -> list[Island]:
@@ -119,6 +134,11 @@ class VirtualSlice:
     def released(self) -> bool:
         return self._released
 
+    @property
+    def remote(self) -> bool:
+        """True when the slice lives on an island of another host (run by a Ray actor)."""
+        return self.island.remote is not None
+
     def sharding(self, *spec) -> NamedSharding:
         """A NamedSharding on this slice's mesh; ``s.sharding("data", None)`` is ``P("data", None)``.
 
@@ -169,7 +189,8 @@ class ResourceManager:
 
     def __init__(self, islands: Sequence[Island]):
         self.islands = list(islands)
-        self._load: dict[int, int] = {d.id: 0 for i in self.islands for d in i.devices}
+        # Load per (island, device): a remote island's stand-in devices are local ids too.
+        self._load: dict[tuple[int, int], int] = {(i.id, d.id): 0 for i in self.islands for d in i.devices}
         self._slices: dict[str, VirtualSlice] = {}
         self._names = itertools.count()
         self._lock = threading.Lock()
@@ -189,16 +210,20 @@ class ResourceManager:
                     f"No live slice named {name!r}; live slices: {known}. Create it with `pw.slice(n, name={name!r})`."
                 ) from None
 
-    def load(self, device: Device) -> int:
-        """How many live virtual slices are mapped onto ``device``."""
-        return self._load.get(device.id, 0)
+    def load(self, device: Device, island: Island | None = None) -> int:
+        """How many live virtual slices are mapped onto ``device`` (of ``island``; default: a local one)."""
+        if island is None:
+            island = next((i for i in self.islands if i.remote is None and device in i.devices), None)
+            if island is None:
+                return 0
+        return self._load.get((island.id, device.id), 0)
 
-    def island_of(self, devices) -> Island | None:
-        ids = {d.id for d in devices}
-        for island in self.islands:
-            if ids <= {d.id for d in island.devices}:
-                return island
-        return None
+    def add_islands(self, islands: Sequence[Island]) -> None:
+        with self._lock:
+            for isl in islands:
+                self.islands.append(isl)
+                for d in isl.devices:
+                    self._load[(isl.id, d.id)] = 0
 
     def allocate(
         self,
@@ -225,10 +250,11 @@ class ResourceManager:
                     f"Release it first (`s.release()`) or pick another name."
                 )
             target = self._pick_island(n, island)
-            chosen = sorted(target.devices, key=lambda d: (self._load[d.id], d.id))[:n]
+            tid = target.id
+            chosen = sorted(target.devices, key=lambda d: (self._load[(tid, d.id)], d.id))[:n]
             chosen.sort(key=lambda d: d.id)
             for d in chosen:
-                self._load[d.id] += 1
+                self._load[(tid, d.id)] += 1
             grid = np.array(chosen, dtype=object).reshape(tuple(axes.values()))
             s = VirtualSlice(name, Mesh(grid, tuple(axes)), target, self)
             self._slices[name] = s
@@ -242,7 +268,7 @@ class ResourceManager:
             if self._slices.get(s.name) is s:
                 del self._slices[s.name]
             for d in s.devices:
-                self._load[d.id] -= 1
+                self._load[(s.island.id, d.id)] -= 1
 
     def release_all(self) -> None:
         for s in self.slices:
@@ -285,7 +311,8 @@ class ResourceManager:
                     f"Ask for at most {len(target.devices)}, or leave island=None to let the resource manager choose."
                 )
             return target
-        fits = [i for i in self.islands if len(i.devices) >= n]
+        # Without island=, slices go to local islands; remote ones are asked for by id.
+        fits = [i for i in self.islands if len(i.devices) >= n and i.remote is None]
         if not fits:
             sizes = [len(i.devices) for i in self.islands]
             raise SliceError(
@@ -295,7 +322,7 @@ class ResourceManager:
             )
 
         def cost(i: Island):
-            loads = sorted(self._load[d.id] for d in i.devices)
+            loads = sorted(self._load[(i.id, d.id)] for d in i.devices)
             return (loads[n - 1], sum(loads[:n]), sum(loads), i.id)
 
         return min(fits, key=cost)

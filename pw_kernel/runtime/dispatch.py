@@ -57,6 +57,12 @@ class Dispatcher:
     def threads(self) -> list[threading.Thread]:
         return list(self._threads)
 
+    def add_islands(self, n: int) -> None:
+        """Grow the per-island counters to ``n`` islands (lock held)."""
+        while len(self.dispatched) < n:
+            self.dispatched.append(0)
+            self.completed.append(0)
+
     def inflight(self, island: int) -> int:
         return self.dispatched[island] - self.completed[island]
 
@@ -212,6 +218,7 @@ class Dispatcher:
         log = c.events
         now = log.now
         last_end = self.last_end
+        epoch = log.epoch
         for _, st, ev, outs in batch:
             for a in outs:
                 if not a.is_ready():
@@ -221,6 +228,13 @@ class Dispatcher:
                         pass  # found and attributed below
             end = now()
             start = ev.dispatch
+            if outs and hasattr(outs[0], "timing"):  # ran on a remote island: its own clock, corrected
+                try:
+                    r_start, r_end = outs[0].timing()
+                    start = max(start, r_start - epoch)
+                    end = max(start, r_end - epoch)
+                except Exception:
+                    pass
             for d in st.devices:
                 prev = last_end.get(d, 0)
                 if prev > start:

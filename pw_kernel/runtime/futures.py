@@ -45,10 +45,11 @@ class Future(concurrent.futures.Future):
         await z                   # or asynchronously
     """
 
-    def __init__(self, run: Run, index: int, shape, dtype, sharding: Sharding | None):
+    def __init__(self, run: Run, index: int, shape, dtype, sharding: Sharding | None, slice=None):  # noqa: A002
         super().__init__()
         self.run = run
         self.index = index
+        self.slice = slice  # the VirtualSlice the value lives on (None: the host or no slice)
         self.shape: tuple[int, ...] = tuple(shape)
         self.dtype = np.dtype(dtype)
         self.sharding = sharding
@@ -78,7 +79,10 @@ class Future(concurrent.futures.Future):
         """
         timeout = check_timeout(timeout, "Future.result")
         try:
-            return super().result(timeout)
+            value = super().result(timeout)
+            if hasattr(value, "fetch"):  # on a remote island: bring it here now, once
+                return value.local()
+            return value
         except concurrent.futures.CancelledError:
             raise CancelledError(self._cancel_message()) from None
         except concurrent.futures.TimeoutError:

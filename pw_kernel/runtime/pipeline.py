@@ -282,6 +282,10 @@ class Pipeline:
         placed = []
         for st, p in zip(self.stages, params):
             spec = st.param_spec
+            if st.slice.remote:  # another host: an identity node there makes them live on its devices
+                put = CompiledFunction(lambda q: q, slice=st.slice, in_specs=(spec,), out_specs=spec, name=f"place{st.index}")
+                placed.append(put(p))
+                continue
             if spec is None or isinstance(spec, P):
                 sh = st.slice.sharding(spec or P())
                 placed.append(jax.tree_util.tree_map(lambda a, sh=sh: jax.device_put(a, sh), p))

@@ -56,8 +56,53 @@ class Plan:
     peak_bytes: dict[int, int] = dataclasses.field(default_factory=dict)
 
 
-def _step_for(node: Node, graph: ProgramGraph, call, ins, outs, name=None, kind=None) -> Step:
+_EXPORT_KEYS: dict[int, tuple[Any, str]] = {}
+
+
+def _export_key(fn) -> str:
+    """A name for an executable on remote actors (the entry keeps ``fn`` alive, so its id is not reused)."""
+    hit = _EXPORT_KEYS.get(id(fn))
+    if hit is None:
+        hit = _EXPORT_KEYS[id(fn)] = (fn, f"x{len(_EXPORT_KEYS)}-{id(fn)}")
+    return hit[1]
+
+
+def _remote_call(node: Node, graph: ProgramGraph, call, ins, outs):
+    """Wrap ``call`` for a node that touches a remote island (None if it does not)."""
+    from .remote import RemoteCall, RemoteTransfer
+
+    dst = node.slice.island.remote if node.slice is not None else None
+    src = node.src_slice.island.remote if node.src_slice is not None else None
     vals = graph.values
+    if node.kind == "transfer":
+        if dst is None and src is None:
+            return None
+        return RemoteTransfer(src, dst, vals[outs[0]].sharding, vals[outs[0]])
+    if dst is None:
+        return None
+    return RemoteCall(call, dst, [vals[i] for i in ins], [vals[i] for i in outs], _export_key(call))
+
+
+def _devices(node: Node) -> tuple[int, ...]:
+    from .devices import remote_device_id
+
+    ids: list[int] = []
+    for s in (node.src_slice, node.slice):
+        if s is None:
+            continue
+        if s.island.remote is None:
+            ids += [d.id for d in s.devices]
+        else:
+            pos = {d: k for k, d in enumerate(s.island.devices)}
+            ids += [remote_device_id(s.island, pos[d]) for d in s.devices]
+    return tuple(dict.fromkeys(ids))
+
+
+def _step_for(node: Node, graph: ProgramGraph, call, ins, outs, name=None, kind=None, wrap_remote=True) -> Step:
+    vals = graph.values
+    remote = _remote_call(node, graph, call, ins, outs) if wrap_remote else None
+    if remote is not None:
+        call = remote
     return Step(
         name=name or node.name,
         kind=kind or node.kind,
@@ -68,7 +113,7 @@ def _step_for(node: Node, graph: ProgramGraph, call, ins, outs, name=None, kind=
         publishes=(),
         island=node.slice.island.id,
         src_island=node.src_slice.island.id if node.src_slice is not None else None,
-        devices=tuple(d.id for d in node.devices),
+        devices=_devices(node),
         nbytes=sum(vals[i].nbytes for i in outs),
         shapes=", ".join(vals[i].type_str for i in ins) + " -> " + ", ".join(vals[i].type_str for i in outs),
         node=node,
@@ -211,7 +256,13 @@ def fused(graph: ProgramGraph) -> Plan:
     # Fused outputs get fresh slots so chained-graph value ids stay meaningful.
     out_slots = list(range(len(graph.values), len(graph.values) + len(graph.outputs)))
     anchor = work[0]
-    step = _step_for(anchor, graph, call, fused_slots, [], name=f"{graph.name}[fused]", kind="compute")
+    if s.island.remote is not None:
+        from .remote import RemoteCall
+
+        in_vals = [graph.values[i] for i in fused_slots]
+        out_vals = [dataclasses.replace(graph.values[v], sharding=sh) for v, sh in zip(graph.outputs, out_sh)]
+        call = RemoteCall(call, s.island.remote, in_vals, out_vals, _export_key(call))
+    step = _step_for(anchor, graph, call, fused_slots, [], name=f"{graph.name}[fused]", kind="compute", wrap_remote=False)
     step.outs = tuple(out_slots)
     step.nbytes = sum(graph.values[v].nbytes for v in graph.outputs)
     step.shapes = f"{len(work)} nodes fused"

@@ -97,7 +97,10 @@ class Run:
         #: why a queued run has not started: None, "input" (a future not yet dispatched) or "memory"
         self.waiting_for: str | None = None
         vals = graph.values
-        futures = [Future(self, j, vals[v].shape, vals[v].dtype, vals[v].sharding) for j, v in enumerate(graph.outputs)]
+        futures = [
+            Future(self, j, vals[v].shape, vals[v].dtype, vals[v].sharding, vals[v].slice)
+            for j, v in enumerate(graph.outputs)
+        ]
         # Strong while the run is in flight; once final, the futures (and the device buffers they
         # hold) live as long as the user keeps them, or the controller keeps the run among its
         # most recent (Config.keep_outputs).

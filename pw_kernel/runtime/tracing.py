@@ -47,7 +47,9 @@ def signature(args: tuple, kwargs: dict) -> tuple[Any, list[Any], tuple]:
     leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
     key = []
     for i, leaf in enumerate(leaves):
-        if isinstance(leaf, (Future, jax.Array)):  # the hot path of every call: no ShapeDtypeStruct
+        if isinstance(leaf, Future):
+            key.append(("A", tuple(leaf.shape), leaf.dtype, leaf.sharding, id(leaf.slice) if leaf.slice else None))
+        elif isinstance(leaf, jax.Array):  # the hot path of every call: no ShapeDtypeStruct
             key.append(("A", tuple(leaf.shape), leaf.dtype, leaf.sharding))
         elif isinstance(leaf, (np.ndarray, np.generic)):
             key.append(("A", np.shape(leaf), leaf.dtype, None))
@@ -251,6 +253,8 @@ class _Builder:
         devs = sharding.device_set
         best = None
         for s in self.resources.slices:
+            if s.island.remote is not None:  # its devices are stand-ins: a local array is never there
+                continue
             if set(s.devices) == devs:
                 if isinstance(sharding, NamedSharding) and sharding.mesh == s.mesh:
                     return s
@@ -270,10 +274,14 @@ class _Builder:
     def placed(self, vid: int, want: Sharding, slice_: VirtualSlice, source) -> int:
         """Value ``vid`` with sharding ``want`` on ``slice_``: itself, or a (cached) transfer of it."""
         v = self.values[vid]
-        if _same_placement(v.sharding, want, len(v.shape)):
+        # On a remote island, stand-in devices are shared with local ones: placement is also the slice.
+        same_home = v.slice is slice_ or (
+            (v.slice is None or v.slice.island.remote is None) and slice_.island.remote is None
+        )
+        if same_home and _same_placement(v.sharding, want, len(v.shape)):
             return vid
         for have, tid in self.transfers.get(vid, ()):
-            if _same_placement(have, want, len(v.shape)):
+            if self.values[tid].slice is slice_ and _same_placement(have, want, len(v.shape)):
                 return tid
         src = v.slice
         if src is not None:
@@ -378,8 +386,9 @@ def _trace_program(
     b = _Builder(name=name, resources=resources, default_slice=default_slice)
 
     input_ids = []
-    for var, a in zip(jaxpr.invars, abstract):
-        vid = b.new_value(a.shape, a.dtype, a.sharding, "input")
+    for var, a, i in zip(jaxpr.invars, abstract, traced_idx):
+        home = getattr(leaves[i], "slice", None)  # a future knows the slice it lives on
+        vid = b.new_value(a.shape, a.dtype, a.sharding, "input", slice_=home if isinstance(home, VirtualSlice) else None)
         b.var_value[var] = vid
         input_ids.append(vid)
     consts: dict[int, Any] = {}

@@ -1,0 +1,375 @@
+"""Islands on other hosts, run by Ray actors; the notebook's controller stays the single controller.
+
+Each remote island is one Ray actor that owns the JAX devices of its process
+(one per Ray node, or one per placement-group bundle). The controller traces,
+schedules (one ordered queue per island: the actor's mailbox) and dispatches
+asynchronously exactly as for local islands. What differs is only where a
+step executes:
+
+- A node on a remote slice is shipped once per actor as a serialized
+  `jax.export` artifact of its compiled function and run there on the actor's
+  own mesh of the same shape (`Step.call` is a `RemoteCall`).
+- Values computed there stay there, as device buffers behind integer handles;
+  the controller holds `RemoteArray` handles. Only transfers between islands
+  move bytes (through Ray's object store; actor to actor for remote-remote),
+  and `Future.result()` brings a value to the notebook only when asked.
+  Handles are freed when the last `RemoteArray` referring to them is dropped.
+- The actor times each node with its own clock; the controller corrects the
+  offset measured when the island was added, so remote events land in the
+  same event log and timeline.
+- An actor that dies fails the runs that used it, with an error naming the
+  island; other islands go on, and the island can be added again.
+
+Tracing needs a mesh for every slice: a remote island's slices are laid out
+on local stand-in devices of the same count (the controller's simulated CPU
+devices), which never run its work.
+
+Ray is imported only here, and only when `add_ray_islands` is called.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+from .devices import Island
+from .errors import PathwaysError
+
+
+class IslandLostError(PathwaysError, RuntimeError):
+    """A remote island's actor (or its node) died; runs that used it fail with this."""
+
+
+def _spec_tuple(sharding) -> tuple:
+    return tuple(sharding.spec) if isinstance(sharding, NamedSharding) else ()
+
+
+class _IslandActor:
+    """Runs in the island's own process: owns its JAX devices and the buffers behind handles."""
+
+    def __init__(self) -> None:
+        import jax as _jax
+
+        self.jax = _jax
+        self.devices = _jax.devices()
+        self.buffers: dict[int, Any] = {}
+        self.executables: dict[str, Any] = {}
+
+    def describe(self) -> dict:
+        import socket
+
+        return {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "platform": self.devices[0].platform,
+            "devices": [d.id for d in self.devices],
+            "device_kind": self.devices[0].device_kind,
+        }
+
+    def clock(self) -> int:
+        return time.perf_counter_ns()
+
+    def _sharding(self, mesh_shape, axis_names, device_idx, spec):
+        from jax.sharding import Mesh
+
+        devs = np.array([self.devices[i] for i in device_idx], dtype=object).reshape(mesh_shape)
+        return NamedSharding(Mesh(devs, tuple(axis_names)), PartitionSpec(*spec))
+
+    def load(self, key: str, blob: bytes, layout: tuple, in_specs: list, out_specs: list) -> None:
+        exported = self.jax.export.deserialize(blob)
+        in_sh = tuple(self._sharding(*layout, s) for s in in_specs)
+        out_sh = tuple(self._sharding(*layout, s) for s in out_specs)
+        self.executables[key] = self.jax.jit(exported.call, in_shardings=in_sh, out_shardings=out_sh)
+
+    def run(self, key: str, in_ids: list[int], out_ids: list[int]) -> tuple[int, int]:
+        fn = self.executables[key]
+        start = time.perf_counter_ns()
+        outs = fn(*[self.buffers[i] for i in in_ids])
+        for i, o in zip(out_ids, outs):
+            self.buffers[i] = o
+        self.jax.block_until_ready(outs)  # the actor's mailbox is the island's ordered queue
+        return start, time.perf_counter_ns()
+
+    def put(self, handle: int, value: np.ndarray, layout: tuple, spec: tuple) -> tuple[int, int]:
+        start = time.perf_counter_ns()
+        out = self.jax.device_put(value, self._sharding(*layout, spec))
+        self.buffers[handle] = out.block_until_ready()
+        return start, time.perf_counter_ns()
+
+    def reshard(self, src: int, handle: int, layout: tuple, spec: tuple) -> tuple[int, int]:
+        start = time.perf_counter_ns()
+        self.buffers[handle] = self.jax.device_put(self.buffers[src], self._sharding(*layout, spec)).block_until_ready()
+        return start, time.perf_counter_ns()
+
+    def get(self, handle: int) -> np.ndarray:
+        return np.asarray(self.buffers[handle])
+
+    def free(self, handles: list[int]) -> None:
+        for h in handles:
+            self.buffers.pop(h, None)
+
+    def stats(self) -> dict:
+        return {"buffers": len(self.buffers), "executables": len(self.executables)}
+
+
+class RemoteIsland:
+    """The controller's side of one remote island: its actor, clock offset and handle counter."""
+
+    def __init__(self, actor, info: dict, offset_ns: int):
+        self.actor = actor
+        self.info = info
+        self.offset_ns = offset_ns  # local perf_counter_ns = remote + offset
+        self.alive = True
+        self.error: BaseException | None = None
+        self.loaded: set[str] = set()
+        self._handles = itertools.count(1)
+        self._lock = threading.Lock()
+        self.island: Island | None = None
+
+    def new_handle(self) -> int:
+        return next(self._handles)
+
+    def check(self, api: str) -> None:
+        if not self.alive:
+            raise IslandLostError(
+                f"`{api}`: island {self.island.id if self.island else '?'} ({self._where()}) is gone: {self.error}. "
+                f"Runs on it failed; add it again with `pw.add_ray_islands(...)` and make new slices there."
+            )
+
+    def lost(self, err: BaseException) -> IslandLostError:
+        self.alive = False
+        self.error = err
+        return IslandLostError(
+            f"island {self.island.id if self.island else '?'} ({self._where()}) was lost: "
+            f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        )
+
+    def _where(self) -> str:
+        return f"Ray actor on {self.info['host']}, pid {self.info['pid']}"
+
+    def free(self, handle: int) -> None:
+        if self.alive:
+            try:
+                self.actor.free.remote([handle])
+            except Exception:  # interpreter shutdown or a dead actor: nothing to free
+                pass
+
+    def __repr__(self) -> str:
+        state = "" if self.alive else ", lost"
+        return f"RemoteIsland({self._where()}, {len(self.info['devices'])} {self.info['platform']} devices{state})"
+
+
+def _layout(sharding) -> tuple:
+    """(mesh shape, axis names, device positions) of a stand-in NamedSharding, for the actor."""
+    mesh = sharding.mesh
+    return (tuple(mesh.devices.shape), tuple(mesh.axis_names), tuple(range(mesh.devices.size)))
+
+
+class RemoteArray:
+    """A handle to a buffer living on a remote island; ``ref`` completes when it is computed."""
+
+    __slots__ = ("island", "handle", "shape", "dtype", "sharding", "ref", "_local", "__weakref__")
+
+    def __init__(self, island: RemoteIsland, handle: int, shape, dtype, sharding, ref):
+        self.island = island
+        self.handle = handle
+        self.shape = tuple(shape)
+        self.dtype = np.dtype(dtype)
+        self.sharding = sharding  # on the island's stand-in mesh: shape and spec, not the devices
+        self.ref = ref
+        self._local = None
+
+    def is_ready(self) -> bool:
+        import ray
+
+        ready, _ = ray.wait([self.ref], timeout=0)
+        return bool(ready)
+
+    def block_until_ready(self) -> RemoteArray:
+        import ray
+
+        try:
+            ray.get(self.ref)
+        except ray.exceptions.RayActorError as e:
+            raise self.island.lost(e) from None
+        return self
+
+    def timing(self) -> tuple[int, int]:
+        """(start, end) of the node that made it, on the controller's perf_counter_ns clock."""
+        import ray
+
+        start, end = ray.get(self.ref)
+        return start + self.island.offset_ns, end + self.island.offset_ns
+
+    def fetch(self) -> np.ndarray:
+        """Bring the value to this process (the only place bytes cross to the notebook)."""
+        import ray
+
+        try:
+            return ray.get(self.island.actor.get.remote(self.handle))
+        except ray.exceptions.RayActorError as e:
+            raise self.island.lost(e) from None
+
+    def local(self) -> jax.Array:
+        if self._local is None:
+            self._local = jax.numpy.asarray(self.fetch())
+        return self._local
+
+    def __del__(self) -> None:
+        self.island.free(self.handle)
+
+    def __repr__(self) -> str:
+        return f"RemoteArray({self.dtype.name}{list(self.shape)}, handle={self.handle}, {self.island!r})"
+
+
+def _avals(values) -> list[jax.ShapeDtypeStruct]:
+    return [jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=v.sharding) for v in values]
+
+
+class RemoteCall:
+    """`Step.call` for a node on a remote island: export once, then run by handle on the actor."""
+
+    def __init__(self, fn, island: RemoteIsland, in_values, out_values, key: str):
+        self.fn = fn
+        self.island = island
+        self.in_values = list(in_values)
+        self.out_values = list(out_values)
+        self.key = key
+
+    def _ensure_loaded(self) -> None:
+        isl = self.island
+        if self.key in isl.loaded:
+            return
+        blob = jax.export.export(self.fn)(*_avals(self.in_values)).serialize()
+        ref_sh = (self.out_values or self.in_values)[0].sharding
+        isl.actor.load.remote(
+            self.key,
+            blob,
+            _layout(ref_sh),
+            [_spec_tuple(v.sharding) for v in self.in_values],
+            [_spec_tuple(v.sharding) for v in self.out_values],
+        )
+        isl.loaded.add(self.key)  # the actor's mailbox runs load before the run below
+
+    def __call__(self, *args):
+        isl = self.island
+        isl.check("dispatch")
+        self._ensure_loaded()
+        out_ids = [isl.new_handle() for _ in self.out_values]
+        ref = isl.actor.run.remote(self.key, [a.handle for a in args], out_ids)
+        return [RemoteArray(isl, h, v.shape, v.dtype, v.sharding, ref) for h, v in zip(out_ids, self.out_values)]
+
+
+class RemoteTransfer:
+    """`Step.call` for a transfer that touches a remote island (to, from, or between two)."""
+
+    def __init__(self, src: RemoteIsland | None, dst: RemoteIsland | None, want, value):
+        self.src = src
+        self.dst = dst
+        self.want = want
+        self.value = value
+
+    def __call__(self, x):
+        import ray
+
+        want, v = self.want, self.value
+        if self.dst is None:  # remote -> here: the bytes come to this process now
+            return [jax.device_put(x.fetch(), want)]
+        dst = self.dst
+        dst.check("transfer")
+        handle = dst.new_handle()
+        layout, spec = _layout(want), _spec_tuple(want)
+        if isinstance(x, RemoteArray) and x.island is dst:  # a reshard inside the island
+            ref = dst.actor.reshard.remote(x.handle, handle, layout, spec)
+        else:
+            if isinstance(x, RemoteArray):  # island to island: actor to actor through the object store
+                payload = x.island.actor.get.remote(x.handle)
+            else:  # from this process
+                payload = ray.put(np.asarray(x))
+            ref = dst.actor.put.remote(handle, payload, layout, spec)
+        return [RemoteArray(dst, handle, v.shape, v.dtype, want, ref)]
+
+
+_actor_class = None
+
+
+def add_ray_islands(
+    address: str | None = None,
+    *,
+    count: int | None = None,
+    devices_per_island: int | None = None,
+    platform: str = "cpu",
+    env: dict[str, str] | None = None,
+) -> list[Island]:
+    """Make Ray actors the controller's remote islands; returns the new islands.
+
+    With ``count``, start that many actors (e.g. on one machine, for testing);
+    otherwise one per alive Ray node. On CPU each actor simulates
+    ``devices_per_island`` devices. Slices go there with ``pw.slice(n, island=i)``.
+
+    Example::
+
+        ray.init(address="auto")            # or let this call start a local Ray
+        islands = pw.add_ray_islands(count=2, devices_per_island=4)
+        s = pw.slice(4, island=islands[0].id)
+    """
+    try:
+        import ray
+    except ImportError:
+        raise PathwaysError(
+            "`pw.add_ray_islands` needs Ray: `pip install 'ray[default]'` (or the project's `bench` extra)."
+        ) from None
+    from .controller import controller
+
+    global _actor_class
+    if not ray.is_initialized():
+        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    if _actor_class is None:
+        _actor_class = ray.remote(_IslandActor)
+    env_vars = dict(env or {})
+    if platform == "cpu":
+        env_vars.setdefault("JAX_PLATFORMS", "cpu")
+        if devices_per_island:
+            env_vars.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={devices_per_island}")
+    options: dict[str, Any] = {"runtime_env": {"env_vars": env_vars}, "num_cpus": 0}
+    if count is None:
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        actors = [
+            _actor_class.options(
+                **options,
+                scheduling_strategy=ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(n["NodeID"], soft=False),
+            ).remote()
+            for n in nodes
+        ]
+    else:
+        actors = [_actor_class.options(**options).remote() for _ in range(count)]
+    infos = ray.get([a.describe.remote() for a in actors], timeout=300)
+    remotes = []
+    for actor, info in zip(actors, infos):
+        t0 = time.perf_counter_ns()
+        remote_now = ray.get(actor.clock.remote(), timeout=60)
+        t1 = time.perf_counter_ns()
+        remotes.append(RemoteIsland(actor, info, (t0 + t1) // 2 - remote_now))
+    return controller().add_remote_islands(remotes)
+
+
+def remote_island_of(slice_) -> RemoteIsland | None:
+    return None if slice_ is None else slice_.island.remote
+
+
+def stand_in_devices(n: int, api: str) -> Sequence[jax.Device]:
+    local = jax.devices()
+    if n > len(local):
+        raise PathwaysError(
+            f"`{api}`: a remote island of {n} devices needs {n} local devices to trace its slices on, but this "
+            f"process has {len(local)}. Start it with more simulated devices (PW_NUM_CPU_DEVICES={n})."
+        )
+    return local[:n]
