@@ -94,8 +94,20 @@ def synthetic_events(n: int = 100_000, runs: int = 1000, seed: int = 0) -> list[
         start = max(free[list(devs)]) + rng.exponential(20_000)
         end = start + dur
         free[list(devs)] = end
-        ev = NodeEvent(k, run, f"train_step_{run % 7}", f"tenant{run % 3}", name, kind, devs, isl, src_island,
-                       int(start), 4096 * len(devs), "f32[128,1024] -> f32[128,1024]")  # fmt: skip
+        ev = NodeEvent(
+            k,
+            run,
+            f"train_step_{run % 7}",
+            f"tenant{run % 3}",
+            name,
+            kind,
+            devs,
+            isl,
+            src_island,
+            int(start),
+            4096 * len(devs),
+            "f32[128,1024] -> f32[128,1024]",
+        )
         ev.start, ev.end = int(start), int(end)
         out.append(ev)
     return out
@@ -133,16 +145,26 @@ def main(argv=None) -> dict:
         "n_chunks": 1,
         "uid": "bench",
     }
-    base = {**meta, "f64": base64.b64encode(f64).decode(), "u32": base64.b64encode(u32).decode(),
-            "bars": base64.b64encode(bars).decode()}  # fmt: skip
+    base = {
+        **meta,
+        "f64": base64.b64encode(f64).decode(),
+        "u32": base64.b64encode(u32).decode(),
+        "bars": base64.b64encode(bars).decode(),
+    }
 
     with tempfile.TemporaryDirectory() as profile, sync_playwright() as p:
         ctx = p.chromium.launch_persistent_context(
-            profile, executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS, viewport={"width": 1200, "height": 800}
+            profile,
+            executable_path=CHROMIUM,
+            headless=True,
+            args=CHROMIUM_ARGS,
+            viewport={"width": 1200, "height": 800},
         )
         page = ctx.new_page()
-        page.set_content(f"<html><head><style>{(STATIC / 'widgets.css').read_text()}</style></head>"
-                         f"<body style='margin:8px;width:1100px'><div id='host'></div></body></html>")  # fmt: skip
+        page.set_content(
+            f"<html><head><style>{(STATIC / 'widgets.css').read_text()}</style></head>"
+            f"<body style='margin:8px;width:1100px'><div id='host'></div></body></html>"
+        )
         page.add_script_tag(content=FAKE_MODEL)
         page.evaluate(
             """async ([src, state, base]) => {
@@ -171,8 +193,8 @@ def main(argv=None) -> dict:
                 for (let i = 0; i < repeats; i++) {
                     // a real wheel event: zoom in or out around a random point
                     tl.fit(); tl.redraw();
-                    const ev = new WheelEvent('wheel', {deltaY: rnd() < 0.5 ? -240 : 240, clientX: r.left + rnd() * r.width,
-                                                        clientY: r.top + 40, bubbles: true, cancelable: true});
+                    const ev = new WheelEvent('wheel', {deltaY: rnd() < 0.5 ? -240 : 240,
+                        clientX: r.left + rnd() * r.width, clientY: r.top + 40, bubbles: true, cancelable: true});
                     canvas.dispatchEvent(ev);
                     out.zoom.push(tl.redraw());
                 }
@@ -197,7 +219,9 @@ def main(argv=None) -> dict:
             args.repeats,
         )
         if args.screenshot:
-            page.evaluate("() => { const tl = document.querySelector('.pw-timeline').pwTimeline; tl.fit(); tl.redraw(); }")
+            page.evaluate(
+                "() => { const tl = document.querySelector('.pw-timeline').pwTimeline; tl.fit(); tl.redraw(); }"
+            )
             page.locator(".pw-timeline").screenshot(path=args.screenshot)
         version = ctx.browser.version if ctx.browser else "chromium"
         ctx.close()
@@ -219,12 +243,16 @@ def main(argv=None) -> dict:
         "redraw": {k: summary(timings[k]) for k in ("full", "zoom", "zoom_deep", "pan")},
         "last_stats": timings["stats"],
     }
-    print(f"timeline redraw, {result['events']:,} events ({result['bars']:,} bars, {result['lanes']} lanes), "
-          f"Chromium {version}:")  # fmt: skip
+    print(
+        f"timeline redraw, {result['events']:,} events ({result['bars']:,} bars, {result['lanes']} lanes), "
+        f"Chromium {version}:"
+    )
     for k, v in result["redraw"].items():
         print(f"  {k:10s} median {v['median_ms']:6.2f} ms   p95 {v['p95_ms']:6.2f} ms   max {v['max_ms']:6.2f} ms")
-    print(f"  python: encode {result['python_encode_us_per_event']:.2f} µs/event, "
-          f"static html {static_s * 1e3:.0f} ms ({result['static_html_kb']:.0f} KiB)")  # fmt: skip
+    print(
+        f"  python: encode {result['python_encode_us_per_event']:.2f} µs/event, "
+        f"static html {static_s * 1e3:.0f} ms ({result['static_html_kb']:.0f} KiB)"
+    )
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2))

@@ -84,6 +84,31 @@ def slice(n: int, mesh: dict[str, int] | None = None, name: str | None = None, i
     return controller().slice(n, mesh=mesh, name=name, island=island)
 
 
+def show_mesh(obj=None, **kwargs):
+    """A MeshWidget: a slice's device mesh, where an array's (or future's) shards live, or every device.
+
+    Example::
+
+        pw.show_mesh(s); pw.show_mesh(x); pw.show_mesh()
+    """
+    from .widgets import show_mesh as _show_mesh
+
+    return _show_mesh(obj, **kwargs)
+
+
+def timeline(runs=None, live: bool = True, **kwargs):
+    """A live per-device TimelineWidget of every run (or of ``runs``); ``.to_perfetto(path)`` exports it.
+
+    Example::
+
+        tl = pw.timeline()
+        tl.to_perfetto("trace.json")
+    """
+    from .widgets import timeline as _timeline
+
+    return _timeline(runs, live=live, **kwargs)
+
+
 def load_ipython_extension(ipython) -> None:
     """`%load_ext pw_kernel`: register the `%%pathways` / `%pathways` magics (imported lazily)."""
     from .magics import load_ipython_extension as load
@@ -147,5 +172,7 @@ __all__ = [
     "program",
     "shutdown",
     "schedule_ops",
+    "show_mesh",
     "slice",
+    "timeline",
 ]

@@ -38,8 +38,10 @@ if [ -z "$PY" ]; then
     PY=python3
 fi
 
-# 2. System packages: graphviz's `dot` renders program graphs.
+# 2. System packages: graphviz's `dot` renders program graphs; Debian's Chromium runs the browser
+#    tests (driven by the Python playwright package; `playwright install` cannot fetch browsers here).
 command -v dot >/dev/null || apt_install graphviz
+[ -x /usr/bin/chromium ] || apt_install chromium
 
 # 3. The virtual environment (Debian's python3 needs python3-venv for ensurepip).
 if [ ! -x .venv/bin/python ]; then

@@ -56,6 +56,24 @@ class View:
         return self.html
 
 
+class WithText:
+    """A widget shown with a view's text: notebooks render the widget, plain-text readers the text."""
+
+    def __init__(self, widget: Any, view: View):
+        self.widget = widget
+        self.view = view
+
+    def _repr_mimebundle_(self, **kwargs):
+        bundle = self.widget._repr_mimebundle_(**kwargs)
+        if bundle is None:  # the widget was closed: the view is all there is
+            return {"text/plain": repr(self.view), "text/html": self.view._repr_html_()}, {}
+        data, metadata = bundle
+        return {**data, "text/plain": repr(self.view)}, metadata
+
+    def __repr__(self) -> str:
+        return repr(self.view)
+
+
 def _page(body: str) -> str:
     return f'{_CSS}<div class="pw-view">{body}</div>'
 

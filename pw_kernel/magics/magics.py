@@ -101,6 +101,17 @@ def _split_outputs(env: dict[str, Any], names: list[str]) -> tuple[dict[str, Any
     return outs, side
 
 
+def _widgets():
+    """The widgets module when anywidget is installed, else None (the text/HTML views stand in)."""
+    try:
+        import anywidget  # noqa: F401
+
+        from .. import widgets
+    except ImportError:
+        return None
+    return widgets
+
+
 class _LiveDisplays:
     """Refreshes the displays of unfinished runs from one background thread (in a kernel only)."""
 
@@ -413,14 +424,26 @@ class PathwaysMagics(Magics):
 
         leaves = {k: jax.tree_util.tree_leaves(v) for k, v in outputs.items()}
         live = self._in_kernel()
+        widgets = _widgets() if live else None  # in a notebook: live widgets; elsewhere: text/HTML views
         if args.graph:
-            ipy_display(display.graph_view(graph))
+            ipy_display(graph if widgets else display.graph_view(graph))
 
-        def render_run():
-            return display.run_view(run, leaves, condense=self._condense)
+        if widgets:
+            run_widget = widgets.RunWidget(run, leaves)
+            timeline_widget = widgets.timeline([run]) if args.timeline else None
 
-        def render_timeline():
-            return display.timeline_view(run.events, title=f"run {run.id} {run.name!r}")
+            def render_run():
+                return display.WithText(run_widget, display.run_view(run, leaves, condense=self._condense))
+
+            def render_timeline():
+                return timeline_widget
+        else:
+
+            def render_run():
+                return display.run_view(run, leaves, condense=self._condense)
+
+            def render_timeline():
+                return display.timeline_view(run.events, title=f"run {run.id} {run.name!r}")
 
         renders = [render_run, render_timeline] if args.timeline else [render_run]
         handles = []
@@ -499,12 +522,18 @@ class PathwaysMagics(Magics):
 
     def _cmd_devices(self, target):
         c = pw.controller()
+        widgets = _widgets() if self._in_kernel() else None
+        if widgets:
+            return widgets.show_mesh(c)
         return display.devices_view(list(c.islands), list(c.status().slices))
 
     def _cmd_timeline(self, target):
         c = pw.controller()
-        if target is not None:
-            runs = self._find_runs(target, "timeline")
+        runs = self._find_runs(target, "timeline") if target is not None else None
+        widgets = _widgets() if self._in_kernel() else None
+        if widgets:
+            return widgets.timeline(runs)
+        if runs is not None:
             return display.timeline_view([e for r in runs for e in r.events], title=f"runs {[r.id for r in runs]}")
         return display.timeline_view(list(c.events.nodes), title="all runs")
 
@@ -513,7 +542,7 @@ class PathwaysMagics(Magics):
             raise UsageError("`%pathways graph NAME`: name a run (id or name) or a variable holding a pw.Program.")
         value = self.shell.user_ns.get(target)
         if isinstance(value, pw.ProgramGraph):
-            return display.graph_view(value)
+            return self._graph(value)
         if isinstance(value, pw.Program):
             graphs = value.graphs
             if not graphs:
@@ -521,9 +550,13 @@ class PathwaysMagics(Magics):
                     f"`%pathways graph {target}`: program {value.name!r} has not been traced yet. Call it (or "
                     f"`{target}.trace(*args)`) first."
                 )
-            return display.graph_view(graphs[-1])
+            return self._graph(graphs[-1])
         run = self._find_runs(target, "graph")[-1]
-        return display.graph_view(run.graph)
+        return self._graph(run.graph)
+
+    def _graph(self, graph):
+        # In a notebook the graph shows itself (SVG via graphviz `dot`); elsewhere, a text/HTML view.
+        return graph if self._in_kernel() and _widgets() else display.graph_view(graph)
 
     def _cmd_wait(self, target):
         c = pw.controller()

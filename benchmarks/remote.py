@@ -1,0 +1,108 @@
+"""Remote islands on a local Ray cluster: per-node dispatch cost and cross-island transfer bandwidth,
+against local islands, in one process run.
+
+    python benchmarks/remote.py [--k 64] [--json out.json]
+
+Two Ray actors, each a process with 4 simulated CPU devices, are remote islands; the controller's own
+8 devices are the local reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+
+import pw_kernel as pw  # noqa: I001 - configures simulated CPU devices before JAX starts
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def chain_cost(s, k: int, repeats: int) -> float:
+    fs = [pw.compiled(lambda x, i=i: x * 1.0001 + i, slice=s, name=f"op{i}") for i in range(k)]
+
+    @pw.program
+    def chain(v):
+        for f in fs:
+            v = f(v)
+        return v
+
+    x = jnp.ones(16)
+    chain.submit(x, mode="chained").result()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        chain.submit(x, mode="chained").result()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times) / (k + 1) * 1e6  # +1: the input transfer
+
+
+def transfer_rate(src, dst, nbytes: int, repeats: int) -> float:
+    n = nbytes // 4
+    make = pw.compiled(lambda x: x + 1, slice=src, name="make")
+    use = pw.compiled(lambda x: x[:1], slice=dst, name="use")
+
+    @pw.program
+    def move(x):
+        return use(make(x))
+
+    x = np.zeros(n, np.float32)
+    move(x).result()
+    rates = []
+    for _ in range(repeats):
+        run = move.submit(x, mode="chained")
+        run.wait()
+        (t,) = [e for e in run.events if e.kind == "transfer" and e.src_island is not None]
+        rates.append(nbytes / max(t.end - t.dispatch, 1) * 1e9 / 2**30)  # from dispatch: includes the object store
+    return statistics.median(rates)
+
+
+def main(argv=None) -> dict:
+    import ray
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--k", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    pw.init()
+    r0, r1 = pw.add_ray_islands(count=2, devices_per_island=4)
+    local_a, local_b = pw.slice(1, name="la"), pw.slice(1, name="lb")
+    remote_a, remote_b = pw.slice(1, island=r0.id, name="ra"), pw.slice(1, island=r1.id, name="rb")
+    per_node = {
+        "local": chain_cost(local_a, args.k, args.repeats),
+        "remote": chain_cost(remote_a, args.k, args.repeats),
+    }
+    sizes = [1 << 20, 16 << 20, 64 << 20]
+    pairs = {
+        "local -> local (device to device)": (local_a, local_b),
+        "local -> remote": (local_a, remote_a),
+        "remote -> remote (actor to actor)": (remote_a, remote_b),
+        "remote -> local": (remote_a, local_a),
+    }
+    bandwidth = {name: {n: transfer_rate(a, b, n, 3) for n in sizes} for name, (a, b) in pairs.items()}
+    print(f"remote islands: 2 Ray actors x 4 CPU devices; chain of {args.k} tiny nodes")
+    print(f"per-node cost: local {per_node['local']:.1f} µs, remote {per_node['remote']:.1f} µs "
+          f"({per_node['remote'] / per_node['local']:.1f}x)")
+    print(f"{'transfer':<36}" + "".join(f"{n >> 20:>8} MiB" for n in sizes) + "   (GiB/s)")
+    for name, row in bandwidth.items():
+        print(f"{name:<36}" + "".join(f"{row[n]:>12.2f}" for n in sizes))
+    result = {
+        "benchmark": "remote", "jax": jax.__version__, "ray": ray.__version__, "python": platform.python_version(),
+        "date": time.strftime("%Y-%m-%d"), "per_node_us": per_node,
+        "bandwidth_gib_s": {k: {str(n): v for n, v in row.items()} for k, row in bandwidth.items()},
+    }
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(result, fh, indent=2)
+    pw.shutdown()
+    ray.shutdown()
+    return result
+
+
+if __name__ == "__main__":
+    main()

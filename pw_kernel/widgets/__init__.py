@@ -1,0 +1,66 @@
+"""pw_kernel's views: anywidget front-ends (ES modules in ``static/``) with static HTML fallbacks.
+
+* `show_mesh` / `MeshWidget`: a device mesh with axis names, or where every shard of an array lives.
+* `timeline` / `TimelineWidget`: a lane per device and per transfer path, a bar per node, live.
+* `RunWidget`: a run's state, nodes done / total, elapsed time, error and a mini timeline, live.
+* `graph_svg` / `graph_html`: the program graph laid out by graphviz ``dot``.
+
+The views consume only the runtime's public objects and its event stream.
+Names resolve lazily: `graph_svg` needs neither anywidget nor ipywidgets.
+
+Example::
+
+    from pw_kernel.widgets import show_mesh, timeline, RunWidget, graph_svg
+    show_mesh(pw.slice(4, mesh={"data": 2, "model": 2}))
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "MeshWidget": ".mesh",
+    "show_mesh": ".mesh",
+    "TimelineWidget": ".timeline_widget",
+    "timeline": ".timeline_widget",
+    "RunWidget": ".run",
+    "GraphvizError": ".graph",
+    "graph_svg": ".graph",
+    "graph_html": ".graph",
+    "repr_svg": ".graph",
+    "dot_to_svg": ".graph",
+}
+
+if TYPE_CHECKING:
+    from .graph import GraphvizError, dot_to_svg, graph_html, graph_svg, repr_svg
+    from .mesh import MeshWidget, show_mesh
+    from .run import RunWidget
+    from .timeline_widget import TimelineWidget, timeline
+
+
+def __getattr__(name: str) -> Any:
+    mod = _EXPORTS.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'pw_kernel.widgets' has no attribute {name!r}")
+    value = getattr(importlib.import_module(mod, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
+
+
+__all__ = [
+    "GraphvizError",
+    "MeshWidget",
+    "RunWidget",
+    "TimelineWidget",
+    "dot_to_svg",
+    "graph_html",
+    "graph_svg",
+    "repr_svg",
+    "show_mesh",
+    "timeline",
+]

@@ -1,0 +1,207 @@
+"""RunWidget: one run's name, state, nodes done / total, elapsed time, error and a mini timeline, live."""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import traitlets as t
+
+from . import _html
+from ._base import STATIC, PwWidget, ticker
+from ._devices import slice_devices
+
+FINAL = frozenset({"done", "failed", "cancelled"})
+MAX_MINI_BARS = 1500
+MINI_PERIOD = 0.25  # seconds between two updates of the mini timeline (the bar and counters go at ~10 Hz)
+
+
+def short_error(err: BaseException | str | None, max_lines: int = 12) -> str:
+    """``Type: message`` cut to about ``max_lines``: its head and its last lines (where it happened)."""
+    if err is None:
+        return ""
+    text = err if isinstance(err, str) else f"{type(err).__name__}: {err}"
+    lines = text.splitlines()
+    if len(lines) <= max_lines:
+        return text
+    keep_tail = min(3, max_lines // 2)
+    head = lines[: max_lines - keep_tail - 1]
+    tail = lines[-keep_tail:]
+    return "\n".join([*head, f"  ... ({len(lines) - len(head) - len(tail)} more lines)", *tail])
+
+
+def describe_outputs(outputs: dict[str, Any] | None) -> list[dict[str, str]]:
+    """``{name: future or tuple of futures}`` as rows of name, type (``f32[8,8]``) and sharding."""
+    from ..runtime.graph import describe_sharding
+
+    rows = []
+    for name, value in (outputs or {}).items():
+        leaves = value if isinstance(value, (list, tuple)) else [value]
+        types, shardings = [], []
+        for f in leaves:
+            if hasattr(f, "shape") and hasattr(f, "dtype"):
+                types.append(f"{np.dtype(f.dtype).name}[{','.join(map(str, f.shape))}]")
+                shardings.append(describe_sharding(getattr(f, "sharding", None)))
+        rows.append({"name": str(name), "type": ", ".join(types), "sharding": "; ".join(shardings)})
+    return rows
+
+
+class RunWidget(PwWidget):
+    """A run's progress, updated live from the controller's event stream until it is final.
+
+    ``outputs`` (optional) maps names to the run's futures, shown with type and sharding.
+
+    Example::
+
+        run = step.submit(x)
+        pw.widgets.RunWidget(run, {"y": run.outputs})   # queued -> running 3/8 -> done 8/8, 0.42 s
+    """
+
+    _esm = STATIC / "run.js"
+
+    run_id = t.Int(0).tag(sync=True)
+    name = t.Unicode("").tag(sync=True)
+    program = t.Unicode("").tag(sync=True)
+    state = t.Unicode("queued").tag(sync=True)
+    done = t.Int(0).tag(sync=True)
+    total = t.Int(0).tag(sync=True)
+    elapsed = t.Float(0.0).tag(sync=True)
+    error = t.Unicode("").tag(sync=True)
+    mode = t.Unicode("").tag(sync=True)
+    tenant = t.Unicode("").tag(sync=True)
+    lanes = t.List(t.Unicode()).tag(sync=True)
+    bars = t.List(t.Float()).tag(sync=True)  # flat: lane, start ns, end ns, kind (0 compute, 1 glue, 2 transfer)
+    outputs = t.List(t.Dict()).tag(sync=True)  # the names a cell bound: {name, type, sharding}
+
+    def __init__(self, run: Any, outputs: dict[str, Any] | None = None, *, live: bool = True, **kwargs: Any):
+        self.run = run
+        kwargs.setdefault("outputs", describe_outputs(outputs))
+        self._lock = threading.RLock()
+        self._pending: collections.deque[Any] = collections.deque()
+        self._dirty = False
+        self._unsubscribe = None
+        self._lane_of: dict[int, int] = {}
+        self._lane_names: list[str] = []
+        self._mini: list[tuple[int, int, int, int]] = []
+        self._mini_at = 0.0
+        graph = getattr(run, "graph", None)
+        log = getattr(getattr(run, "controller", None), "events", None)
+        self._names = getattr(log, "device_names", {})
+        refs = {r.id: r for s in getattr(graph, "slices", ()) for r in slice_devices(s, self._names)}
+        for ref in sorted(refs.values(), key=lambda r: r.id):
+            self._lane(ref.id, ref.label)
+        super().__init__(**kwargs)
+        if live and log is not None and run.state not in FINAL:
+            self._unsubscribe = log.subscribe(self._on_event)
+            ticker.add(self)
+        with self._lock:
+            self._pending.extend(list(getattr(run, "events", ())))
+            self._update(time.monotonic(), force_mini=True)
+        if self._unsubscribe is not None and run.state in FINAL:  # it finished while we subscribed
+            self._finish()
+
+    def _lane(self, dev_id: int, label: str | None = None) -> int:
+        k = self._lane_of.get(dev_id)
+        if k is None:
+            k = self._lane_of[dev_id] = len(self._lane_names)
+            self._lane_names.append(label or self._names.get(dev_id, f"device {dev_id}"))
+        return k
+
+    def _on_event(self, ev: Any) -> None:
+        if ev.run_id != self.run.id:
+            return
+        if hasattr(ev, "node"):
+            self._pending.append(ev)
+        self._dirty = True
+        ticker.poke()
+
+    def _tick(self, now: float) -> float | None:
+        if self.comm is None:
+            self._stop()
+            return None
+        if not self._dirty and not self._pending:
+            return None
+        with self._lock:
+            self._dirty = False
+            final = self.run.state in FINAL
+            self._update(now)
+        if final:
+            self._finish()
+            return None
+        # come back for the mini timeline if it was throttled
+        return self._mini_at + MINI_PERIOD if self._pending else None
+
+    def _update(self, now: float, force_mini: bool = False) -> None:
+        run = self.run
+        done, total = run.progress
+        state = run.state
+        mini = force_mini or state in FINAL or now - self._mini_at >= MINI_PERIOD
+        if mini:
+            self._mini_at = now
+            while self._pending:
+                ev = self._pending.popleft()
+                kind = 2 if ev.kind == "transfer" else (1 if ev.kind == "glue" else 0)
+                for d in ev.devices:
+                    self._mini.append((self._lane(d), ev.start, ev.end, kind))
+        graph = getattr(run, "graph", None)
+        err = run.error if state in ("failed",) else None
+        with self.hold_sync():
+            self.run_id = int(run.id)
+            self.name = str(run.name)
+            self.program = str(getattr(graph, "name", run.name))
+            self.state = str(state)
+            self.done, self.total = int(done), int(total)
+            self.elapsed = float(run.elapsed)
+            self.error = short_error(err)
+            self.mode = str(getattr(run, "mode", ""))
+            self.tenant = str(getattr(run, "tenant", ""))
+            if mini:
+                if len(self.lanes) != len(self._lane_names):
+                    self.lanes = list(self._lane_names)
+                self.bars = self._mini_flat()
+
+    def _mini_flat(self) -> list[float]:
+        bars = self._mini[-MAX_MINI_BARS:]
+        if not bars:
+            return []
+        t0 = min(b[1] for b in bars)
+        out: list[float] = []
+        for lane, s, e, k in bars:
+            out += (lane, float(s - t0), float(e - t0), k)
+        return out
+
+    def _finish(self) -> None:
+        self._stop()
+        with self._lock:
+            self._update(time.monotonic(), force_mini=True)
+        self.refresh_static()  # a saved notebook shows the final state, not "queued"
+
+    def _stop(self) -> None:
+        unsub, self._unsubscribe = self._unsubscribe, None
+        if unsub is not None:
+            unsub()
+        ticker.discard(self)
+
+    def close(self) -> None:
+        self._stop()
+        super().close()
+
+    def state_dict(self) -> dict[str, Any]:
+        keys = ("run_id", "name", "program", "state", "done", "total", "elapsed", "error", "mode", "tenant", "outputs")
+        return {k: getattr(self, k) for k in keys}
+
+    def static_html(self) -> str:
+        return _html.run_html(self.state_dict())
+
+    def __repr__(self) -> str:
+        err = f", {self.error.splitlines()[0]}" if self.error else ""
+        return (
+            f"RunWidget(run {self.run_id} {self.name!r}: {self.state}, {self.done}/{self.total} nodes, "
+            f"{self.elapsed:.3f} s{err})"
+        )
+
+
+__all__ = ["RunWidget", "short_error"]

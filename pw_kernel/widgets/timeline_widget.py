@@ -1,0 +1,691 @@
+"""TimelineWidget: a lane per device and per transfer path, a bar per executed node, live.
+
+Data path, kept cheap at 100,000 events:
+
+* The widget subscribes to the controller's event log. The callback runs on a
+  controller thread and only appends the event to a deque.
+* The shared ticker thread (`_base.ticker`) drains the deque at most ~10 times
+  a second, encodes the new events column-wise into numpy arrays (a *chunk*:
+  times as float64, run / string ids / kind as uint32, one (event, lane) pair
+  per bar, plus the strings not sent before) and pushes that chunk to the
+  front-end as one custom message with binary buffers. Traits announce what
+  exists (``n_chunks``, ``n_events``, ``lanes``, ``runs``), so a front-end
+  that missed chunks (a page reload, a message sent before the view existed)
+  asks for them again (``{"type": "sync", "have": k}``); the first chunks
+  also travel in the ``_base`` trait until a front-end has said hello.
+* The front-end (``static/timeline.js``) keeps typed arrays per lane sorted by
+  start, and draws on a canvas with level of detail: bars closer than a pixel
+  merge, so a redraw costs O(visible bars) and O(pixels) canvas calls.
+"""
+
+from __future__ import annotations
+
+import collections
+import secrets
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+import traitlets as t
+
+from . import _html
+from ._base import STATIC, PwWidget, ticker
+from ._devices import island_devices
+
+KINDS: tuple[str, ...] = ("compute", "glue", "transfer")
+_KIND = {k: i for i, k in enumerate(KINDS)}
+NONE = 0xFFFFFFFF  # "no string" (an event without an error)
+F64_FIELDS = ("start", "end", "nbytes")
+U32_FIELDS = ("run", "node", "program", "tenant", "shapes", "error", "kind")
+BASE_WINDOW = 5.0  # seconds during which chunks also go into the `_base` trait until the front-end says hello
+MAX_LEGEND = 12
+FINAL_GRACE = 0.5  # seconds a timeline of given runs keeps listening after they are all final
+_FINAL = frozenset({"done", "failed", "cancelled"})
+
+
+class Chunk(NamedTuple):
+    """New events, column-wise: ``f64`` (n, 3), ``u32`` (n, 7), ``bars`` (m, 2) = (event index, lane)."""
+
+    ev0: int
+    str0: int
+    strings: list[str]
+    f64: np.ndarray
+    u32: np.ndarray
+    bars: np.ndarray
+
+
+def transfer_key(src: int | None, dst: int | None) -> tuple[str, str, bool]:
+    """(lane key, label, crosses islands) of the transfer path ``src`` -> ``dst`` (None: the host)."""
+    a = "host" if src is None else f"island {src}"
+    b = "host" if dst is None else f"island {dst}"
+    if src == dst:
+        return f"xfer:{src}:{dst}", f"{a} (intra)", False
+    return f"xfer:{src}:{dst}", f"{a} → {b}", src is not None and dst is not None
+
+
+class EventEncoder:
+    """NodeEvents to append-only columnar chunks, with a string table and the lanes they touch."""
+
+    def __init__(self, devices: Iterable[tuple[int, str, int | None]] = (), names: dict[int, str] | None = None):
+        self.names = names if names is not None else {}  # device id -> label, for lanes found in events
+        self.lanes: list[dict[str, Any]] = []
+        self._lane_of: dict[Any, int] = {}
+        self._strings: dict[str, int] = {}
+        self.strings: list[str] = []  # the string table, in id order
+        self.chunks: list[Chunk] = []
+        self.n_events = 0
+        self.n_bars = 0
+        for dev_id, label, island in devices:
+            self.device_lane(dev_id, label, island)
+
+    @property
+    def n_strings(self) -> int:
+        return len(self._strings)
+
+    def device_lane(self, dev_id: int, label: str | None = None, island: int | None = None) -> int:
+        lane = self._lane_of.get(("dev", dev_id))
+        if lane is None:
+            lane = len(self.lanes)
+            self._lane_of[("dev", dev_id)] = lane
+            self.lanes.append(
+                {
+                    "key": f"dev:{dev_id}",
+                    "label": label or self.names.get(dev_id, f"device {dev_id}"),
+                    "kind": "device",
+                    "device": int(dev_id),
+                    "island": island,
+                    "cross": False,
+                }
+            )
+        return lane
+
+    def transfer_lane(self, src: int | None, dst: int | None) -> int:
+        key, label, cross = transfer_key(src, dst)
+        lane = self._lane_of.get(key)
+        if lane is None:
+            lane = len(self.lanes)
+            self._lane_of[key] = lane
+            self.lanes.append(
+                {"key": key, "label": label, "kind": "transfer", "device": None, "island": dst, "cross": cross}
+            )
+        return lane
+
+    def encode(self, events: Iterable[Any]) -> Chunk | None:
+        """Append a chunk for ``events`` (NodeEvent-like objects); None when there are none."""
+        strings = self._strings
+        table = self.strings
+        new: list[str] = []
+        str0 = len(strings)
+
+        def sid(x: Any) -> int:
+            if x is None:
+                return NONE
+            s = x if isinstance(x, str) else str(x)
+            k = strings.get(s)
+            if k is None:
+                k = strings[s] = len(strings)
+                new.append(s)
+                table.append(s)
+            return k
+
+        f64: list[float] = []
+        u32: list[int] = []
+        bars: list[int] = []
+        k = self.n_events
+        lane_of = self._lane_of
+        for ev in events:
+            f64 += (ev.start, ev.end, ev.nbytes or 0)
+            kind = _KIND.get(ev.kind, 0)
+            u32 += (ev.run_id, sid(ev.node), sid(ev.program), sid(ev.tenant), sid(ev.shapes), sid(ev.error), kind)
+            if kind == 2:
+                bars += (k, self.transfer_lane(ev.src_island, ev.island))
+            for d in ev.devices:
+                lane = lane_of.get(("dev", d))
+                if lane is None:
+                    lane = self.device_lane(d, island=ev.island)
+                bars += (k, lane)
+            k += 1
+        n = k - self.n_events
+        if n == 0:
+            return None
+        chunk = Chunk(
+            ev0=self.n_events,
+            str0=str0,
+            strings=new,
+            f64=np.asarray(f64, dtype=np.float64).reshape(n, 3),
+            u32=np.asarray(u32, dtype=np.uint32).reshape(n, 7),
+            bars=np.asarray(bars, dtype=np.uint32).reshape(-1, 2),
+        )
+        self.chunks.append(chunk)
+        self.n_events = k
+        self.n_bars += len(chunk.bars)
+        return chunk
+
+    def pack(self, seq0: int, seq1: int | None = None) -> tuple[dict[str, Any], list[bytes]]:
+        """Chunks ``seq0:seq1`` as one message: JSON content and three binary buffers."""
+        part = self.chunks[seq0:seq1]
+        seq1 = seq0 + len(part)
+        if part:
+            ev0, str0 = part[0].ev0, part[0].str0
+            strings = [s for c in part for s in c.strings]
+            f64 = np.concatenate([c.f64 for c in part]) if len(part) > 1 else part[0].f64
+            u32 = np.concatenate([c.u32 for c in part]) if len(part) > 1 else part[0].u32
+            bars = np.concatenate([c.bars for c in part]) if len(part) > 1 else part[0].bars
+        else:
+            ev0, str0, strings = self.n_events, self.n_strings, []
+            f64, u32, bars = np.zeros((0, 3)), np.zeros((0, 7), np.uint32), np.zeros((0, 2), np.uint32)
+        meta = {
+            "type": "chunk",
+            "seq0": seq0,
+            "seq1": seq1,
+            "ev0": ev0,
+            "str0": str0,
+            "strings": strings,
+            "n_ev": len(f64),
+            "n_bars": len(bars),
+        }
+        return meta, [f64.tobytes(), u32.tobytes(), bars.tobytes()]
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
+        """Everything so far: f64 (n, 3), u32 (n, 7), bars (m, 2), the string table."""
+        if not self.chunks:
+            return np.zeros((0, 3)), np.zeros((0, 7), np.uint32), np.zeros((0, 2), np.uint32), []
+        f64 = np.concatenate([c.f64 for c in self.chunks])
+        u32 = np.concatenate([c.u32 for c in self.chunks])
+        bars = np.concatenate([c.bars for c in self.chunks])
+        return f64, u32, bars, self.strings
+
+
+def _run_ids(runs: Any) -> set[int] | None:
+    if runs is None:
+        return None
+    if isinstance(runs, (int, np.integer)) or hasattr(runs, "events"):
+        runs = [runs]
+    return {int(r) if isinstance(r, (int, np.integer)) else int(r.id) for r in runs}
+
+
+class TimelineWidget(PwWidget):
+    """Per-device timeline of executed nodes: lanes per device and per transfer path, live.
+
+    Wheel zooms, drag pans, double-click fits; hover a bar for node, run,
+    duration and shapes; the right column is each lane's utilization in view.
+
+    Example::
+
+        tl = pw.timeline()          # every run so far, then live
+        tl                          # display it; bars appear as nodes finish
+        tl.to_perfetto("trace.json")
+    """
+
+    _esm = STATIC / "timeline.js"
+
+    title = t.Unicode("timeline").tag(sync=True)
+    lanes = t.List(t.Dict()).tag(sync=True)
+    runs = t.List(t.Dict()).tag(sync=True)
+    palette = t.List(t.Unicode(), default_value=list(_html.RUN_PALETTE)).tag(sync=True)
+    color_by = t.Enum(("run", "program", "tenant"), default_value="run").tag(sync=True)
+    live = t.Bool(False).tag(sync=True)
+    n_events = t.Int(0).tag(sync=True)
+    n_chunks = t.Int(0).tag(sync=True)
+    uid = t.Unicode("").tag(sync=True)
+    _base = t.Dict().tag(sync=True)
+
+    def __init__(
+        self,
+        runs: Any = None,
+        live: bool = True,
+        *,
+        controller: Any = None,
+        events: Iterable[Any] | None = None,
+        title: str | None = None,
+        **kwargs: Any,
+    ):
+        if controller is None:
+            if runs is not None and not isinstance(runs, (int, np.integer)):
+                first = runs if hasattr(runs, "events") else next(iter(runs), None)
+                controller = getattr(first, "controller", None)
+            if controller is None and events is None:
+                from ..runtime.controller import controller as get_controller
+
+                controller = get_controller()
+        self._controller = controller
+        self._filter = _run_ids(runs)
+        self._lock = threading.RLock()
+        self._pending: collections.deque[Any] = collections.deque()
+        self._pending_runs: collections.deque[Any] = collections.deque()
+        self._unsubscribe = None
+        self._dedupe: set[int] | None = None
+        self._acked = False
+        self._final_at: float | None = None
+        self._created = time.monotonic()
+        self._run_index: dict[int, int] = {}
+        self._runs: list[dict[str, Any]] = []
+        devices = []
+        names: dict[int, str] = {}
+        if controller is not None:
+            names = controller.events.device_names
+            for isl in controller.islands:
+                for ref in island_devices(isl, names):
+                    devices.append((ref.id, ref.label, int(isl.id)))
+        self._enc = EventEncoder(devices, names)
+        if title is None:
+            title = (
+                "timeline"
+                if self._filter is None
+                else "timeline of run"
+                + (f" {next(iter(self._filter))}" if len(self._filter) == 1 else f"s {sorted(self._filter)}")
+            )
+        super().__init__(title=title, uid=secrets.token_hex(8), **kwargs)
+        log = controller.events if controller is not None else None
+        if live and log is not None:
+            self._unsubscribe = log.subscribe(self._on_event)
+        if events is None:
+            events = list(log.nodes) if log is not None else []
+            if self._filter is not None and controller is not None:
+                events = [e for r in controller.runs if r.id in self._filter for e in list(r.events)]
+        else:
+            events = list(events)
+        if self._unsubscribe is not None:
+            self._dedupe = {id(e) for e in events[-4096:]}
+            self._snapshot = events  # keeps the ids above unique while the first flush dedupes
+        if controller is not None:
+            for r in list(controller.runs):
+                if self._filter is None or r.id in self._filter:
+                    self._note_run(r.id, r.name, r.tenant, r.state)
+        self.on_msg(self._on_front_msg)
+        with self._lock:
+            self._append(events)
+            with self.hold_sync():
+                self.live = self._unsubscribe is not None
+                self._sync_traits()
+                self._base = self._pack_dict()
+        if self._unsubscribe is not None:
+            ticker.add(self)
+            if self._filter is not None:
+                ticker.poke()  # runs that are already final: stop following soon
+
+    # ----------------------------------------------------- event stream side
+    def _on_event(self, ev: Any) -> None:
+        """Called on controller threads for every event: buffer it and poke the ticker, nothing more."""
+        if hasattr(ev, "node"):
+            if self._filter is None or ev.run_id in self._filter:
+                self._pending.append(ev)
+                ticker.poke()
+        elif self._filter is None or ev.run_id in self._filter:
+            self._pending_runs.append(ev)
+            ticker.poke()
+
+    def _tick(self, now: float) -> float | None:
+        if self.comm is None:  # closed
+            self.stop()
+            return None
+        if self._pending or self._pending_runs:
+            with self._lock:
+                # Run events first: a run's node events are emitted before its final transition, so every
+                # node event of a run seen final here is already in `_pending`.
+                run_events = _drain(self._pending_runs)
+                events = _drain(self._pending)
+                if self._dedupe is not None:
+                    events = [e for e in events if id(e) not in self._dedupe]
+                    self._dedupe = None
+                    self._snapshot = None
+                for rev in run_events:
+                    self._note_run(rev.run_id, rev.program, rev.tenant, rev.state)
+                n_lanes = len(self._enc.lanes)
+                chunk = self._append(events)
+                if chunk is not None:
+                    meta, buffers = self._enc.pack(len(self._enc.chunks) - 1)
+                    self.send(meta, buffers)
+                with self.hold_sync():
+                    self._sync_traits(lanes=len(self._enc.lanes) != n_lanes)
+                    if chunk is not None and not self._acked and now - self._created < BASE_WINDOW:
+                        self._base = self._pack_dict()
+        return self._maybe_finish(now)
+
+    def _maybe_finish(self, now: float) -> float | None:
+        """A timeline of given runs stops following once they are all final, and re-publishes its picture."""
+        if self._filter is None or self._unsubscribe is None:
+            return None
+        states = {r["id"]: r["state"] for r in self._runs}
+        if not all(states.get(rid) in _FINAL for rid in self._filter):
+            self._final_at = None
+            return None
+        if self._final_at is None:  # a grace period for node events that straggle behind a failure
+            self._final_at = now
+        if now - self._final_at < FINAL_GRACE:
+            return self._final_at + FINAL_GRACE
+        self.stop()
+        self.refresh_static()
+        return None
+
+    def _append(self, events: Sequence[Any]) -> Chunk | None:
+        chunk = self._enc.encode(events)
+        if chunk is not None:
+            for rid in np.unique(chunk.u32[:, 0]).tolist():
+                if rid not in self._run_index:
+                    first = np.flatnonzero(chunk.u32[:, 0] == rid)[0]
+                    prog = chunk.u32[first, 2]
+                    names = self._enc.strings
+                    self._note_run(int(rid), names[prog] if prog != NONE else "", names[chunk.u32[first, 3]], "?")
+        return chunk
+
+    def _note_run(self, run_id: int, name: str, tenant: str, state: str) -> None:
+        k = self._run_index.get(run_id)
+        if k is None:
+            self._run_index[run_id] = len(self._runs)
+            self._runs.append({"id": int(run_id), "name": str(name), "tenant": str(tenant), "state": str(state)})
+        else:
+            self._runs[k] = {**self._runs[k], "state": str(state)}
+        self._runs_dirty = True
+
+    def _sync_traits(self, lanes: bool = True) -> None:
+        if lanes or len(self.lanes) != len(self._enc.lanes):
+            self.lanes = [dict(x) for x in self._enc.lanes]
+        if getattr(self, "_runs_dirty", True):
+            self.runs = [dict(r) for r in self._runs]
+            self._runs_dirty = False
+        self.n_chunks = len(self._enc.chunks)
+        self.n_events = self._enc.n_events
+
+    def _pack_dict(self) -> dict[str, Any]:
+        meta, (f64, u32, bars) = self._enc.pack(0)
+        return {**meta, "f64": f64, "u32": u32, "bars": bars}
+
+    def _on_front_msg(self, _widget: Any, content: Any, _buffers: Any) -> None:
+        if not isinstance(content, dict) or content.get("type") != "sync":
+            return
+        self._acked = True
+        with self._lock:
+            have = int(content.get("have", 0))
+            if 0 <= have < len(self._enc.chunks):
+                meta, buffers = self._enc.pack(have)
+                self.send(meta, buffers)
+
+    # ----------------------------------------------------------- public API
+    def stop(self) -> None:
+        """Stop following the event stream (the events shown so far stay).
+
+        A timeline of given runs stops on its own once they are all final.
+        """
+        unsub, self._unsubscribe = self._unsubscribe, None
+        if unsub is not None:
+            unsub()
+        ticker.discard(self)
+        if self.comm is not None:
+            self.live = False
+
+    def close(self) -> None:
+        self.stop()
+        super().close()
+
+    def flush(self) -> None:
+        """Push buffered events now (the ticker does this on its own at ~10 Hz)."""
+        self._tick(time.monotonic())
+
+    @property
+    def events(self) -> list[dict[str, Any]]:
+        """The events shown, as dicts (node, run, program, tenant, kind, start, end, nbytes, shapes, error, lanes)."""
+        f64, u32, bars, strings = self._enc.arrays()
+        lanes_of: dict[int, list[str]] = collections.defaultdict(list)
+        for ev, lane in bars.tolist():
+            lanes_of[ev].append(self._enc.lanes[lane]["key"])
+
+        def s(k: int) -> str | None:
+            return None if k == NONE else strings[k]
+
+        out = []
+        for i in range(len(f64)):
+            st, en, nb = f64[i].tolist()
+            run, node, prog, tenant, shapes, err, kind = u32[i].tolist()
+            out.append(
+                {
+                    "run": run,
+                    "node": s(node),
+                    "program": s(prog),
+                    "tenant": s(tenant),
+                    "kind": KINDS[kind],
+                    "start": int(st),
+                    "end": int(en),
+                    "nbytes": int(nb),
+                    "shapes": s(shapes),
+                    "error": s(err),
+                    "lanes": lanes_of[i],
+                }
+            )
+        return out
+
+    def utilization(self) -> dict[str, float]:
+        """Busy fraction of each lane (union of its bars) over the whole time span."""
+        f64, _, bars, _ = self._enc.arrays()
+        if not len(f64):
+            return {lane["key"]: 0.0 for lane in self._enc.lanes}
+        t0, t1 = f64[:, 0].min(), f64[:, 1].max()
+        span = max(t1 - t0, 1.0)
+        return {lane["key"]: busy_union(f64, bars, k) / span for k, lane in enumerate(self._enc.lanes)}
+
+    def to_chrome_trace(self) -> dict[str, Any]:
+        """The shown events as Chrome trace JSON (what `to_perfetto` writes)."""
+        return chrome_trace(self.events, self._enc.lanes)
+
+    def to_perfetto(self, path: str) -> str:
+        """Write the shown events as Chrome trace JSON (open it at ui.perfetto.dev); returns the path.
+
+        Uses the controller's own exporter when the widget follows a controller.
+        """
+        import json
+        import os
+
+        path = os.fspath(path)
+        log = self._controller.events if self._controller is not None else None
+        if log is not None and hasattr(log, "to_perfetto"):
+            if self._filter is None:
+                return log.to_perfetto(path)
+            return log.to_perfetto(path, [e for r in self._controller.runs if r.id in self._filter for e in r.events])
+        with open(path, "w") as f:
+            json.dump(self.to_chrome_trace(), f)
+        return path
+
+    def static_html(self) -> str:
+        f64, u32, bars, strings = self._enc.arrays()
+        return timeline_html(
+            self.title,
+            self._enc.lanes,
+            self._runs,
+            list(self.palette),
+            self.color_by,
+            f64,
+            u32,
+            bars,
+            strings,
+            live=self.live,
+        )
+
+    def __repr__(self) -> str:
+        n_dev = sum(1 for x in self._enc.lanes if x["kind"] == "device")
+        n_x = len(self._enc.lanes) - n_dev
+        live = ", live" if self._unsubscribe is not None else ""
+        return (
+            f"TimelineWidget({self.title!r}: {self._enc.n_events} events, {len(self._runs)} runs, "
+            f"{n_dev} device lanes, {n_x} transfer lanes{live})"
+        )
+
+
+def _drain(q: collections.deque) -> list[Any]:
+    out = []
+    pop = q.popleft
+    for _ in range(len(q)):
+        out.append(pop())
+    return out
+
+
+def busy_union(f64: np.ndarray, bars: np.ndarray, lane: int, t0: float = -np.inf, t1: float = np.inf) -> float:
+    """Nanoseconds covered by at least one bar of ``lane`` within [t0, t1]."""
+    ev = bars[bars[:, 1] == lane, 0]
+    if not len(ev):
+        return 0.0
+    s = np.clip(f64[ev, 0], t0, t1)
+    e = np.clip(f64[ev, 1], t0, t1)
+    order = np.argsort(s, kind="stable")
+    s, e = s[order], e[order]
+    reach = np.maximum.accumulate(e)
+    # a new segment starts where a bar begins after everything before it has ended
+    starts = np.concatenate(([True], s[1:] > reach[:-1]))
+    seg_start = s[starts]
+    seg_end = np.concatenate((reach[np.flatnonzero(starts)[1:] - 1], reach[-1:]))
+    return float(np.sum(seg_end - seg_start))
+
+
+def chrome_trace(events: Sequence[dict[str, Any]], lanes: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Chrome trace JSON from `TimelineWidget.events`: a thread per lane, complete ("X") events in µs."""
+    tid = {lane["key"]: k for k, lane in enumerate(lanes)}
+    trace: list[dict[str, Any]] = [
+        {"ph": "M", "name": "process_name", "pid": 0, "tid": 0, "args": {"name": "pw_kernel"}}
+    ]
+    for lane in lanes:
+        trace.append(
+            {"ph": "M", "name": "thread_name", "pid": 0, "tid": tid[lane["key"]], "args": {"name": lane["label"]}}
+        )
+    for ev in events:
+        for key in ev["lanes"]:
+            trace.append(
+                {
+                    "ph": "X",
+                    "name": ev["node"],
+                    "cat": ev["kind"],
+                    "pid": 0,
+                    "tid": tid[key],
+                    "ts": ev["start"] / 1e3,
+                    "dur": max(ev["end"] - ev["start"], 0) / 1e3,
+                    "args": {
+                        "run": ev["run"],
+                        "program": ev["program"],
+                        "tenant": ev["tenant"],
+                        "bytes": ev["nbytes"],
+                        "shapes": ev["shapes"],
+                        **({"error": ev["error"]} if ev["error"] else {}),
+                    },
+                }
+            )
+    return {"traceEvents": trace, "displayTimeUnit": "ms", "otherData": {"producer": "pw_kernel.widgets"}}
+
+
+# --------------------------------------------------------------- static HTML
+def _colour_keys(color_by: str, u32: np.ndarray, runs: Sequence[dict[str, Any]], strings: Sequence[str]) -> np.ndarray:
+    """Per event, the index of its colour key (run, program or tenant) in order of first appearance."""
+    if color_by == "run":
+        order = {r["id"]: k for k, r in enumerate(runs)}
+        return np.fromiter((order.get(int(x), 0) for x in u32[:, 0]), dtype=np.int64, count=len(u32))
+    col = 2 if color_by == "program" else 3
+    _, first, inverse = np.unique(u32[:, col], return_index=True, return_inverse=True)
+    rank = np.argsort(np.argsort(first))
+    return rank[inverse]
+
+
+def timeline_html(
+    title: str,
+    lanes: Sequence[dict[str, Any]],
+    runs: Sequence[dict[str, Any]],
+    palette: Sequence[str],
+    color_by: str,
+    f64: np.ndarray,
+    u32: np.ndarray,
+    bars: np.ndarray,
+    strings: Sequence[str],
+    width: int = 760,
+    live: bool = False,
+) -> str:
+    """A static SVG timeline: lanes, merged bars (one rect per run of equal-coloured pixels), axis, legend."""
+    esc = _html.esc
+    n = len(f64)
+    n_dev = sum(1 for x in lanes if x["kind"] == "device")
+    head = (
+        f'<div style="margin-bottom:2px"><b>{esc(title)}</b> · {n} events · {len(runs)} runs · '
+        f"{n_dev} devices{' · live (static snapshot)' if live else ''}</div>"
+    )
+    if n == 0:
+        return _html.page(head + '<div style="color:#666">no node events yet</div>', "pw-timeline")
+    order = [k for k, x in enumerate(lanes) if x["kind"] == "device"] + [
+        k for k, x in enumerate(lanes) if x["kind"] != "device"
+    ]
+    t0 = float(f64[:, 0].min())
+    t1 = float(f64[:, 1].max())
+    span = max(t1 - t0, 1.0)
+    label_w, util_w, axis_h = 120, 46, 18
+    plot_w = width - label_w - util_w
+    keys = _colour_keys(color_by, u32, runs, strings)
+    px0 = np.floor((f64[:, 0] - t0) / span * plot_w).astype(np.int64)
+    px1 = np.maximum(np.ceil((f64[:, 1] - t0) / span * plot_w).astype(np.int64), px0 + 1)
+    parts = []
+    y = axis_h
+    step = _html.nice_step(span, 6)
+    ticks = []
+    v = 0.0
+    while v <= span + 1e-9:
+        x = label_w + v / span * plot_w
+        ticks.append(
+            f'<line x1="{x:.1f}" y1="{axis_h - 4}" x2="{x:.1f}" y2="{axis_h}" stroke="#888"/>'
+            f'<text x="{x:.1f}" y="{axis_h - 6}" text-anchor="middle" fill="#555">{esc(_html.fmt_ns(v))}</text>'
+        )
+        v += step
+    for lane in order:
+        info = lanes[lane]
+        h = 16 if info["kind"] == "device" else 12
+        ev = bars[bars[:, 1] == lane, 0].astype(np.int64)
+        util = busy_union(f64, bars, lane) / span
+        parts.append(
+            f'<text x="{label_w - 4}" y="{y + h - 4}" text-anchor="end" fill="#333">{esc(info["label"])}</text>'
+            f'<rect x="{label_w}" y="{y}" width="{plot_w}" height="{h - 2}" fill="#f4f4f4"/>'
+            f'<text x="{width - 2}" y="{y + h - 4}" text-anchor="end" fill="#333">{util * 100:.0f}%</text>'
+        )
+        if len(ev):
+            cover = np.full(plot_w + 1, -1, dtype=np.int64)
+            # later-starting bars paint over earlier ones: sort by start, paint in order (vectorised per bar span)
+            srt = ev[np.argsort(px0[ev], kind="stable")]
+            for e in srt[-20000:].tolist():  # a static picture: the latest 20k bars per lane are plenty
+                cover[px0[e] : px1[e]] = keys[e] if info["kind"] == "device" else -2 - (1 if info["cross"] else 0)
+            change = np.flatnonzero(np.diff(cover) != 0) + 1
+            bounds = np.concatenate(([0], change, [len(cover)]))
+            for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+                c = int(cover[a])
+                if c == -1 or a >= plot_w:
+                    continue
+                w = min(b, plot_w) - a
+                if c >= 0:
+                    fill, stroke = palette[c % len(palette)], ""
+                else:
+                    fill = "#e9e9e9"
+                    stroke = f' stroke="{_html.CROSS_ISLAND if c == -3 else "#555"}" stroke-width="1"'
+                parts.append(
+                    f'<rect x="{label_w + a}" y="{y + 1}" width="{w}" height="{h - 4}" fill="{fill}"{stroke}/>'
+                )
+        y += h
+    height = y + 4
+    svg = (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'style="font:10px {_html.FONT}">{"".join(ticks)}{"".join(parts)}</svg>'
+    )
+    if color_by == "run":
+        entries = [(palette[k % len(palette)], f"run {r['id']} {r['name']} ({r['state']})") for k, r in enumerate(runs)]
+    else:
+        col = 2 if color_by == "program" else 3
+        seen = list(dict.fromkeys(int(x) for x in u32[:, col]))
+        entries = [(palette[k % len(palette)], strings[s] if s != NONE else "?") for k, s in enumerate(seen)]
+    legend = _html.legend_html(entries[-MAX_LEGEND:], more=max(0, len(entries) - MAX_LEGEND))
+    return _html.page(head + legend + svg, "pw-timeline")
+
+
+def timeline(runs: Any = None, live: bool = True, **kwargs: Any) -> TimelineWidget:
+    """A live per-device timeline of the controller's runs (all of them, or ``runs``: Runs or run ids).
+
+    Example::
+
+        pw.timeline()                         # everything so far, then live
+        pw.timeline(pw.controller().runs[-1]) # one run
+        pw.timeline(live=False)               # a snapshot
+    """
+    return TimelineWidget(runs, live=live, **kwargs)
+
+
+__all__ = ["EventEncoder", "TimelineWidget", "busy_union", "chrome_trace", "timeline", "timeline_html"]
