@@ -156,11 +156,15 @@ class RemoteIsland:
         return f"Ray actor on {self.info['host']}, pid {self.info['pid']}"
 
     def free(self, handle: int) -> None:
-        if self.alive:
-            try:
+        if not self.alive:
+            return
+        try:
+            import ray
+
+            if ray.is_initialized():  # else the call would start a new Ray (its auto-init)
                 self.actor.free.remote([handle])
-            except Exception:  # interpreter shutdown or a dead actor: nothing to free
-                pass
+        except Exception:  # interpreter shutdown or a dead actor: nothing to free
+            pass
 
     def __repr__(self) -> str:
         state = "" if self.alive else ", lost"
