@@ -16,7 +16,7 @@ from .config import Config
 from .devices import Island, ResourceManager, VirtualSlice, build_islands, remote_device_id
 from .dispatch import Dispatcher
 from .errors import AdmissionError, ArgumentError, ControllerShutdownError, InputFailedError, NodeError, PathwaysError
-from .events import EventLog
+from .events import EventLog, RunEvent
 from .futures import Future
 from .graph import ProgramGraph
 from .run import FINAL, Run
@@ -262,7 +262,8 @@ class Controller:
         if self.config.keep_outputs > 0 and futures is not None:
             self._recent.append(futures)
         if len(self.runs) > self.config.keep_runs:
-            excess = len(self.runs) - self.config.keep_runs
+            # Forget the oldest tenth at once, so this stays cheap per run (not a rebuild per run).
+            excess = len(self.runs) - self.config.keep_runs + self.config.keep_runs // 10
             self.runs[:] = [r for k, r in enumerate(self.runs) if k >= excess or not r.done()]
 
     def _unreserve(self, run: Run) -> None:
@@ -354,9 +355,7 @@ class Controller:
             )
 
 
-def _queued_event(run: Run, t: int):
-    from .events import RunEvent
-
+def _queued_event(run: Run, t: int) -> RunEvent:
     return RunEvent(run.id, run.name, run.tenant, "queued", t)
 
 

@@ -48,10 +48,13 @@ class Program:
 
     def trace(self, *args, **kwargs) -> ProgramGraph:
         """The ProgramGraph for these arguments (traced once per signature, then cached)."""
+        return self._trace(args, kwargs)[0]
+
+    def _trace(self, args, kwargs) -> tuple[ProgramGraph, list]:
         from .controller import controller
 
         c = controller()
-        _, _, key = signature(args, kwargs)
+        _, leaves, key = signature(args, kwargs)
         with self._cache_lock:
             if self._owner is not c:
                 self._cache.clear()
@@ -63,7 +66,7 @@ class Program:
             )
             with self._cache_lock:
                 self._cache[key] = graph
-        return graph
+        return graph, leaves
 
     def submit(
         self,
@@ -79,11 +82,10 @@ class Program:
         """Trace (or reuse the trace) and submit; returns the Run (its futures are ``run.outputs``)."""
         from .controller import controller
 
-        graph = self.trace(*args, **kwargs)
-        leaves = _traced_leaves(args, kwargs)
+        graph, leaves = self._trace(args, kwargs)
         return controller().submit(
             graph,
-            leaves,
+            [x for x in leaves if is_traced_leaf(x)],
             name=name or self.name,
             mode=mode or self.mode,
             tenant=tenant or self.tenant,
@@ -107,12 +109,6 @@ class Program:
 
     def __repr__(self) -> str:
         return f"<pw.Program {self.name!r}: {len(self._cache)} traced signatures>"
-
-
-def _traced_leaves(args, kwargs) -> list[Any]:
-    import jax
-
-    return [x for x in jax.tree_util.tree_leaves((args, kwargs)) if is_traced_leaf(x)]
 
 
 def program(

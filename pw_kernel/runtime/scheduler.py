@@ -44,6 +44,7 @@ class FIFO:
 
     name = "fifo"
     quantum = 1 << 30  # run until blocked: FIFO never interleaves runnable runs
+    first_runnable_wins = True  # the dispatcher may stop scanning at the first runnable run
 
     def pick(self, runnable: Sequence[Run]) -> Run:
         return runnable[0]
