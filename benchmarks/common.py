@@ -1,0 +1,171 @@
+"""Shared helpers of the benchmarks: interleaved timing, medians, machine description, JSON.
+
+Imports only the standard library (and jax lazily, in `machine`), so every
+benchmark runs where only jax and numpy are installed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import json
+import os
+import platform
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def interleaved(
+    modes: dict[str, Callable[[], Any]],
+    repeats: int,
+    *,
+    warmup: int = 2,
+    budget_s: float | None = None,
+    min_repeats: int = 3,
+) -> dict[str, list[float]]:
+    """Seconds per call of every mode, the modes interleaved round by round.
+
+    Each round runs every mode once, in an order rotated by one each round, so
+    machine noise (other processes, frequency changes) hits all modes alike and
+    no mode always follows the same one. Stops early after ``min_repeats``
+    rounds when ``budget_s`` has been spent.
+    """
+    for fn in modes.values():
+        for _ in range(warmup):
+            fn()
+    names = list(modes)
+    samples: dict[str, list[float]] = {m: [] for m in names}
+    t0 = time.perf_counter()
+    for r in range(repeats):
+        k = r % len(names)
+        for m in names[k:] + names[:k]:
+            fn = modes[m]
+            t = time.perf_counter()
+            fn()
+            samples[m].append(time.perf_counter() - t)
+        if budget_s is not None and r + 1 >= min_repeats and time.perf_counter() - t0 > budget_s:
+            break
+    return samples
+
+
+@dataclasses.dataclass(frozen=True)
+class Stat:
+    """Median and quartiles of a list of samples (same unit as the samples)."""
+
+    median: float
+    p25: float
+    p75: float
+    n: int
+
+    @classmethod
+    def of(cls, xs: list[float], scale: float = 1.0) -> Stat:
+        xs = sorted(x * scale for x in xs)
+        if len(xs) == 1:
+            return cls(xs[0], xs[0], xs[0], 1)
+        q = statistics.quantiles(xs, n=4, method="inclusive")
+        return cls(statistics.median(xs), q[0], q[2], len(xs))
+
+    @property
+    def spread(self) -> float:
+        """Interquartile range over the median: a noise figure."""
+        return (self.p75 - self.p25) / self.median if self.median else 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return dataclasses.asdict(self)
+
+
+def per_item_us(samples: list[float], items: int) -> Stat:
+    """Microseconds per item (node, computation) from seconds per call of ``items`` items."""
+    return Stat.of(samples, 1e6 / items)
+
+
+def loadavg() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=5
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=ROOT, capture_output=True, text=True, timeout=5,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode:
+        return None
+    return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def machine() -> dict[str, Any]:
+    """What the figures were measured on: CPU, cores, load, accelerator, versions, date."""
+    import jax
+
+    devs = jax.devices()
+    d0 = devs[0]
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "cpu": _cpu_model(),
+        "cores": os.cpu_count(),
+        "loadavg": loadavg(),
+        "platform": d0.platform,
+        "device_kind": d0.device_kind,
+        "devices": len(devs),
+        "os": platform.platform(terse=True),
+        "python": platform.python_version(),
+        "versions": {
+            name: _version(name)
+            for name in ("jax", "jaxlib", "numpy", "ray", "dask", "distributed", "py-spy")
+        },
+        "git": _git_commit(),
+    }
+
+
+def write_json(path: str | os.PathLike | None, result: dict[str, Any]) -> None:
+    if not path:
+        return
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2, default=str))
+
+
+def target(name: str, value: float, limit: float, *, below: bool = True, unit: str = "", note: str = "") -> dict:
+    """One performance target: met when ``value`` is at most (``below``) or at least ``limit``."""
+    met = value <= limit if below else value >= limit
+    return {"name": name, "value": value, "limit": limit, "below": below, "unit": unit, "met": met, "note": note}
+
+
+def print_targets(targets: list[dict]) -> None:
+    for t in targets:
+        rel = "<=" if t["below"] else ">="
+        mark = "met" if t["met"] else "MISSED"
+        print(f"  {t['name']:<52} {t['value']:>9.3g}{t['unit']}  (target {rel} {t['limit']:g}{t['unit']})  {mark}")

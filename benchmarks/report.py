@@ -1,0 +1,374 @@
+"""Markdown tables from the benchmarks' JSON results (used by run_all.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+#: extra arguments of each benchmark for ``run_all.py --quick``
+QUICK: dict[str, list[str]] = {
+    "dispatch": ["--repeats", "8", "--budget", "10", "--peer-repeats", "3", "--peer-budget", "15"],
+    "parity": ["--repeats", "3", "--sizes", "30,300,3000"],
+    "utilization": ["--repeats", "3"],
+    "profile_overhead": ["--seconds", "2"],
+    "pipeline": ["--steps", "1"],
+    "timeline_redraw": ["--repeats", "10"],
+}
+
+SYSTEMS = {
+    "jax": "raw JAX",
+    "pw": "pw_kernel",
+    "ray_tasks": "Ray tasks",
+    "ray_cg": "Ray Compiled Graph",
+    "dask": "Dask futures (threads)",
+}
+MODES = (("opbyop", "OpByOp"), ("chained", "Chained"), ("fused", "Fused"), ("opbyop_wait", "OpByOp, wait each"))
+
+
+def _load(results: Path, name: str, platform: str) -> dict | None:
+    p = results / f"{name}_{platform}.json"
+    if not p.exists():
+        return None
+    try:
+        return json.loads(p.read_text())
+    except json.JSONDecodeError:
+        return None
+
+
+def us(v: float | None) -> str:
+    if v is None:
+        return "—"
+    return f"{v:,.0f}" if v >= 100 else f"{v:.1f}" if v >= 10 else f"{v:.2f}"
+
+
+def rate(v: float | None) -> str:
+    if not v:
+        return ""
+    r = 1e6 / v
+    if r >= 1e6:
+        return f"{r / 1e6:.1f}M/s"
+    if r >= 1e3:
+        return f"{r / 1e3:.0f}k/s" if r >= 1e4 else f"{r / 1e3:.1f}k/s"
+    return f"{r:.0f}/s"
+
+
+def cell(v: float | None) -> str:
+    return "—" if v is None else f"{us(v)} ({rate(v)})"
+
+
+def pct(v: float) -> str:
+    return f"{v:.1%}"
+
+
+def header(platform: str, status: dict | None, any_result: dict | None) -> list[str]:
+    m = (any_result or {}).get("machine", {})
+    v = m.get("versions", {})
+    la0 = (status or {}).get("loadavg_start") or m.get("loadavg")
+    la1 = (status or {}).get("loadavg_end") or m.get("loadavg_end")
+    load = " / ".join(f"{x:.2f}" for x in la0) if la0 else "?"
+    if la1:
+        load += " at start, " + " / ".join(f"{x:.2f}" for x in la1) + " at end"
+    dev = f"{m.get('devices', '?')} {'simulated CPU devices' if platform == 'cpu' else m.get('device_kind', platform)}"
+    names = ("jax", "jaxlib", "numpy", "ray", "dask", "py-spy")
+    vers = ", ".join(f"{k} {v[k]}" if v.get(k) else f"{k}: not installed" for k in names)
+    lines = [
+        f"### {platform.upper()}: {(status or {}).get('date') or m.get('date', '?')}",
+        "",
+        f"- Machine: {m.get('cpu', '?')}, {m.get('cores', '?')} cores, {m.get('os', '?')}; {dev}.",
+        f"- Load average (1 / 5 / 15 min): {load}.",
+        f"- Versions: Python {m.get('python', '?')}, {vers}; pw_kernel at git {m.get('git') or '?'}.",
+    ]
+    if status:
+        steps = status.get("steps", {})
+        took = ", ".join(f"{n} {s['wall_s']:.0f} s" for n, s in steps.items())
+        quick = " --quick" if status.get("quick") else ""
+        lines.append(f"- `run_all.py`{quick}: {status.get('wall_s', 0):.0f} s in all ({took}).")
+        for n, s in steps.items():
+            if "error" in s:
+                lines.append(f"- **{n}**: {s['error']}")
+    return lines
+
+
+def dispatch_tables(d: dict) -> tuple[list[str], list[dict]]:
+    k = d["k"]
+    out = [f"#### Dispatch: a chain of K = {k} tiny computations, µs per computation (computations per second)", ""]
+    tiny = d["variants"]["tiny"]
+    peers = d.get("peers", {})
+    out.append("| system | " + " | ".join(h for _, h in MODES) + " |")
+    out.append("|---|" + "---|" * len(MODES))
+    for system in ("jax", "pw"):
+        row = tiny["us_per_computation"][system]
+        out.append(f"| {SYSTEMS[system]} | " + " | ".join(cell(row.get(m)) if m in row else
+                   ("n/a: no programs" if (system, m) == ("jax", "chained") else "—") for m, _ in MODES) + " |")
+    for name, st in peers.get("status", {}).items():
+        label = SYSTEMS.get(name, name)
+        if st != "ok":
+            out.append(f"| {label} | {st} |" + " |" * (len(MODES) - 1))
+            continue
+        row = peers["us_per_computation"].get(name, {})
+        out.append(f"| {label} | " + " | ".join(cell(row.get(m)) for m, _ in MODES) + " |")
+    out.append("")
+    rep = tiny["repeats"]
+    note = (
+        f"Medians of interleaved rounds: OpByOp (raw JAX) / Chained / Fused timed together ({rep.get('targets', '?')} "
+        f"rounds); pw OpByOp and both \"wait each\" columns in a second group ({rep.get('opbyop', '?')} rounds, "
+        f"raw JAX "
+        f"op-by-op there: {us(tiny.get('jax_opbyop_in_opbyop_group'))} µs), because the K runs per call of pw OpByOp "
+        f"leave garbage and history that slow whatever runs next. pw chained: `submit` returns after "
+        f"{us(tiny['pw_chained_submit_returns_us_per_node'])} µs per node; first call of every mode "
+        f"(trace + compile): "
+        f"{tiny['first_call_s']:.1f} s."
+    )
+    if peers.get("us_per_computation"):
+        ref = peers["us_per_computation"]
+        note += (
+            f" Peer rows: {peers.get('repeats', '?')} rounds interleaved with raw JAX op-by-op "
+            f"({us(ref['jax']['opbyop'])} µs)"
+            f" and pw chained ({us(ref['pw']['chained'])} µs) again; the peer ratios use those same-round figures."
+        )
+    out += [note, ""]
+    ar = d["variants"].get("allreduce", {})
+    if "us_per_computation" in ar:
+        out.append(f"#### Dispatch, all-reduce variant: `psum` over a 4-device slice (`jax.shard_map`), K = {k}, "
+                   f"µs per computation")
+        out.append("")
+        out.append("| system | " + " | ".join(h for _, h in MODES) + " |")
+        out.append("|---|" + "---|" * len(MODES))
+        for system in ("jax", "pw"):
+            row = ar["us_per_computation"][system]
+            out.append(f"| {SYSTEMS[system]} | " + " | ".join(cell(row.get(m)) if m in row else
+                       ("n/a: no programs" if (system, m) == ("jax", "chained") else "—") for m, _ in MODES) + " |")
+        out.append("| Ray, Dask | n/a (no collectives over JAX devices) | | | |")
+        out.append("")
+    elif ar:
+        out += [f"All-reduce variant: {ar.get('status', 'not run')}.", ""]
+    return out, d.get("targets", [])
+
+
+def parity_table(p: dict) -> tuple[list[str], list[dict]]:
+    out = [
+        "#### Minimum computation size for parity: pw chained vs raw JAX op-by-op (computations per second)",
+        "",
+        "| computation (device µs) | K | raw JAX | pw chained | pw / JAX |",
+        "|---|---|---|---|---|",
+    ]
+    for r in p["rows"]:
+        mark = " ✓" if r["fraction"] >= p["parity_threshold"] else ""
+        out.append(f"| {us(r['device_us'])} | {r['k']} | {r['jax_per_s']:,.0f} | {r['pw_per_s']:,.0f} "
+                   f"| {r['fraction']:.2f}{mark} |")
+    out.append("")
+    at = p.get("smallest_parity_size_us")
+    out.append(
+        f"Smallest computation from which on pw keeps ≥ {p['parity_threshold']:.0%} of raw JAX's throughput: "
+        + (f"**{us(at)} µs**." if at is not None else "**none of the sizes measured**.")
+    )
+    out.append("")
+    t = []
+    if at is not None:
+        t.append({"name": "parity: smallest size with pw chained ≥ 95% of JAX", "value": at, "limit": None,
+                  "below": True, "unit": " µs", "met": None, "note": "reported (no target in the spec)"})
+    return out, t
+
+
+def utilization_table(u: dict) -> tuple[list[str], list[dict]]:
+    out = [
+        "#### Utilization: device busy time / wall time (busy = N × the computation's fused-reference time)",
+        "",
+        "| computation (device µs) | N | raw JAX op-by-op | pw chained | pw chained / raw JAX "
+        "| pw chained, 4 runs back to back | pw fused | event log: busy / span (chained) "
+        "| nodes that waited for dispatch |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in u["rows"]:
+        x = r["utilization"]
+        lg = r["event_log"]["chained"]
+        out.append(
+            f"| {us(r['device_us'])} | {r['n']} | {pct(x['jax'])} | {pct(x['pw_chained'])} "
+            f"| {x['pw_chained'] / x['jax']:.2f} "
+            f"| {pct(x['pw_chained_x4'])} | "
+            f"{pct(x['pw_fused'])} | {pct(lg['busy_over_span'])} "
+            f"| {lg['starved_nodes']:.0f} ({us(lg['starved_us'])} µs) |"
+        )
+    out.append("")
+    return out, u.get("targets", [])
+
+
+def profile_tables(pr: dict) -> list[str]:
+    out = [
+        f"#### Host overhead profile (py-spy {pr['rate']} Hz, {pr['seconds']} s per mode; K = {pr['k']} tiny nodes)",
+        "",
+    ]
+    if pr.get("py_spy") == "not installed":
+        out += ["py-spy is not installed here: no sampled profile (the micro timings below still ran).", ""]
+    workloads = (("chained", "pw chained (one program of K nodes)"), ("opbyop", "pw OpByOp (K one-node programs)"))
+    for kind, title in workloads:
+        w = pr["workloads"].get(kind)
+        if not w or "gil" not in w or "wall" not in w:
+            continue
+        gil, wall = w["gil"], w["wall"]
+        out.append(
+            f"{title}: {gil['nodes_per_s']:,.0f} nodes/s under the profiler "
+            f"({w['unprofiled_nodes_per_s']:,.0f} over the "
+            f"whole run). GIL µs per node by what the thread was doing, and the share of the thread's wall time:"
+        )
+        out.append("")
+        out.append("| thread | what | GIL held, µs/node | share of thread's wall time |")
+        out.append("|---|---|---|---|")
+        rows = []
+        for role in ("caller", "dispatcher", "watcher", "other"):
+            g = gil["threads"].get(role, {}).get("categories", {})
+            a = wall["threads"].get(role, {}).get("categories", {})
+            for c in sorted(set(g) | set(a), key=lambda c: -(g.get(c, {}).get("us_per_node", 0))):
+                gu = g.get(c, {}).get("us_per_node", 0.0)
+                sh = a.get(c, {}).get("share", 0.0)
+                if gu >= 0.05 or sh >= 0.01:
+                    rows.append(f"| {role} | {c} | {gu:.2f} | {sh:.1%} |")
+        total = sum(c["us_per_node"] for t in gil["threads"].values() for c in t["categories"].values())
+        out += rows
+        out.append(f"| all | **GIL held in all** | **{total:.2f}** | |")
+        out.append("")
+    micro = pr["workloads"].get("chained", {}).get("micro_ns")
+    if micro:
+        out.append("Pieces of the per-node path timed alone (ns per call, best of 5):")
+        out.append("")
+        out.append("| " + " | ".join(micro) + " |")
+        out.append("|" + "---|" * len(micro))
+        out.append("| " + " | ".join(f"{v:,.0f}" for v in micro.values()) + " |")
+        out.append("")
+    return out
+
+
+def multitenancy_table(mt: dict) -> tuple[list[str], list[dict]]:
+    out = [
+        "#### Multi-tenancy (multitenancy.py)",
+        "",
+        "| tenants | nodes/s | vs 1 tenant | vs raw JAX (one thread) | Jain fairness |",
+        "|---|---|---|---|---|",
+    ]
+    jr = mt["jax_op_by_op_nodes_per_s"]
+    t = []
+    for k, r in mt["tenants"].items():
+        out.append(f"| {k} | {r['nodes_per_s']:,.0f} | {r['relative']:.2f} | {r['nodes_per_s'] / jr:.2f} "
+                   f"| {r['jain']:.3f} |")
+        if k != "1":
+            t.append({"name": f"multitenancy: {k} tenants vs 1", "value": r["relative"], "limit": 0.9, "below": False,
+                      "unit": "x", "met": r["relative"] >= 0.9, "note": ""})
+            t.append({"name": f"multitenancy: Jain fairness, {k} tenants", "value": r["jain"], "limit": 0.95,
+                      "below": False, "unit": "", "met": r["jain"] >= 0.95, "note": ""})
+    shares = " / ".join(f"{v:.3f}" for v in mt["weighted_shares"].values())
+    ideal = " / ".join(f"{v:.3f}" for v in mt["ideal_shares"].values())
+    out += ["", f"Weighted shares 1:2:4:8: {shares} (ideal {ideal}).", ""]
+    return out, t
+
+
+def pipeline_table(pp: dict) -> tuple[list[str], list[dict]]:
+    out = [
+        "#### Pipelines (pipeline.py)",
+        "",
+        "| schedule | M | bubble | (S-1)/(M+S-1) | peak live activations per stage | samples/s | vs SPMD |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    t = []
+    for r in pp["rows"]:
+        out.append(f"| {r['schedule']} | {r['M']} | {r['bubble']:.2f} | {r['theory']:.2f} "
+                   f"| {r['live_peak_per_stage']} | "
+                   f"{r['samples_per_s']:,.0f} | {r['samples_per_s'] / pp['spmd_samples_per_s']:.2f} |")
+        if r["schedule"] == "gpipe":
+            rel = abs(r["bubble"] - r["theory"]) / r["theory"]
+            t.append({"name": f"pipeline: GPipe M={r['M']} bubble vs theory", "value": rel, "limit": 0.1, "below": True,
+                      "unit": " (rel. error)", "met": rel <= 0.1, "note": ""})
+    out += ["", f"SPMD data-parallel reference: {pp['spmd_samples_per_s']:,.0f} samples/s.", ""]
+    return out, t
+
+
+def timeline_table(tl: dict) -> tuple[list[str], list[dict]]:
+    out = [
+        f"#### Timeline widget redraw (timeline_redraw.py): {tl['events']:,} events, "
+        f"Chromium {tl.get('chromium', '?')}",
+        "",
+        "| view | median ms | p95 ms | max ms |",
+        "|---|---|---|---|",
+    ]
+    t = []
+    for view, r in tl["redraw"].items():
+        out.append(f"| {view} | {r['median_ms']:.1f} | {r['p95_ms']:.1f} | {r['max_ms']:.1f} |")
+        if view in ("zoom", "pan"):
+            t.append({"name": f"timeline: {view} redraw p95, 100k events", "value": r["p95_ms"], "limit": 50,
+                      "below": True, "unit": " ms", "met": r["p95_ms"] < 50, "note": ""})
+    out.append("")
+    return out, t
+
+
+def remote_table(rm: dict) -> tuple[list[str], list[dict]]:
+    pn = rm["per_node_us"]
+    out = [
+        "#### Remote islands on a local Ray cluster (remote.py)",
+        "",
+        f"Per-node cost of a chain of tiny nodes: local {us(pn['local'])} µs, remote {us(pn['remote'])} µs "
+        f"({pn['remote'] / pn['local']:.1f}x).",
+        "",
+    ]
+    bw = rm["bandwidth_gib_s"]
+    sizes = list(next(iter(bw.values())))
+    out.append("| transfer | " + " | ".join(f"{int(n) >> 20} MiB" for n in sizes) + " |")
+    out.append("|---|" + "---|" * len(sizes))
+    for name, row in bw.items():
+        out.append(f"| {name} | " + " | ".join(f"{row[n]:.2f} GiB/s" for n in sizes) + " |")
+    out.append("")
+    return out, []
+
+
+def targets_table(targets: list[dict]) -> list[str]:
+    out = ["#### Targets", "", "| target | measured | limit | |", "|---|---|---|---|"]
+    for t in targets:
+        if t.get("limit") is None:
+            out.append(f"| {t['name']} | {t['value']:.3g}{t['unit']} | — | {t.get('note', '')} |")
+            continue
+        rel = "≤" if t["below"] else "≥"
+        mark = "met" if t["met"] else "**missed**"
+        out.append(f"| {t['name']} | {t['value']:.3g}{t['unit']} | {rel} {t['limit']:g}{t['unit']} | {mark} |")
+    out.append("")
+    return out
+
+
+def render(platform: str, results: Path, status: dict | None) -> str:
+    loaded = {n: _load(results, n, platform) for n in
+              ("dispatch", "parity", "utilization", "profile_overhead", "multitenancy", "pipeline", "timeline_redraw",
+               "remote")}
+    first = next((v for v in loaded.values() if v and "machine" in v), None)
+    lines = header(platform, status, first)
+    lines.append("")
+    targets: list[dict] = []
+    body: list[str] = []
+    tail: list[str] = []
+    renderers = (
+        ("dispatch", dispatch_tables, body), ("parity", parity_table, body), ("utilization", utilization_table, body),
+        ("profile_overhead", lambda r: (profile_tables(r), []), tail), ("multitenancy", multitenancy_table, tail),
+        ("pipeline", pipeline_table, tail), ("timeline_redraw", timeline_table, tail),
+        ("remote", remote_table, tail),
+    )
+    for name, fn, where in renderers:
+        if not loaded[name]:
+            continue
+        try:
+            md, t = fn(loaded[name])
+        except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:  # an old or partial result file
+            md, t = [f"{name}: results/{name}_{platform}.json could not be rendered ({type(e).__name__}: {e}).", ""], []
+        where += md
+        targets += t
+    return "\n".join(lines + body + targets_table(targets) + tail).rstrip() + "\n"
+
+
+def update_readme(readme: Path, platform: str, md: str) -> None:
+    """Put ``md`` between the markers of ``platform`` (added before the insertion marker if missing)."""
+    text = readme.read_text() if readme.exists() else "# Benchmarks\n"
+    begin, end = f"<!-- run_all:{platform}:begin -->", f"<!-- run_all:{platform}:end -->"
+    block = f"{begin}\n<!-- generated by benchmarks/run_all.py: edits here are overwritten -->\n{md}{end}"
+    if begin in text and end in text:
+        text = re.sub(re.escape(begin) + r".*?" + re.escape(end), lambda _: block, text, flags=re.S)
+    elif "<!-- run_all:insert -->" in text:
+        text = text.replace("<!-- run_all:insert -->", block + "\n\n<!-- run_all:insert -->")
+    else:
+        text = text.rstrip() + "\n\n## Latest results\n\n" + block + "\n"
+    readme.write_text(text)

@@ -1,0 +1,145 @@
+"""Run every benchmark, write JSON results and the Markdown tables of benchmarks/README.md.
+
+    python benchmarks/run_all.py                 # everything (~5 minutes on a 2-core CPU machine)
+    python benchmarks/run_all.py --only dispatch,parity
+    python benchmarks/run_all.py --render-only   # README tables from the JSON already in results/
+
+Each benchmark runs in its own process (a fresh controller and JAX runtime;
+on a GPU, one process holds the device at a time) with this Python, so the
+same command works in the project's virtual environment and on a bare
+machine whose Python has only jax and numpy (``PYTHONPATH=.``): peers,
+py-spy and Chromium are optional and reported as missing. Results go to
+``benchmarks/results/<name>_<platform>.json``; the tables go between the
+``run_all:<platform>`` markers of benchmarks/README.md (one block per
+platform, so a CPU run and a GPU run sit side by side).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import common
+import report
+
+BENCH = common.ROOT / "benchmarks"
+README = BENCH / "README.md"
+
+#: name -> (script, extra arguments, timeout in seconds)
+STEPS: dict[str, tuple[str, list[str], int]] = {
+    "dispatch": ("dispatch.py", [], 420),
+    "parity": ("parity.py", [], 240),
+    "utilization": ("utilization.py", [], 180),
+    "profile_overhead": ("profile_overhead.py", [], 240),
+    "multitenancy": ("multitenancy.py", [], 240),
+    "pipeline": ("pipeline.py", [], 240),
+    "timeline_redraw": ("timeline_redraw.py", [], 240),
+    "remote": ("remote.py", [], 300),
+}
+
+
+def detect_platform(env: dict) -> str:
+    """The platform JAX picks, asked in a child process (the parent never holds the device)."""
+    out = subprocess.run(
+        [sys.executable, "-c", "import pw_kernel, jax; print(jax.devices()[0].platform)"],
+        capture_output=True, text=True, env=env, cwd=common.ROOT, timeout=300,
+    )
+    if out.returncode:
+        raise SystemExit(f"run_all: cannot start JAX here:\n{out.stderr[-2000:]}")
+    return out.stdout.strip().splitlines()[-1]
+
+
+def run_step(name: str, platform: str, env: dict, quick: bool) -> dict:
+    script, extra, timeout = STEPS[name]
+    path = common.RESULTS / f"{name}_{platform}.json"
+    if path.exists():
+        path.unlink()  # never render a stale result as this run's
+    args = [sys.executable, str(BENCH / script), "--json", str(path), *extra]
+    if quick:
+        args += report.QUICK.get(name, [])
+    print(f"\n=== {name}: {' '.join(args[1:])}", flush=True)
+    t = time.perf_counter()
+    try:
+        proc = subprocess.run(args, env=env, cwd=common.ROOT, timeout=timeout, text=True,
+                              stdout=None, stderr=subprocess.PIPE)
+        rc, err = proc.returncode, proc.stderr
+    except subprocess.TimeoutExpired as e:
+        rc, err = "timeout", (e.stderr.decode() if isinstance(e.stderr, bytes) else e.stderr or "")
+    wall = time.perf_counter() - t
+    if err:
+        sys.stderr.write(err[-4000:])
+    status = {"name": name, "wall_s": round(wall, 1), "rc": rc}
+    if rc == 0 and path.exists():
+        status["json"] = str(path.relative_to(common.ROOT))
+    else:
+        lines = [ln for ln in (err or "").strip().splitlines() if ln.strip()]
+        status["error"] = lines[-1][:300] if lines else f"exit {rc}"
+        if name == "timeline_redraw" and any(w in (err or "") for w in ("playwright", "chromium", "Chromium")):
+            status["error"] = "skipped: needs Playwright and Chromium (" + status["error"][:160] + ")"
+        elif "ModuleNotFoundError" in status["error"]:
+            status["error"] = "skipped: not installed (" + status["error"].split(":", 1)[-1].strip() + ")"
+    print(f"=== {name}: {'ok' if 'json' in status else 'FAILED: ' + status['error']} ({wall:.0f} s)", flush=True)
+    return status
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--only", default=None, help="comma-separated subset of: " + ", ".join(STEPS))
+    ap.add_argument("--skip", default="", help="comma-separated steps to leave out")
+    ap.add_argument("--quick", action="store_true", help="fewer repeats (a smoke test; figures are noisier)")
+    ap.add_argument("--render-only", action="store_true", help="only rebuild the README tables from results/")
+    ap.add_argument("--no-readme", action="store_true", help="do not touch benchmarks/README.md")
+    ap.add_argument("--platform", default=None, help="with --render-only: which results to render (default: all)")
+    args = ap.parse_args(argv)
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(common.ROOT), str(BENCH), env.get("PYTHONPATH")) if p)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    common.RESULTS.mkdir(parents=True, exist_ok=True)
+
+    if args.render_only:
+        platforms = [args.platform] if args.platform else sorted(
+            {p.stem.rsplit("_", 1)[-1] for p in common.RESULTS.glob("*_*.json") if not p.stem.startswith("run_all")}
+        )
+        for platform in platforms:
+            status_path = common.RESULTS / f"run_all_{platform}.json"
+            status = json.loads(status_path.read_text()) if status_path.exists() else None
+            report.update_readme(README, platform, report.render(platform, common.RESULTS, status))
+            print(f"rendered {platform} tables into {README.relative_to(common.ROOT)}")
+        return
+
+    names = args.only.split(",") if args.only else list(STEPS)
+    skip = set(filter(None, args.skip.split(",")))
+    unknown = [n for n in [*names, *skip] if n not in STEPS]
+    if unknown:
+        raise SystemExit(f"run_all: unknown benchmark(s) {unknown}; choose from {list(STEPS)}")
+    platform = detect_platform(env)
+    started = time.time()
+    status = {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "platform": platform,
+        "loadavg_start": common.loadavg(),
+        "quick": args.quick,
+        "steps": {},
+    }
+    print(f"run_all: platform {platform}, load average {status['loadavg_start']}, python {sys.executable}")
+    for name in names:
+        if name in skip:
+            continue
+        status["steps"][name] = run_step(name, platform, env, args.quick)
+    status["loadavg_end"] = common.loadavg()
+    status["wall_s"] = round(time.time() - started, 1)
+    common.write_json(common.RESULTS / f"run_all_{platform}.json", status)
+    md = report.render(platform, common.RESULTS, status)
+    print("\n" + md)
+    if not args.no_readme:
+        report.update_readme(README, platform, md)
+        print(f"\nrun_all: tables written to {README.relative_to(common.ROOT)} ({status['wall_s']:.0f} s in all)")
+
+
+if __name__ == "__main__":
+    main()
