@@ -460,6 +460,8 @@ class PathwaysMagics(Magics):
         if not live:
             for render in renders:
                 ipy_display(render())
+        for handle, render in handles:  # the final state, also when the run took less than a refresh
+            handle.update(render())
         if run.state != "done":
             self.reporter.mark_reported(run)
             raise self._presentable(run.error)
