@@ -15,6 +15,8 @@ import subprocess
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from ..runtime.errors import short_error
+
 MAX_TABLE_ROWS = 200
 MAX_TIMELINE_EVENTS = 5000
 
@@ -151,20 +153,6 @@ def condense_frames(
         note = f"Traceback ({hidden} frames of Python, JAX and pw_kernel hidden; most recent call last):"
         text = text.replace("Traceback (most recent call last):", note)
     return text
-
-
-def short_error(err: BaseException | str | None, max_lines: int = 12) -> str:
-    """An error message cut to about ``max_lines``: its head and its last lines (the cause and ``at <cell line>``)."""
-    if err is None:
-        return ""
-    text = err if isinstance(err, str) else f"{type(err).__name__}: {err}"
-    lines = text.splitlines()
-    if len(lines) <= max_lines:
-        return text
-    keep_tail = min(3, max_lines // 2)
-    head = lines[: max_lines - keep_tail - 1]
-    tail = lines[-keep_tail:]
-    return "\n".join([*head, f"  ... ({len(lines) - len(head) - len(tail)} more lines)", *tail])
 
 
 # ---------------------------------------------------------------------- runs

@@ -68,3 +68,17 @@ class CancelledError(PathwaysError, concurrent.futures.CancelledError):
 
 class TimeoutError(PathwaysError, concurrent.futures.TimeoutError):  # noqa: A001
     """Waiting for a future or a run took longer than its timeout."""
+
+
+def short_error(err: BaseException | str | None, max_lines: int = 12) -> str:
+    """``Type: message`` cut to about ``max_lines``: its head and its last lines (the cause and where it happened)."""
+    if err is None:
+        return ""
+    text = err if isinstance(err, str) else f"{type(err).__name__}: {err}"
+    lines = text.splitlines()
+    if len(lines) <= max_lines:
+        return text
+    keep_tail = min(3, max_lines // 2)
+    head = lines[: max_lines - keep_tail - 1]
+    tail = lines[-keep_tail:]
+    return "\n".join([*head, f"  ... ({len(lines) - len(head) - len(tail)} more lines)", *tail])

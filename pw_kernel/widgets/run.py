@@ -12,25 +12,12 @@ import traitlets as t
 
 from . import _html
 from ._base import STATIC, PwWidget, ticker
+from ..runtime.errors import short_error
 from ._devices import slice_devices
 
 FINAL = frozenset({"done", "failed", "cancelled"})
 MAX_MINI_BARS = 1500
 MINI_PERIOD = 0.25  # seconds between two updates of the mini timeline (the bar and counters go at ~10 Hz)
-
-
-def short_error(err: BaseException | str | None, max_lines: int = 12) -> str:
-    """``Type: message`` cut to about ``max_lines``: its head and its last lines (where it happened)."""
-    if err is None:
-        return ""
-    text = err if isinstance(err, str) else f"{type(err).__name__}: {err}"
-    lines = text.splitlines()
-    if len(lines) <= max_lines:
-        return text
-    keep_tail = min(3, max_lines // 2)
-    head = lines[: max_lines - keep_tail - 1]
-    tail = lines[-keep_tail:]
-    return "\n".join([*head, f"  ... ({len(lines) - len(head) - len(tail)} more lines)", *tail])
 
 
 def describe_outputs(outputs: dict[str, Any] | None) -> list[dict[str, str]]:
