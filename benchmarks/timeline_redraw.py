@@ -38,17 +38,8 @@ from pw_kernel.widgets import _html  # noqa: E402
 from pw_kernel.widgets.timeline_widget import EventEncoder, timeline_html  # noqa: E402
 
 STATIC = ROOT / "pw_kernel" / "widgets" / "static"
-CHROMIUM = os.environ.get("PW_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
+sys.path.insert(0, str(ROOT / "tests"))
+from chromium import CHROMIUM, CHROMIUM_ARGS  # noqa: E402 - the flags the browser tests use
 
 # A stand-in for the anywidget model: get / set / on / off / send / save_changes.
 FAKE_MODEL = """

@@ -99,7 +99,6 @@ def summary(runs, wall: float) -> str:
 
 
 def main(argv=None) -> int:
-    import jax.numpy as jnp
     import numpy as np
 
     ap = argparse.ArgumentParser(prog="python -m pw_kernel.demo", description=__doc__.split("\n")[0])

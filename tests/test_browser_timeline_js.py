@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-CHROMIUM = os.environ.get("PW_CHROMIUM", "/usr/bin/chromium")
-if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
+from chromium import CHROMIUM, available  # noqa: E402
+
+if not available():
     pytest.skip(f"no Chromium at {CHROMIUM} (scripts/setup.sh installs Debian's chromium)", allow_module_level=True)
 pytest.importorskip("playwright.sync_api", reason="pip install playwright (the browser itself is Debian's chromium)")
 
@@ -29,16 +30,7 @@ pytestmark = pytest.mark.timeout(120)
 
 STATIC = Path(__file__).resolve().parent.parent / "pw_kernel" / "widgets" / "static"
 HOSTILE = "<img src=x onerror=alert(1)>"
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
+from chromium import CHROMIUM_ARGS as ARGS  # noqa: E402, I001
 HARNESS = """
 window.b64 = (s) => { const bin = atob(s); const u = new Uint8Array(bin.length);
   for (let i = 0; i < bin.length; i++) u[i] = bin.charCodeAt(i); return new DataView(u.buffer); };

@@ -29,22 +29,13 @@ from pathlib import Path
 
 import pytest
 
-CHROMIUM = os.environ.get("PW_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
+from chromium import CHROMIUM, CHROMIUM_ARGS, available
+
 ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts" / "browser"
 REPO = Path(__file__).resolve().parent.parent
 HOSTILE = "<img src=x onerror=alert(1)>"
 
-if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
+if not available():
     pytest.skip(f"no Chromium at {CHROMIUM} (scripts/setup.sh installs Debian's chromium)", allow_module_level=True)
 pytest.importorskip("playwright.sync_api", reason="pip install playwright (the browser itself is Debian's chromium)")
 pytest.importorskip("jupyterlab", reason="pip install jupyterlab")

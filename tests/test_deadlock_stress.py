@@ -6,7 +6,6 @@ import concurrent.futures
 import random
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import cells
 import pytest
 
 jupyter_client = pytest.importorskip("jupyter_client")
@@ -29,33 +30,17 @@ pytestmark = pytest.mark.timeout(180)
 RUNTIME_FRAME = re.compile(r"(pw_kernel|jax)/\S+\.py:\d+")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
-GATED = """
-import threading, time
-import jax, jax.numpy as jnp
+GATED = (
+    """
+import jax.numpy as jnp
 import pw_kernel as pw
 
 s = pw.slice(2, name="s")
 b = pw.compiled(lambda x: x + 1, slice=s, name="b")
 v = jnp.array([1.0, 2.0])
-
-# Device work that waits for `gate`, and device work that then fails.
-one = pw.slice(1, name="one")
-gate = threading.Event()
-
-def _held(x):
-    gate.wait(30)
-    return x
-
-def _broken(x):
-    gate.wait(30)
-    raise ValueError("the sensor returned garbage")
-
-def on_host(fn):
-    return lambda x: jax.pure_callback(fn, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
-
-held = pw.compiled(on_host(_held), slice=one, name="held")
-broken = pw.compiled(on_host(_broken), slice=one, name="broken")
 """
+    + cells.GATED
+)
 
 
 def kernel_env(tmp: Path) -> dict[str, str]:

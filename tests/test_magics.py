@@ -11,6 +11,7 @@ import threading
 
 import jax
 import numpy as np
+import cells
 import pytest
 
 import pw_kernel as pw
@@ -19,9 +20,9 @@ IPython = pytest.importorskip("IPython")
 from IPython.core.error import UsageError  # noqa: E402
 from IPython.utils.capture import capture_output  # noqa: E402
 
-SETUP = """
-import threading
-import jax, jax.numpy as jnp, numpy as np
+SETUP = (
+    """
+import jax.numpy as jnp
 import pw_kernel as pw
 
 s = pw.slice(2, name="s")
@@ -29,26 +30,9 @@ a = pw.compiled(lambda x: x * 2, slice=s, name="a")
 b = pw.compiled(lambda x: x + 1, slice=s, name="b")
 c = pw.compiled(lambda x: x / 2, slice=s, name="c")
 v = jnp.array([1.0, 2.0])
-
-# A compiled function whose device work waits for `gate`, and one that then fails:
-# they make "still running" and "failed later" happen exactly when a test says so.
-one = pw.slice(1, name="one")
-gate = threading.Event()
-
-def _held(x):
-    gate.wait(30)
-    return x
-
-def _broken(x):
-    gate.wait(30)
-    raise ValueError("the sensor returned garbage")
-
-def on_host(fn):
-    return lambda x: jax.pure_callback(fn, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
-
-held = pw.compiled(on_host(_held), slice=one, name="held")
-broken = pw.compiled(on_host(_broken), slice=one, name="broken")
 """
+    + cells.GATED
+)
 
 
 class Cell:

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import pw_kernel as pw
+from test_paper_example import make_abc
 
 ray = pytest.importorskip("ray")
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
@@ -44,18 +45,7 @@ def buffers(island) -> int:
 
 
 def paper_example(sa, sb):
-    a = pw.compiled(lambda x: x * 2, slice=sa, name="a")
-    b = pw.compiled(lambda x: x + 1, slice=sb, name="b")
-    c = pw.compiled(lambda x: x / 2, slice=sa, name="c")
-
-    @pw.program
-    def f(v):
-        x = a(v)
-        y = b(x)
-        z = a(c(x))
-        return y, z
-
-    return f
+    return make_abc([sa, sb, sa])  # a and c on sa, b on sb
 
 
 def test_the_paper_example_across_two_remote_islands(remote):

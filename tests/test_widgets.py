@@ -318,16 +318,20 @@ def test_live_updates_are_batched_to_about_ten_a_second(ctl2):
     tl.close()
 
 
-def test_subscriber_callback_is_cheap(ctl2):
+def test_subscriber_callback_only_buffers(ctl2):
+    """The callback runs on controller threads: it must queue the event and touch no widget state."""
     from pw_kernel.runtime.events import NodeEvent
 
     tl = timeline()
+    sent, changed = [], []
+    tl.send = lambda content, buffers=None: sent.append(content)
+    tl.observe(lambda change: changed.append(change["name"]))
     ev = NodeEvent(0, 1, "p", "default", "n", "compute", (0,), 0, None, 0, 4, "f32[1]")
-    t = time.perf_counter()
-    for _ in range(20000):
+    before = len(tl._pending)
+    for _ in range(1000):
         tl._on_event(ev)
-    per_call = (time.perf_counter() - t) / 20000
-    assert per_call < 20e-6, f"{per_call * 1e6:.1f} µs per event on the controller thread"
+    assert len(tl._pending) == before + 1000
+    assert sent == [] and changed == []  # pushing to the front-end is the ticker's job, on its own clock
     tl.close()
 
 
@@ -341,8 +345,8 @@ def test_timeline_of_given_runs_snapshots_and_stop(ctl2):
     both = timeline([r1.id, r2.id])
     assert {e["run"] for e in both.events} == {r1.id, r2.id}
     both.stop()
-    step.submit(x).wait(30)
-    time.sleep(0.3)
+    step.submit(x).wait(30)  # its events are emitted before wait() returns
+    assert not both._pending and not both._pending_runs  # a stopped timeline no longer listens
     assert {e["run"] for e in both.events} == {r1.id, r2.id} and not both.live
     everything = timeline(live=False)
     assert everything.n_events == len(pw.controller().events.nodes)

@@ -354,7 +354,6 @@ class PathwaysMagics(Magics):
         inputs = [ns[n] for n in params]
         try:
             graph = prog.trace(*inputs)
-            c = pw.controller()
             source_map = {**self._source_map(graph), **self._fused_source_map(graph, filename, number)}
             run = prog.submit(*inputs, name=name, source_map=source_map)
             self._present_run_errors(run)

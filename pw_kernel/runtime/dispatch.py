@@ -238,7 +238,7 @@ class Dispatcher:
                         pass  # found and attributed below
             end = now()
             start = ev.dispatch
-            if outs and hasattr(outs[0], "timing"):  # ran on a remote island: its own clock, corrected
+            if st.remote:  # ran on a remote island: its own clock, corrected
                 try:
                     r_start, r_end = outs[0].timing()
                     start = max(start, r_start - epoch)

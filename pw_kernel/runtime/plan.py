@@ -39,6 +39,7 @@ class Step:
     nbytes: int
     shapes: str
     node: Node | None
+    remote: bool = False  # runs on a remote island: the watcher reads its timing from the actor
     cost: int = 1000  # ns of device time, a running mean updated by the watcher
 
 
@@ -117,6 +118,7 @@ def _step_for(node: Node, graph: ProgramGraph, call, ins, outs, name=None, kind=
         nbytes=sum(vals[i].nbytes for i in outs),
         shapes=", ".join(vals[i].type_str for i in ins) + " -> " + ", ".join(vals[i].type_str for i in outs),
         node=node,
+        remote=getattr(call, "lands_remote", False),
     )
 
 

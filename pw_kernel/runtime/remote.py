@@ -241,6 +241,8 @@ def _avals(values) -> list[jax.ShapeDtypeStruct]:
 class RemoteCall:
     """`Step.call` for a node on a remote island: export once, then run by handle on the actor."""
 
+    lands_remote = True  # its outputs are RemoteArrays, timed by the actor
+
     def __init__(self, fn, island: RemoteIsland, in_values, out_values, key: str):
         self.fn = fn
         self.island = island
@@ -280,6 +282,7 @@ class RemoteTransfer:
         self.dst = dst
         self.want = want
         self.value = value
+        self.lands_remote = dst is not None
 
     def __call__(self, x):
         import ray
