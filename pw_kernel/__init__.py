@@ -15,37 +15,58 @@ Example::
 
 from __future__ import annotations
 
-from .runtime.config import Config, configure_cpu_devices
-from .runtime.errors import (
-    AdmissionError,
-    ArgumentError,
-    CancelledError,
-    ControlFlowError,
-    ControllerShutdownError,
-    FusedModeError,
-    InputFailedError,
-    NodeError,
-    PathwaysError,
-    SliceError,
-    SliceReleasedError,
-    SpecError,
-    TimeoutError,
-    TracingError,
-)
+from .runtime.config import configure_cpu_devices
 
 configure_cpu_devices()  # 8 simulated CPU devices unless JAX already started or the user chose
 
-from .runtime.compiled import CompiledFunction, compiled  # noqa: E402
-from .runtime.controller import Controller, Status, controller, init, shutdown  # noqa: E402
-from .runtime.devices import Island, VirtualSlice  # noqa: E402
-from .runtime.events import EventLog, NodeEvent, RunEvent  # noqa: E402
-from .runtime.futures import Future, get  # noqa: E402
-from .runtime.graph import Edge, Node, ProgramGraph, Value  # noqa: E402
-from .runtime.pipeline import Pipeline, PipelineError, pipeline, schedule_ops  # noqa: E402
-from .runtime.program import Program, program  # noqa: E402
-from .runtime.remote import IslandLostError, add_ray_islands  # noqa: E402 - Ray itself is imported on use
-from .runtime.run import Run  # noqa: E402
-from .runtime.scheduler import FIFO, FairShare, Policy, Priority  # noqa: E402
+from .runtime import (  # noqa: E402
+    FIFO,
+    AdmissionError,
+    ArgumentError,
+    CancelledError,
+    CompiledFunction,
+    Config,
+    ControlFlowError,
+    Controller,
+    ControllerShutdownError,
+    Edge,
+    EventLog,
+    FairShare,
+    Future,
+    FusedModeError,
+    InputFailedError,
+    Island,
+    IslandLostError,
+    Node,
+    NodeError,
+    NodeEvent,
+    PathwaysError,
+    Pipeline,
+    PipelineError,
+    Policy,
+    Priority,
+    Program,
+    ProgramGraph,
+    Run,
+    RunEvent,
+    SliceError,
+    SliceReleasedError,
+    SpecError,
+    Status,
+    TimeoutError,
+    TracingError,
+    Value,
+    VirtualSlice,
+    add_ray_islands,
+    compiled,
+    controller,
+    get,
+    init,
+    pipeline,
+    program,
+    schedule_ops,
+    shutdown,
+)
 
 __version__ = "0.1.0"
 

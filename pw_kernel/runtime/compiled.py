@@ -124,6 +124,11 @@ class CompiledFunction:
         self._program = None
         functools.update_wrapper(self, fn, updated=())
 
+    def bind(self, program: Any) -> CompiledFunction:
+        """Attach the one-node program that runs this function when it is called outside a program."""
+        self._program = program
+        return self
+
     def __call__(self, *args, **kwargs):
         if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((args, kwargs))):
             seen = getattr(_tracing, "seen", None)
@@ -131,9 +136,11 @@ class CompiledFunction:
                 seen[self.jit_name] = self
             return self.jitted(*args, **kwargs)  # being traced inside a program: one node
         if self._program is None:
-            from .program import Program
-
-            self._program = Program(self, name=self.name, slice=self.slice)
+            raise ArgumentError(
+                f"`CompiledFunction {self.name!r}` was called outside a program, but it was built directly rather "
+                f"than with `pw.compiled(...)`, so it has no program to run in. Build it with `pw.compiled`, or "
+                f"call it inside a `@pw.program`."
+            )
         return self._program(*args, **kwargs)
 
     def __repr__(self) -> str:
@@ -142,38 +149,3 @@ class CompiledFunction:
 
 def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c == "_" else "_" for c in name) or "fn"
-
-
-def compiled(
-    fn: Callable | None = None,
-    *,
-    slice: VirtualSlice | str | None = None,  # noqa: A002
-    in_specs: Any = None,
-    out_specs: Any = None,
-    name: str | None = None,
-):
-    """Compile ``fn`` for a slice: `jax.jit` with NamedShardings on the slice's mesh.
-
-    ``in_specs`` / ``out_specs`` are PartitionSpecs (a pytree prefix of the
-    arguments / results, as for `jax.jit`); None replicates over the slice.
-    Usable as a decorator: ``@pw.compiled(slice=s, in_specs=P("d"))``.
-
-    Example::
-
-        a = pw.compiled(lambda x: x * 2, slice=s)
-        fut = a(jnp.array([1.0, 2.0]))     # a one-node program; returns a Future
-    """
-    if isinstance(slice, str):
-        from .controller import controller
-
-        slice = controller().resources.get(slice)
-    if slice is None:
-        raise ArgumentError(
-            "`pw.compiled` needs `slice=`: the virtual slice the function runs on, e.g. "
-            "`s = pw.slice(2)` then `pw.compiled(fn, slice=s)`."
-        )
-
-    def wrap(f: Callable) -> CompiledFunction:
-        return CompiledFunction(f, slice=slice, in_specs=in_specs, out_specs=out_specs, name=name)
-
-    return wrap if fn is None else wrap(fn)

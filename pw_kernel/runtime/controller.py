@@ -4,23 +4,37 @@ from __future__ import annotations
 
 import atexit
 import collections
+import concurrent.futures
 import dataclasses
 import itertools
 import threading
-from typing import Any
+import time
+from typing import Any, NamedTuple
 
 import jax
 
-from . import plan as plan_mod
-from .config import Config
+from .config import Config, configure_cpu_devices
 from .devices import Island, ResourceManager, VirtualSlice, build_islands, remote_device_id
 from .dispatch import Dispatcher
-from .errors import AdmissionError, ArgumentError, ControllerShutdownError, InputFailedError, NodeError, PathwaysError
+from .errors import AdmissionError, ArgumentError, ControllerShutdownError, PathwaysError
 from .events import EventLog, RunEvent
 from .futures import Future
 from .graph import ProgramGraph
-from .run import FINAL, Run
-from .scheduler import Scheduler
+from .lifecycle import FINAL, Emit, Finish, Lifecycle, Reject, Resolve, RunRecord, Wake, Work
+from .plan import plan_for
+from .remote import stand_in_devices
+from .run import Run
+from .scheduler import Policy
+
+
+class RunSummary(NamedTuple):
+    """One run in a `Status`: id, name, state and progress."""
+
+    id: int
+    name: str
+    state: str
+    done: int
+    total: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,14 +43,14 @@ class Status:
 
     islands: tuple[Island, ...]
     slices: tuple[VirtualSlice, ...]
-    runs: tuple[tuple[int, str, str, int, int], ...]  # (id, name, state, done, total)
+    runs: tuple[RunSummary, ...]
     inflight: dict[int, int]
     policy: str
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
-        for _, _, state, _, _ in self.runs:
-            out[state] = out.get(state, 0) + 1
+        for r in self.runs:
+            out[r.state] = out.get(r.state, 0) + 1
         return out
 
     def __str__(self) -> str:
@@ -48,13 +62,18 @@ class Status:
             lines.append(f"  {s!r}")
         counts = ", ".join(f"{v} {k}" for k, v in sorted(self.counts().items())) or "none"
         lines.append(f"runs: {counts}")
-        for rid, name, state, done, total in self.runs[-10:]:
-            lines.append(f"  run {rid:4d} {name:24s} {state:9s} {done}/{total}")
+        for r in self.runs[-10:]:
+            lines.append(f"  run {r.id:4d} {r.name:24s} {r.state:9s} {r.done}/{r.total}")
         return "\n".join(lines)
 
 
 class Controller:
-    """Drives every device JAX can see: traces are submitted here, dispatched, and reported.
+    """Drives every device JAX can see: the public face of the runtime, plus its lock.
+
+    Every change to a run goes through the lifecycle (`lifecycle.py`): the
+    controller calls one transition at a time under ``lock`` and applies the
+    effects it returns in `_apply`, the one place futures are resolved, run
+    events emitted and the dispatcher woken.
 
     Example::
 
@@ -74,19 +93,37 @@ class Controller:
             for d in isl.devices:
                 self.events.device_names[d.id] = f"{d.platform}:{d.id}"
         self.lock = threading.RLock()
-        self.scheduler = Scheduler()
-        self.capacity: dict[int, int] = self._capacity()  # device id -> bytes runs may reserve
-        self.reserved: dict[int, int] = {}
+        self.lifecycle = Lifecycle(
+            max_inflight=self.config.max_inflight,
+            n_islands=max((i.id for i in self.islands), default=-1) + 1,
+            capacity=self._capacity(),
+            validate=self.config.validate,
+        )
         self._recent: collections.deque = collections.deque(maxlen=self.config.keep_outputs)
         self.runs: list[Run] = []
+        self._live: dict[int, Run] = {}  # runs not yet final, by id
         self._ids = itertools.count()
         self._closed = False
-        self.dispatcher = Dispatcher(self)
+        self.dispatcher = Dispatcher(self, self.lock)
 
     # ------------------------------------------------------------- public API
     def slice(self, n: int, mesh: dict[str, int] | None = None, name: str | None = None, island=None) -> VirtualSlice:
         self._check_open("pw.slice")
         return self.resources.allocate(n, mesh=mesh, name=name, island=island)
+
+    @property
+    def capacity(self) -> dict[int, int]:
+        """Bytes per device id that runs may reserve (memory-aware admission)."""
+        return self.lifecycle.capacity
+
+    @property
+    def reserved(self) -> dict[int, int]:
+        """Bytes per device id reserved by running runs."""
+        return self.lifecycle.reserved
+
+    @property
+    def policy(self) -> Policy:
+        return self.lifecycle.policy
 
     def submit(
         self,
@@ -115,29 +152,39 @@ class Controller:
                     f"`submit`: program {graph.name!r} uses slice {s.name!r} from a controller that was shut down "
                     f"or replaced (`pw.init`). Create the slices and compiled functions again."
                 )
-        plan = plan_mod.plan_for(graph, mode or self.config.mode)
+        plan = plan_for(graph, mode or self.config.mode)
         for d, need in plan.peak_bytes.items():
-            cap = self.capacity.get(d)
+            cap = self.lifecycle.capacity.get(d)
             if cap is not None and need > cap:
                 raise AdmissionError(
                     f"`submit {graph.name!r}`: the run needs about {need / 2**20:.1f} MiB on device {d}, but runs "
                     f"may reserve at most {cap / 2**20:.1f} MiB there (Config.device_memory / memory_fraction). "
                     f"Shard the values over more devices, use smaller shapes, or raise the limit."
                 )
+        # A future input is read through its output cell: the run can start once it is dispatched.
+        ins = [x._cell if isinstance(x, Future) else x for x in inputs]
         with self.lock:
-            run = Run(self, next(self._ids), name or graph.name, graph, plan, inputs, tenant, weight, priority)
-            if source_map:
-                run.source_map.update(source_map)
+            self._check_open("submit")
+            rec = RunRecord(
+                next(self._ids),
+                name or graph.name,
+                graph.name,
+                plan,
+                ins,
+                tenant=tenant,
+                weight=weight,
+                priority=priority,
+                source_map=source_map,
+                now=time.time(),
+            )
+            run = Run(self, rec, graph)
             self.runs.append(run)
-            self.events.emit_run(_queued_event(run, self.events.now()))
-            self.scheduler.add(run)
-            self.dispatcher.wake()
+            self._live[rec.id] = run
+            self._apply(self.lifecycle.submit(rec))
         return run
 
     def add_remote_islands(self, remotes) -> list[Island]:
         """Register remote islands (see `pw.add_ray_islands`); returns the new Island objects."""
-        from .remote import stand_in_devices
-
         added = []
         with self.lock:
             next_id = max((i.id for i in self.islands), default=-1) + 1
@@ -152,34 +199,34 @@ class Controller:
                     self.events.device_names[remote_device_id(island, k)] = f"{r.info['platform']}:{d}@{island.id}"
             self.resources.add_islands(added)
             self.islands = self.resources.islands
-            self.dispatcher.add_islands(len(self.islands))
+            self.lifecycle.add_islands(len(self.islands))
         return added
 
-    def set_policy(self, policy) -> None:
+    def set_policy(self, policy: Policy) -> None:
         """Switch the scheduling policy now (FIFO, FairShare, Priority); queued runs follow the new one.
 
         Example::
 
             pw.controller().set_policy(pw.FairShare({"A": 1, "B": 3}))
         """
-        if not all(hasattr(policy, a) for a in ("pick", "charge", "quantum", "name")):
+        if not isinstance(policy, Policy):
             raise ArgumentError(
-                f"`Controller.set_policy` needs a policy such as pw.FIFO(), pw.FairShare() or pw.Priority(); "
-                f"got {policy!r}."
+                f"`Controller.set_policy` needs a policy such as pw.FIFO(), pw.FairShare() or pw.Priority() "
+                f"(an object with name, quantum, first_runnable_wins, pick and charge); got {policy!r}."
             )
         with self.lock:
-            self.scheduler.policy = policy
+            self.lifecycle.policy = policy
             self.dispatcher.wake()
 
     def status(self) -> Status:
         with self.lock:
-            runs = tuple((r.id, r.name, r.state, r.nodes_done, r.nodes_total) for r in self.runs)
+            runs = tuple(RunSummary(r.id, r.name, r.state, r.nodes_done, r.nodes_total) for r in self.runs)
             return Status(
                 islands=tuple(self.islands),
                 slices=tuple(self.resources.slices),
                 runs=runs,
-                inflight={i.id: self.dispatcher.inflight(i.id) for i in self.islands},
-                policy=getattr(self.scheduler.policy, "name", repr(self.scheduler.policy)),
+                inflight={i.id: self.lifecycle.inflight[i.id] for i in self.islands},
+                policy=self.lifecycle.policy.name,
             )
 
     def run(self, run_id: int) -> Run:
@@ -193,9 +240,17 @@ class Controller:
         for r in list(self.runs):
             r.wait(timeout)
 
+    def cancel(self, run: Run) -> bool:
+        """Cancel ``run`` (what `Run.cancel` does); False if it was already final."""
+        with self.lock:
+            if run.state in FINAL:
+                return False
+            self._apply(self.lifecycle.handle(run._rec, "cancel", time.time()))
+            return True
+
     def cancel_all(self) -> int:
         """Cancel every run not yet final; returns how many were cancelled."""
-        return sum(self._cancel(r) for r in list(self.runs))
+        return sum(self.cancel(r) for r in list(self.runs))
 
     def shutdown(self, timeout: float | None = 10.0) -> None:
         """Fail runs still in flight with ControllerShutdownError, stop and join the controller's threads."""
@@ -203,15 +258,9 @@ class Controller:
             if self._closed:
                 return
             self._closed = True
-            for r in self.runs:
-                if r.state not in FINAL:
-                    r._transition(
-                        "failed",
-                        ControllerShutdownError(
-                            f"run {r.id} ({r.name!r}) was still {r.state} when the controller shut down."
-                        ),
-                    )
-                    self.scheduler.remove(r)
+            now = time.time()
+            for run in list(self._live.values()):
+                self._apply(self.lifecycle.handle(run._rec, "shutdown", now))
         self.dispatcher.stop(timeout)
         self.resources.release_all()
 
@@ -227,7 +276,74 @@ class Controller:
         state = "closed" if self._closed else "running"
         return f"<pw.Controller {state}: {len(self.devices)} devices, {len(self.islands)} islands, {len(self.runs)} runs>"
 
-    # --------------------------------------------- called by the dispatcher
+    # ------------------------------------- reports from the dispatcher (lock held)
+    def next_work(self) -> Work | None:
+        """The dispatcher asks what to dispatch next (lock held)."""
+        work, effects = self.lifecycle.next_work(time.time())
+        if effects:
+            self._apply(effects)
+        return work
+
+    def on_dispatched(self, rec: RunRecord, cursor: int, per_island, published, cost: int) -> None:
+        """The dispatcher sent ``rec``'s steps up to ``cursor`` (lock held)."""
+        self.lifecycle.handle(rec, "dispatched", 0.0, cursor, per_island, published)
+        if cost:
+            self.lifecycle.policy.charge(rec, cost)
+
+    def on_completed(self, rec: RunRecord, per_island, published, failure, events) -> None:
+        """The watcher saw steps of ``rec`` finish (``failure``: the first that raised, with its error)."""
+        if self.lifecycle.validate:
+            self.lifecycle.check_events(events)
+        effects = self.lifecycle.handle(rec, "completed", time.time(), per_island, published, failure)
+        if effects:
+            self._apply(effects)
+
+    def on_step_failed(self, rec: RunRecord, step, exc: BaseException) -> None:
+        """A step raised while being dispatched, or the dispatcher had a bug (lock held)."""
+        self._apply(self.lifecycle.handle(rec, "step_failed", time.time(), step, exc))
+
+    # ------------------------------------------------------------ effects
+    def _apply(self, effects: list) -> None:
+        """Carry out what the lifecycle decided: the one place futures are set and run events emitted."""
+        for e in effects:
+            kind = type(e)
+            if kind is Resolve:
+                futures = self._live[e.rec.id]._futures
+                for j, value in e.outputs:
+                    futures[j].set_result(value)
+            elif kind is Wake:
+                self.dispatcher.wake()
+            elif kind is Emit:
+                rec = e.rec
+                msg = None if e.error is None else f"{type(e.error).__name__}: {e.error}"
+                self.events.emit_run(RunEvent(rec.id, rec.name, rec.tenant, e.state, self.events.now(), msg))
+            elif kind is Reject:
+                futures = self._live[e.rec.id]._futures
+                for j in e.indices:
+                    fut = futures[j]
+                    if e.cancelled:
+                        concurrent.futures.Future.cancel(fut)  # mark CANCELLED (Future.cancel cancels the run)
+                        fut.set_running_or_notify_cancel()
+                    else:
+                        fut.set_exception(e.error)
+            elif kind is Finish:
+                self._retire(self._live.pop(e.rec.id))
+            else:  # pragma: no cover - a new effect without its applier
+                raise AssertionError(f"no applier for effect {e!r}")
+
+    def _retire(self, run: Run) -> None:
+        """A run became final: wake its waiters, keep its outputs among the most recent, forget old runs."""
+        futures, run._futures = run._futures, None
+        if self.lifecycle.validate:
+            assert all(f.done() for f in futures), run
+        if self.config.keep_outputs > 0:
+            self._recent.append(futures)
+        run._final.set()  # after its event and its futures: whoever `wait()`s sees it all
+        if len(self.runs) > self.config.keep_runs:
+            # Forget the oldest tenth at once, so this stays cheap per run (not a rebuild per run).
+            excess = len(self.runs) - self.config.keep_runs + self.config.keep_runs // 10
+            self.runs[:] = [r for k, r in enumerate(self.runs) if k >= excess or not r.done()]
+
     def _capacity(self) -> dict[int, int]:
         cap: dict[int, int] = {}
         for d in self.devices:
@@ -242,121 +358,12 @@ class Controller:
                 cap[d.id] = int(stats["bytes_limit"] * self.config.memory_fraction)
         return cap
 
-    def _admit(self, run: Run) -> bool:
-        """Reserve the run's estimated peak memory if it fits next to what running runs hold (lock held)."""
-        need = run.plan.peak_bytes
-        cap, reserved = self.capacity, self.reserved
-        for d, n in need.items():
-            c = cap.get(d)
-            if c is not None and reserved.get(d, 0) + n > c:
-                run.waiting_for = "memory"
-                return False
-        for d, n in need.items():
-            reserved[d] = reserved.get(d, 0) + n
-        run._reserved = need
-        run.waiting_for = None
-        return True
-
-    def _retire(self, run: Run, futures) -> None:
-        """A run became final: keep its outputs among the most recent, forget the oldest runs (lock held)."""
-        if self.config.keep_outputs > 0 and futures is not None:
-            self._recent.append(futures)
-        if len(self.runs) > self.config.keep_runs:
-            # Forget the oldest tenth at once, so this stays cheap per run (not a rebuild per run).
-            excess = len(self.runs) - self.config.keep_runs + self.config.keep_runs // 10
-            self.runs[:] = [r for k, r in enumerate(self.runs) if k >= excess or not r.done()]
-
-    def _unreserve(self, run: Run) -> None:
-        """Give back a final run's reservation and let queued runs try again (lock held)."""
-        if run._reserved:
-            for d, n in run._reserved.items():
-                self.reserved[d] -= n
-            run._reserved = {}
-            self.dispatcher.wake()
-
-    def _start(self, run: Run) -> bool:
-        """Resolve a queued run's inputs and admit it; True when it can start (lock held)."""
-        arrays = []
-        for x in run._inputs:
-            if isinstance(x, Future):
-                src = x.run
-                if src.state in ("failed", "cancelled"):
-                    why = "was cancelled" if src.state == "cancelled" else f"failed: {src.error}"
-                    run._transition(
-                        "failed",
-                        InputFailedError(
-                            f"run {run.id} ({run.name!r}) reads output {x.index} of run {src.id} ({src.name!r}), "
-                            f"which {why}. Recompute that input, then submit again."
-                        ),
-                    )
-                    self.scheduler.remove(run)
-                    return False
-                if x._array is None:
-                    run.waiting_for = "input"
-                    return False  # its producer has not been dispatched yet
-                arrays.append(x._array)
-            else:
-                arrays.append(x)
-        if not self._admit(run):
-            return False  # back-pressure: waits until running runs give memory back
-        plan = run.plan
-        slots: list[Any] = [None] * plan.n_slots
-        for slot, a in zip(plan.input_slots, arrays):
-            slots[slot] = a
-        for slot, c in plan.const_slots.items():
-            slots[slot] = c
-        run._slots = slots
-        run._inputs = []
-        run._transition("running")
-        for j, k in enumerate(plan.output_step):
-            if k < 0:
-                run.futures[j]._array = slots[plan.output_slots[j]]
-        return True
-
-    def _fail(self, run: Run, step, exc: BaseException) -> None:
-        """A node raised: fail its run (lock held). Other runs are untouched."""
-        if run.state in FINAL:
-            return
-        where = None
-        if step is not None:
-            where = run.source_map.get(step.name)
-            node = step.node
-            # A fused step stands for many nodes: only the source map can say where it came from.
-            if where is None and node is not None and node.name == step.name and node.source is not None:
-                where = f"{node.source[0]}, line {node.source[1]}"
-        src = f"\n  at {where}" if where else ""
-        step_name = step.name if step is not None else "<dispatcher>"
-        err = NodeError(
-            f"node {step_name!r} of program {run.graph.name!r} (run {run.id}, {run.name!r}) failed: "
-            f"{type(exc).__name__}: {exc}{src}",
-            run_id=run.id,
-            program=run.graph.name,
-            node=step_name,
-        )
-        err.__cause__ = exc
-        run._transition("failed", err)
-        self.scheduler.remove(run)
-        self.dispatcher.wake()
-
-    def _cancel(self, run: Run) -> bool:
-        with self.lock:
-            if run.state in FINAL:
-                return False
-            run._transition("cancelled")
-            self.scheduler.remove(run)
-            self.dispatcher.wake()
-            return True
-
     def _check_open(self, api: str) -> None:
         if self._closed:
             raise ControllerShutdownError(
                 f"`{api}`: this controller was shut down. `pw.controller()` returns a fresh one; "
                 f"create slices and compiled functions on it."
             )
-
-
-def _queued_event(run: Run, t: int) -> RunEvent:
-    return RunEvent(run.id, run.name, run.tenant, "queued", t)
 
 
 _controller: Controller | None = None
@@ -383,8 +390,6 @@ def controller(create: bool = True) -> Controller | None:
         if not create:
             return _controller if _controller is not None and not _controller.closed else None
         if _controller is None or _controller.closed:
-            from .config import configure_cpu_devices
-
             configure_cpu_devices()
             _controller = Controller()
         return _controller
@@ -409,8 +414,6 @@ def init(config: Config | None = None, **kwargs) -> Controller:
     if old is not None:
         old.shutdown()
     with _controller_lock:
-        from .config import configure_cpu_devices
-
         configure_cpu_devices()
         _controller = Controller(config)
         return _controller

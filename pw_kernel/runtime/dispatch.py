@@ -9,7 +9,6 @@ each node's end, releases in-flight credit and resolves futures.
 
 from __future__ import annotations
 
-import concurrent.futures
 import queue
 import threading
 import time
@@ -18,31 +17,32 @@ from typing import TYPE_CHECKING
 import jax
 
 from .events import NodeEvent
-from .run import FINAL
+from .lifecycle import FINAL
 
 if TYPE_CHECKING:
     from .controller import Controller
-    from .run import Run
+    from .lifecycle import RunRecord
 
 _BATCH = 256  # nodes per hand-off to the watcher
 _FLUSH_NS = 1_000_000  # or sooner: no node waits more than 1 ms to be watched (the timeline's resolution)
 
 
 class Dispatcher:
-    """Owns the two controller threads and the per-island in-flight counters."""
+    """Executes steps and reports what happened; decides nothing about runs (the lifecycle does).
 
-    def __init__(self, controller: Controller):
+    Owns the two controller threads: the dispatcher asks the controller for
+    work, runs up to a quantum of steps without the lock, and reports them
+    dispatched; the watcher waits for them in dispatch order, stamps their
+    times and reports them completed (or failed).
+    """
+
+    def __init__(self, controller: Controller, lock: threading.RLock):
         self.controller = controller
-        self.cond = threading.Condition(controller.lock)
+        self.cond = threading.Condition(lock)
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
-        n = max((i.id for i in controller.islands), default=-1) + 1
-        # Single-writer counters: the dispatcher increments `dispatched`, the watcher `completed`.
-        self.dispatched = [0] * n
-        self.completed = [0] * n
-        self.last_end: dict[int, int] = {}
+        self.last_end: dict[int, int] = {}  # device -> end of its last node (the watcher's)
         self.seq = 0
         self._stopping = False
-        self._waiting_credit = False
         self._idle = True
         # Watched batches whose buffers the dispatcher frees between bursts: freeing device
         # buffers on the watcher thread while the dispatcher dispatches slows dispatch ~2x.
@@ -57,15 +57,6 @@ class Dispatcher:
     @property
     def threads(self) -> list[threading.Thread]:
         return list(self._threads)
-
-    def add_islands(self, n: int) -> None:
-        """Grow the per-island counters to ``n`` islands (lock held)."""
-        while len(self.dispatched) < n:
-            self.dispatched.append(0)
-            self.completed.append(0)
-
-    def inflight(self, island: int) -> int:
-        return self.dispatched[island] - self.completed[island]
 
     def wake(self) -> None:
         """Tell the dispatcher something changed (caller holds the controller lock)."""
@@ -82,93 +73,59 @@ class Dispatcher:
 
     # ------------------------------------------------------------ dispatcher
     def _dispatch_loop(self) -> None:
+        c = self.controller
         while True:
             with self.cond:
-                run = self._pick()
-                while run is None:
+                work = c.next_work()
+                while work is None:
                     if self._stopping:
                         return
                     self._idle = True
                     self.graveyard.clear()
                     self.cond.wait()
                     self._idle = False
-                    run = self._pick()
+                    work = c.next_work()
                 dead, self.graveyard = self.graveyard, []
             del dead  # free finished nodes' buffers here, between bursts (see _watch_loop)
             try:
-                self._dispatch(run)
+                self._dispatch(work.rec, work.quantum)
             except BaseException as e:  # a bug of ours: fail the run, keep the controller alive
                 with self.cond:
-                    self.controller._fail(run, None, e)
+                    c.on_step_failed(work.rec, None, e)
 
-    def _pick(self) -> Run | None:
-        """Among active runs, the policy's choice of those that can dispatch now (lock held)."""
+    def _dispatch(self, rec: RunRecord, quantum: int) -> None:
+        """Dispatch up to ``quantum`` of ``rec``'s next steps; no lock held around JAX calls."""
         c = self.controller
-        sched = c.scheduler
-        limit = c.config.max_inflight
-        runnable = []
-        self._waiting_credit = False
-        # FIFO takes the first runnable run: stop looking there (the queue can be thousands deep).
-        first_wins = getattr(sched.policy, "first_runnable_wins", False)
-        for run in list(sched.active):
-            if run.state in FINAL:
-                sched.remove(run)
-                continue
-            steps = run.plan.steps
-            if run._cursor < len(steps):
-                island = steps[run._cursor].island
-                if self.dispatched[island] - self.completed[island] >= limit:
-                    self._waiting_credit = True  # stays queued / paused until the watcher frees credit
-                    continue
-            if run.state == "queued" and not c._start(run):
-                continue
-            if run._cursor >= len(steps):
-                sched.remove(run)
-                if run.nodes_done == run.nodes_total and run.state == "running":
-                    run._transition("done")
-                continue
-            runnable.append(run)
-            if first_wins:
-                break
-        if not runnable:
-            return None
-        return sched.policy.pick(runnable)
-
-    def _dispatch(self, run: Run) -> None:
-        """Dispatch up to the policy's quantum of ``run``'s next steps; no lock held around JAX calls."""
-        c = self.controller
-        steps = run.plan.steps
-        slots = run._slots
-        futures = run.futures
+        life = c.lifecycle
+        steps = rec.plan.steps
+        slots = rec.slots
+        if slots is None:  # cancelled or failed between pick and here
+            return
         log = c.events
-        now = log.now
         clock, epoch = time.perf_counter_ns, log.epoch
         # Hand work to the watcher in batches: one wake-up per batch instead of per node keeps
         # the two threads from trading the GIL on every tiny node.
         batch: list = []
-        flush_at = now() + _FLUSH_NS
-        dispatched = self.dispatched
-        completed = self.completed
-        limit = c.config.max_inflight
-        quantum = c.scheduler.policy.quantum
-        k = run._cursor
+        flush_at = clock() - epoch + _FLUSH_NS
+        inflight = life.inflight  # read without the lock: only completions lower it meanwhile
+        limit = life.max_inflight
+        sent_on: dict[int, int] = {}  # island -> steps sent in this burst, not yet reported
+        published: list = []
+        k = start = rec.cursor
         n_steps = len(steps)
-        sent = 0
         cost = 0
-        if slots is None:  # cancelled or failed between pick and here
-            return
-        while k < n_steps and sent < quantum:
+        failed = None
+        while k < n_steps and k - start < quantum:
             st = steps[k]
             island = st.island
-            if dispatched[island] - completed[island] >= limit or run.state in FINAL:
+            if inflight[island] + sent_on.get(island, 0) >= limit or rec.state in FINAL:
                 break
             t = clock() - epoch
             try:
                 ins = st.ins
                 outs = st.call(slots[ins[0]]) if len(ins) == 1 else st.call(*[slots[i] for i in ins])
             except Exception as e:
-                with self.cond:
-                    c._fail(run, st, e)
+                failed = (st, e)
                 break
             if len(outs) == 1:
                 slots[st.outs[0]] = outs[0]
@@ -178,27 +135,32 @@ class Dispatcher:
             for i in st.frees:
                 slots[i] = None
             for j, pos in st.publishes:
-                futures[j]._array = outs[pos]
+                published.append((j, outs[pos]))
             self.seq += 1
             ev = NodeEvent(
-                self.seq, run.id, run.name, run.tenant, st.name, st.kind, st.devices, island, st.src_island, t,
+                self.seq, rec.id, rec.name, rec.tenant, st.name, st.kind, st.devices, island, st.src_island, t,
                 st.nbytes, st.shapes,
             )
-            dispatched[island] += 1
-            run.nodes_dispatched += 1
-            batch.append((run, st, ev, outs))
+            sent_on[island] = sent_on.get(island, 0) + 1
+            batch.append((rec, st, ev, outs))
             k += 1
-            sent += 1
             cost += st.cost
             if len(batch) >= _BATCH or t >= flush_at:
-                self.queue.put(batch)
-                batch = []
+                self._hand_over(rec, k, sent_on, published, cost, batch)
+                batch, sent_on, published, cost = [], {}, [], 0
                 flush_at = t + _FLUSH_NS
+        if batch or k != rec.cursor:
+            self._hand_over(rec, k, sent_on, published, cost, batch)
+        if failed is not None:
+            with self.cond:
+                c.on_step_failed(rec, *failed)
+
+    def _hand_over(self, rec: RunRecord, cursor: int, sent_on: dict, published: list, cost: int, batch: list) -> None:
+        """Report steps dispatched, then give them to the watcher (in that order: credit is counted first)."""
+        with self.cond:
+            self.controller.on_dispatched(rec, cursor, tuple(sent_on.items()), published, cost)
         if batch:
             self.queue.put(batch)
-        run._cursor = k
-        if sent:
-            c.scheduler.policy.charge(run, cost)
 
     # --------------------------------------------------------------- watcher
     def _watch_loop(self) -> None:
@@ -210,15 +172,15 @@ class Dispatcher:
                 self._complete(batch)
             except BaseException as e:  # a bug of ours: fail those runs, keep watching
                 with self.cond:
-                    for run, st, _, _ in batch:
-                        self.controller._fail(run, st, e)
+                    for rec, st, _, _ in batch:
+                        self.controller.on_step_failed(rec, st, e)
             if self._idle:
                 del batch
             else:
                 self.graveyard.append(batch)
 
     def _complete(self, batch: list) -> None:
-        """Wait for a batch of nodes in dispatch order, stamp their times, resolve futures, emit events.
+        """Wait for a batch of nodes in dispatch order, stamp their times, emit events, report per run.
 
         All per-node work here holds the GIL that the dispatcher needs, so it is
         kept to a few attribute writes: `is_ready` before blocking (tiny nodes are
@@ -259,40 +221,42 @@ class Dispatcher:
             jax.block_until_ready([item[3] for item in batch])
         except Exception:  # an asynchronous failure: find the first failing node of each run
             seen: set[int] = set()
-            for i, (run, _, _, outs) in enumerate(batch):
-                if run.id not in seen:
+            for i, (rec, _, _, outs) in enumerate(batch):
+                if rec.id not in seen:
                     try:
                         jax.block_until_ready(outs)
                     except Exception as e:
                         failed[i] = e
-                        seen.add(run.id)
-        completed = self.completed
+                        seen.add(rec.id)
         emit = log.emit_node
-        for i, (run, st, ev, outs) in enumerate(batch):
-            completed[st.island] += 1
+        # One report per run of consecutive items (a batch is usually one run's steps).
+        seg_start = 0
+        n = len(batch)
+        for i, (rec, st, ev, outs) in enumerate(batch):
             err = failed.get(i) if failed else None
-            run.nodes_done += 1
-            run.events.append(ev)
-            if err is not None and run.state not in FINAL:
+            if err is not None:
                 ev.error = f"{type(err).__name__}: {err}"
-                with self.cond:
-                    c._fail(run, st, err)
-            elif run.nodes_done == run.nodes_total and run._cursor == run.nodes_total and run.state == "running":
-                # The last node: the run is done before anyone waiting on its futures wakes up.
-                with self.cond:
-                    if run.state == "running":
-                        run._transition("done")
-                        c.scheduler.remove(run)
-            elif st.publishes and run.state == "running":
-                futures = run.futures
-                for j, pos in st.publishes:
-                    fut = futures[j]
-                    if not fut.done():
-                        try:
-                            fut.set_result(outs[pos])
-                        except concurrent.futures.InvalidStateError:
-                            pass  # cancelled meanwhile
+            rec.events.append(ev)
             emit(ev)
-        if self._waiting_credit:
-            with self.cond:
-                self.cond.notify()
+            if i + 1 == n or batch[i + 1][0] is not rec:
+                self._report(batch, seg_start, i + 1, failed)
+                seg_start = i + 1
+
+    def _report(self, batch: list, lo: int, hi: int, failed: dict[int, BaseException]) -> None:
+        rec = batch[lo][0]
+        per_island: dict[int, int] = {}
+        published = []
+        failure = None
+        for i in range(lo, hi):
+            _, st, _, outs = batch[i]
+            per_island[st.island] = per_island.get(st.island, 0) + 1
+            if failure is None:
+                err = failed.get(i) if failed else None
+                if err is not None:
+                    failure = (st, err)
+                for j, pos in st.publishes:
+                    published.append((j, outs[pos]))
+        with self.cond:
+            self.controller.on_completed(
+                rec, tuple(per_island.items()), published, failure, [batch[i][2] for i in range(lo, hi)]
+            )

@@ -70,6 +70,26 @@ class TimeoutError(PathwaysError, concurrent.futures.TimeoutError):  # noqa: A00
     """Waiting for a future or a run took longer than its timeout."""
 
 
+class IslandLostError(PathwaysError, RuntimeError):
+    """A remote island's actor (or its node) died; runs that used it fail with this."""
+
+
+class PipelineError(PathwaysError, ValueError):
+    """A pipeline that cannot be built as asked (schedule, shapes, placement)."""
+
+
+class GraphvizError(PathwaysError):
+    """graphviz's ``dot`` is missing or failed; ``.dot`` holds the DOT source."""
+
+    def __init__(self, message: str, dot: str):
+        super().__init__(message)
+        self.dot = dot
+
+
+class InvalidTransition(AssertionError):
+    """An internal bug: a run lifecycle event that its state does not accept."""
+
+
 def short_error(err: BaseException | str | None, max_lines: int = 12) -> str:
     """``Type: message`` cut to about ``max_lines``: its head and its last lines (the cause and where it happened)."""
     if err is None:

@@ -5,15 +5,18 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import math
+import time
 from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
 from jax.sharding import Sharding
 
-from .errors import ArgumentError, CancelledError, PathwaysError, TimeoutError
+from .errors import ArgumentError, CancelledError, TimeoutError
+from .graph import describe_sharding
 
 if TYPE_CHECKING:
+    from .lifecycle import OutputCell
     from .run import Run
 
 
@@ -45,7 +48,9 @@ class Future(concurrent.futures.Future):
         await z                   # or asynchronously
     """
 
-    def __init__(self, run: Run, index: int, shape, dtype, sharding: Sharding | None, slice=None):  # noqa: A002
+    def __init__(
+        self, run: Run, index: int, shape, dtype, sharding: Sharding | None, slice, cell: OutputCell  # noqa: A002
+    ):
         super().__init__()
         self.run = run
         self.index = index
@@ -53,7 +58,7 @@ class Future(concurrent.futures.Future):
         self.shape: tuple[int, ...] = tuple(shape)
         self.dtype = np.dtype(dtype)
         self.sharding = sharding
-        self._array: Any = None  # set once the producing node is dispatched
+        self._cell = cell  # holds the value once the producing node is dispatched
 
     @property
     def ndim(self) -> int:
@@ -70,7 +75,7 @@ class Future(concurrent.futures.Future):
     @property
     def dispatched(self) -> bool:
         """True once the producing node was dispatched: later programs can consume it now."""
-        return self._array is not None
+        return self._cell.value is not None
 
     def result(self, timeout: float | None = None):
         """Block until the value is computed and return it as a `jax.Array`.
@@ -129,11 +134,9 @@ class Future(concurrent.futures.Future):
             return "cancelled"
         if self.done():
             return "failed" if super().exception() is not None else "done"
-        return "dispatched" if self._array is not None else "pending"
+        return "dispatched" if self._cell.value is not None else "pending"
 
     def __repr__(self) -> str:
-        from .graph import describe_sharding
-
         shape = ",".join(map(str, self.shape))
         return (
             f"<pw.Future run={self.run.id} {self.run.name!r} out[{self.index}] {self.dtype.name}[{shape}] "
@@ -148,8 +151,6 @@ def get(tree: Any, timeout: float | None = None) -> Any:
 
         y, z = pw.get(step(v))
     """
-    import time
-
     timeout = check_timeout(timeout, "pw.get")
     deadline = None if timeout is None else time.monotonic() + timeout
 
@@ -162,4 +163,4 @@ def get(tree: Any, timeout: float | None = None) -> Any:
     return jax.tree_util.tree_map(one, tree)
 
 
-__all__ = ["Future", "get", "check_timeout", "PathwaysError"]
+__all__ = ["Future", "get", "check_timeout"]

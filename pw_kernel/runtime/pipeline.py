@@ -28,15 +28,11 @@ from jax.sharding import PartitionSpec as P
 
 from .compiled import CompiledFunction
 from .devices import VirtualSlice
-from .errors import PathwaysError, SpecError
+from .errors import PathwaysError, PipelineError, SpecError
 from .program import Program
 
 Schedule = Literal["gpipe", "1f1b"]
 Op = tuple[str, int, int]  # ("F" | "B", stage, microbatch)
-
-
-class PipelineError(PathwaysError, ValueError):
-    """A pipeline that cannot be built as asked (schedule, shapes, placement)."""
 
 
 def schedule_ops(kind: Schedule, stages: int, microbatches: int) -> list[Op]:
@@ -126,6 +122,7 @@ class Pipeline:
         batch_axis: str | None,
         param_specs: Sequence[Any] | None,
         name: str,
+        controller: Callable[[], Any],
     ):
         S = len(stages)
         if S < 1:
@@ -158,9 +155,10 @@ class Pipeline:
             act = P(axis)
             pspec = None if param_specs is None else param_specs[i]
             self.stages.append(self._compile_stage(i, fn, s, act, pspec))
-        self._grads = Program(self._grads_fn, name=f"{name}.grads")
-        self._step = Program(self._step_fn, name=f"{name}.step")
-        self._forward = Program(self._forward_fn, name=f"{name}.forward")
+        self._controller = controller
+        self._grads = Program(self._grads_fn, name=f"{name}.grads", controller=controller)
+        self._step = Program(self._step_fn, name=f"{name}.step", controller=controller)
+        self._forward = Program(self._forward_fn, name=f"{name}.forward", controller=controller)
 
     # ------------------------------------------------------------ building
     def _compile_stage(self, i: int, fn: Callable, s: VirtualSlice, act: P, pspec: Any) -> _Stage:
@@ -284,7 +282,7 @@ class Pipeline:
             spec = st.param_spec
             if st.slice.remote:  # another host: an identity node there makes them live on its devices
                 put = CompiledFunction(lambda q: q, slice=st.slice, in_specs=(spec,), out_specs=spec, name=f"place{st.index}")
-                placed.append(put(p))
+                placed.append(Program(put, name=put.name, slice=st.slice, controller=self._controller)(p))
                 continue
             if spec is None or isinstance(spec, P):
                 sh = st.slice.sharding(spec or P())
@@ -388,6 +386,7 @@ def pipeline(
     batch_axis: str | None = "data",
     param_specs: Sequence[Any] | None = None,
     name: str = "pipeline",
+    controller: Callable[[], Any],
 ) -> Pipeline:
     """Pipeline ``stages`` over ``slices`` with ``microbatches`` microbatches; see `Pipeline`.
 
@@ -403,6 +402,8 @@ def pipeline(
     if not isinstance(stages, (list, tuple)):
         raise PipelineError(f"`pw.pipeline(stages=...)` must be a list of functions; got {type(stages).__name__}.")
     try:
-        return Pipeline(stages, slices, microbatches, schedule, loss, learning_rate, batch_axis, param_specs, name)
+        return Pipeline(
+            stages, slices, microbatches, schedule, loss, learning_rate, batch_axis, param_specs, name, controller
+        )
     except SpecError as e:
         raise PipelineError(str(e)) from None

@@ -7,10 +7,15 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from typing import TYPE_CHECKING
+
 from .devices import VirtualSlice
 from .graph import ProgramGraph
-from .run import Run
 from .tracing import is_traced_leaf, signature, trace_program
+
+if TYPE_CHECKING:
+    from .controller import Controller
+    from .run import Run
 
 
 class Program:
@@ -31,12 +36,14 @@ class Program:
         self,
         fn: Callable,
         *,
+        controller: Callable[[], Controller],
         name: str | None = None,
         slice: VirtualSlice | None = None,  # noqa: A002 - where glue with no placed input goes
         mode: str | None = None,
         tenant: str = "default",
     ):
         self.fn = fn
+        self._controller = controller  # the lookup of the controller runs are submitted to
         self.name = name or getattr(fn, "__name__", "program")
         self.slice = slice
         self.mode = mode
@@ -51,9 +58,7 @@ class Program:
         return self._trace(args, kwargs)[0]
 
     def _trace(self, args, kwargs) -> tuple[ProgramGraph, list]:
-        from .controller import controller
-
-        c = controller()
+        c = self._controller()
         _, leaves, key = signature(args, kwargs)
         with self._cache_lock:
             if self._owner is not c:
@@ -80,10 +85,8 @@ class Program:
         **kwargs,
     ) -> Run:
         """Trace (or reuse the trace) and submit; returns the Run (its futures are ``run.outputs``)."""
-        from .controller import controller
-
         graph, leaves = self._trace(args, kwargs)
-        return controller().submit(
+        return self._controller().submit(
             graph,
             [x for x in leaves if is_traced_leaf(x)],
             name=name or self.name,
@@ -109,31 +112,3 @@ class Program:
 
     def __repr__(self) -> str:
         return f"<pw.Program {self.name!r}: {len(self._cache)} traced signatures>"
-
-
-def program(
-    fn: Callable | None = None,
-    *,
-    name: str | None = None,
-    slice: VirtualSlice | None = None,  # noqa: A002
-    mode: str | None = None,
-    tenant: str = "default",
-):
-    """Decorate a function as a dataflow program: traced once per signature, submitted on call.
-
-    Arrays and futures among the arguments are traced; other leaves are
-    constants (part of the trace-cache key). ``mode`` is 'auto' (default),
-    'fused' or 'chained'. Calls return futures at once.
-
-    Example::
-
-        @pw.program
-        def f(v):
-            x = a(v)
-            return b(x), a(c(x))
-    """
-
-    def wrap(f: Callable) -> Program:
-        return Program(f, name=name, slice=slice, mode=mode, tenant=tenant)
-
-    return wrap if fn is None else wrap(fn)

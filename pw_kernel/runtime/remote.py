@@ -41,11 +41,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from .devices import Island
-from .errors import PathwaysError
-
-
-class IslandLostError(PathwaysError, RuntimeError):
-    """A remote island's actor (or its node) died; runs that used it fail with this."""
+from .errors import IslandLostError, PathwaysError
 
 
 def _spec_tuple(sharding) -> tuple:
@@ -308,15 +304,15 @@ class RemoteTransfer:
 _actor_class = None
 
 
-def add_ray_islands(
+def start_ray_islands(
     address: str | None = None,
     *,
     count: int | None = None,
     devices_per_island: int | None = None,
     platform: str = "cpu",
     env: dict[str, str] | None = None,
-) -> list[Island]:
-    """Make Ray actors the controller's remote islands; returns the new islands.
+) -> list[RemoteIsland]:
+    """Start (or attach) the Ray actors that will run remote islands; `pw.add_ray_islands` registers them.
 
     With ``count``, start that many actors (e.g. on one machine, for testing);
     otherwise one per alive Ray node. On CPU each actor simulates
@@ -334,8 +330,6 @@ def add_ray_islands(
         raise PathwaysError(
             "`pw.add_ray_islands` needs Ray: `pip install 'ray[default]'` (or the project's `bench` extra)."
         ) from None
-    from .controller import controller
-
     global _actor_class
     if not ray.is_initialized():
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
@@ -365,7 +359,7 @@ def add_ray_islands(
         remote_now = ray.get(actor.clock.remote(), timeout=60)
         t1 = time.perf_counter_ns()
         remotes.append(RemoteIsland(actor, info, (t0 + t1) // 2 - remote_now))
-    return controller().add_remote_islands(remotes)
+    return remotes
 
 
 def remote_island_of(slice_) -> RemoteIsland | None:

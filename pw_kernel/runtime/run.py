@@ -1,50 +1,22 @@
-"""Run: one submission of a program, and the state machine that drives it.
-
-    queued ──> running ──> done
-       │          ├──────> failed
-       ├──────────┴──────> cancelled
-       └─────────────────> failed      (an input future failed before it started)
-
-Transitions are a table keyed by (from, to); every transition goes through
-`Run._transition`, which checks the table and, when validation is on, the
-invariants in `Run.validate`.
-"""
+"""Run: the public handle of one submission of a program (its state lives in the lifecycle)."""
 
 from __future__ import annotations
 
-import concurrent.futures
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import jax
 
-from .errors import CancelledError, PathwaysError, TimeoutError
-from .events import RunEvent
-from .futures import Future, check_timeout
+from .errors import PathwaysError, TimeoutError
+from .futures import Future, check_timeout, get
+from .lifecycle import FINAL, RunRecord, RunState
 
 if TYPE_CHECKING:
     from .controller import Controller
+    from .events import NodeEvent
     from .graph import ProgramGraph
-    from .plan import Plan
-
-State = Literal["queued", "running", "done", "failed", "cancelled"]
-FINAL: frozenset[str] = frozenset({"done", "failed", "cancelled"})
-
-#: (from, to) -> name of the method run on entering ``to``.
-TRANSITIONS: dict[tuple[str, str], str] = {
-    ("queued", "running"): "_on_running",
-    ("queued", "cancelled"): "_on_cancelled",
-    ("queued", "failed"): "_on_failed",
-    ("running", "done"): "_on_done",
-    ("running", "failed"): "_on_failed",
-    ("running", "cancelled"): "_on_cancelled",
-}
-
-
-class InvalidTransition(AssertionError):
-    """An internal bug: a transition not in the table."""
 
 
 class Run:
@@ -58,47 +30,21 @@ class Run:
         run.outputs                     # the futures (same tree the program returned)
     """
 
-    def __init__(
-        self,
-        controller: Controller,
-        run_id: int,
-        name: str,
-        graph: ProgramGraph,
-        plan: Plan,
-        inputs: list[Any],
-        tenant: str = "default",
-        weight: float = 1.0,
-        priority: int = 0,
-    ):
-        self.controller = controller
-        self.id = run_id
-        self.name = name
+    def __init__(self, owner: Controller, rec: RunRecord, graph: ProgramGraph):
+        self._owner = owner
+        self._rec = rec
+        self.id = rec.id
+        self.name = rec.name
         self.graph = graph
-        self.plan = plan
-        self.mode = plan.mode
-        self.tenant = tenant
-        self.weight = weight
-        self.priority = priority
-        self.state: State = "queued"
-        self.error: BaseException | None = None
-        self.submitted_at = time.time()
-        self.started_at: float | None = None
-        self.finished_at: float | None = None
-        self.nodes_total = len(plan.steps)
-        self.nodes_dispatched = 0
-        self.nodes_done = 0
-        self.events: list = []
-        self.source_map: dict[str, Any] = {}  # set by the notebook front: node -> cell line
-        self._inputs = inputs  # arrays and futures, one per graph input
-        self._slots: list[Any] | None = None
-        self._cursor = 0
+        self.plan = rec.plan
+        self.mode = rec.plan.mode
+        self.tenant = rec.tenant
+        self.weight = rec.weight
+        self.priority = rec.priority
         self._final = threading.Event()
-        self._reserved: dict[int, int] = {}
-        #: why a queued run has not started: None, "input" (a future not yet dispatched) or "memory"
-        self.waiting_for: str | None = None
         vals = graph.values
         futures = [
-            Future(self, j, vals[v].shape, vals[v].dtype, vals[v].sharding, vals[v].slice)
+            Future(self, j, vals[v].shape, vals[v].dtype, vals[v].sharding, vals[v].slice, rec.cells[j])
             for j, v in enumerate(graph.outputs)
         ]
         # Strong while the run is in flight; once final, the futures (and the device buffers they
@@ -106,6 +52,54 @@ class Run:
         # most recent (Config.keep_outputs).
         self._futures: list[Future] | None = futures
         self._weak = [weakref.ref(f) for f in futures]
+
+    # ------------------------------------------------------ from the record
+    @property
+    def state(self) -> RunState:
+        return self._rec.state
+
+    @property
+    def error(self) -> BaseException | None:
+        return self._rec.error
+
+    @property
+    def nodes_total(self) -> int:
+        return self._rec.total
+
+    @property
+    def nodes_dispatched(self) -> int:
+        return self._rec.dispatched
+
+    @property
+    def nodes_done(self) -> int:
+        return self._rec.done
+
+    @property
+    def submitted_at(self) -> float:
+        return self._rec.submitted_at
+
+    @property
+    def started_at(self) -> float | None:
+        return self._rec.started_at
+
+    @property
+    def finished_at(self) -> float | None:
+        return self._rec.finished_at
+
+    @property
+    def events(self) -> list[NodeEvent]:
+        """This run's node events, in completion order."""
+        return self._rec.events
+
+    @property
+    def waiting_for(self) -> str | None:
+        """Why a run is not dispatching: None, 'input' (a future not yet dispatched), 'memory' or 'credit'."""
+        return self._rec.waiting_for
+
+    @property
+    def source_map(self) -> dict[str, str]:
+        """Node (or step) name -> where it came from (the notebook front sets cell lines)."""
+        return self._rec.source_map
 
     # ----------------------------------------------------------------- public
     @property
@@ -129,7 +123,7 @@ class Run:
             if any(f is None for f in futures):
                 raise PathwaysError(
                     f"run {self.id} ({self.name!r}): its outputs were released because nothing referenced them "
-                    f"any more (the controller keeps only the last {self.controller.config.keep_outputs} runs' "
+                    f"any more (the controller keeps only the last {self._owner.config.keep_outputs} runs' "
                     f"outputs). Keep the futures the call returned, e.g. `y = step(x)`."
                 )
         return jax.tree_util.tree_unflatten(self.graph.out_tree, futures)
@@ -137,16 +131,17 @@ class Run:
     @property
     def progress(self) -> tuple[int, int]:
         """(nodes done, nodes total)."""
-        return self.nodes_done, self.nodes_total
+        return self._rec.done, self._rec.total
 
     @property
     def elapsed(self) -> float:
         """Seconds since submission (until finish when final)."""
-        end = self.finished_at if self.finished_at is not None else time.time()
-        return end - self.submitted_at
+        rec = self._rec
+        end = rec.finished_at if rec.finished_at is not None else time.time()
+        return end - rec.submitted_at
 
     def done(self) -> bool:
-        return self.state in FINAL
+        return self._rec.state in FINAL
 
     def wait(self, timeout: float | None = None) -> Run:
         """Block until the run is done, failed or cancelled; Ctrl-C cancels it.
@@ -167,32 +162,12 @@ class Run:
 
     def result(self, timeout: float | None = None) -> Any:
         """Wait, then return the outputs as arrays (raising the run's error if it failed)."""
-        from .futures import get
-
         self.wait(timeout)
         return get(self.outputs)
 
     def cancel(self) -> bool:
         """Cancel: nodes not yet dispatched are dropped, futures raise CancelledError. False if already final."""
-        return self.controller._cancel(self)
-
-    def validate(self, futures: list[Future] | None = None) -> None:
-        """Assert the invariants of the current state (on in tests)."""
-        s = self.state
-        futures = self.futures if futures is None else futures
-        assert 0 <= self.nodes_done <= self.nodes_dispatched <= self.nodes_total, self._dbg()
-        if s == "queued":
-            assert self.nodes_dispatched == 0 and self.started_at is None, self._dbg()
-        if s in FINAL:
-            assert self.finished_at is not None, self._dbg()
-            assert all(f.done() for f in futures), self._dbg()
-        if s == "done":
-            assert self.nodes_done == self.nodes_total and self.error is None, self._dbg()
-            assert all(f.exception() is None for f in futures), self._dbg()
-        if s == "failed":
-            assert self.error is not None, self._dbg()
-        if s == "cancelled":
-            assert all(f.cancelled() or f.exception() is None for f in futures), self._dbg()
+        return self._owner.cancel(self)
 
     def __repr__(self) -> str:
         err = f", error={type(self.error).__name__}" if self.error is not None else ""
@@ -200,61 +175,3 @@ class Run:
             f"<pw.Run {self.id} {self.name!r} {self.state} {self.nodes_done}/{self.nodes_total} nodes, "
             f"mode={self.mode}, tenant={self.tenant!r}{err}>"
         )
-
-    # ------------------------------------------------------- state machine
-    def _transition(self, to: State, error: BaseException | None = None) -> None:
-        """Move to ``to``; the controller's lock is held by the caller."""
-        key = (self.state, to)
-        handler = TRANSITIONS.get(key)
-        if handler is None:
-            raise InvalidTransition(f"run {self.id}: no transition {self.state} -> {to}")
-        self.state = to
-        if self.controller.config.validate:
-            futures = self._futures
-            getattr(self, handler)(error)
-            self.validate(futures)
-        else:
-            getattr(self, handler)(error)
-        log = self.controller.events
-        msg = None if error is None else f"{type(error).__name__}: {error}"
-        log.emit_run(RunEvent(self.id, self.name, self.tenant, to, log.now(), msg))
-        if to in FINAL:
-            self._final.set()  # after the event: whoever `wait()`s sees the log complete
-
-    def _on_running(self, _error) -> None:
-        self.started_at = time.time()
-
-    def _on_done(self, _error) -> None:
-        self.finished_at = time.time()
-        slots = self._slots
-        for j, fut in enumerate(self.futures):
-            if not fut.done():
-                fut.set_result(slots[self.plan.output_slots[j]])
-        self._release()
-
-    def _on_failed(self, error) -> None:
-        self.finished_at = time.time()
-        self.error = error
-        for fut in self.futures:
-            if not fut.done():
-                fut.set_exception(error)
-        self._release()
-
-    def _on_cancelled(self, _error) -> None:
-        self.finished_at = time.time()
-        self.error = CancelledError(f"run {self.id} ({self.name!r}) was cancelled.")
-        for fut in self.futures:
-            if not fut.done():
-                concurrent.futures.Future.cancel(fut)  # mark CANCELLED (Future.cancel cancels the run)
-                fut.set_running_or_notify_cancel()
-        self._release()
-
-    def _release(self) -> None:
-        self._slots = None
-        self._inputs = []
-        self.controller._unreserve(self)
-        self.controller._retire(self, self._futures)
-        self._futures = None
-
-    def _dbg(self) -> str:
-        return repr(self)

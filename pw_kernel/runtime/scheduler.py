@@ -15,23 +15,40 @@ Policies (switchable at run time with `Controller.set_policy`):
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol, TypeVar, runtime_checkable
 
 from .errors import ArgumentError
 
-if TYPE_CHECKING:
-    from .run import Run
+
+class Schedulable(Protocol):
+    """What a policy reads of a run (the lifecycle's `RunRecord` has these)."""
+
+    id: int
+    tenant: str
+    weight: float
+    priority: int
 
 
+R = TypeVar("R", bound=Schedulable)
+
+
+@runtime_checkable
 class Policy(Protocol):
-    """Chooses among runnable runs; ``quantum`` is how many nodes a pick may dispatch in a row."""
+    """Chooses among runnable runs.
+
+    ``quantum``: how many nodes one pick may dispatch in a row.
+    ``first_runnable_wins``: the policy always picks the first runnable run in
+    submission order, so the lifecycle may stop scanning there (queues can be
+    thousands of runs deep).
+    """
 
     name: str
     quantum: int
+    first_runnable_wins: bool
 
-    def pick(self, runnable: Sequence[Run]) -> Run: ...
+    def pick(self, runnable: Sequence[R]) -> R: ...
 
-    def charge(self, run: Run, cost_ns: int) -> None: ...
+    def charge(self, run: Schedulable, cost_ns: int) -> None: ...
 
 
 class FIFO:
@@ -46,10 +63,10 @@ class FIFO:
     quantum = 1 << 30  # run until blocked: FIFO never interleaves runnable runs
     first_runnable_wins = True  # the dispatcher may stop scanning at the first runnable run
 
-    def pick(self, runnable: Sequence[Run]) -> Run:
+    def pick(self, runnable: Sequence[R]) -> R:
         return runnable[0]
 
-    def charge(self, run: Run, cost_ns: int) -> None:
+    def charge(self, run: Schedulable, cost_ns: int) -> None:
         pass
 
     def __repr__(self) -> str:
@@ -74,6 +91,7 @@ class FairShare:
 
     name = "fair"
     quantum = 1
+    first_runnable_wins = False
 
     def __init__(self, weights: Mapping[str, float] | None = None):
         self.weights: dict[str, float] = {}
@@ -86,10 +104,10 @@ class FairShare:
             raise ArgumentError(f"`FairShare` weight of tenant {tenant!r} must be a positive number; got {weight!r}.")
         self.weights[tenant] = float(weight)
 
-    def weight(self, run: Run) -> float:
+    def weight(self, run: Schedulable) -> float:
         return self.weights.get(run.tenant, run.weight)
 
-    def pick(self, runnable: Sequence[Run]) -> Run:
+    def pick(self, runnable: Sequence[R]) -> R:
         vtime = self.vtime
         if len(vtime) > 4 * len(runnable) + 64:  # forget tenants long gone
             live = {r.tenant for r in runnable}
@@ -106,7 +124,7 @@ class FairShare:
                 best, best_key = r, key
         return best
 
-    def charge(self, run: Run, cost_ns: int) -> None:
+    def charge(self, run: Schedulable, cost_ns: int) -> None:
         self.vtime[run.tenant] = self.vtime.get(run.tenant, 0.0) + cost_ns / self.weight(run)
 
     def __repr__(self) -> str:
@@ -124,29 +142,13 @@ class Priority:
 
     name = "priority"
     quantum = 1
+    first_runnable_wins = False
 
-    def pick(self, runnable: Sequence[Run]) -> Run:
+    def pick(self, runnable: Sequence[R]) -> R:
         return min(runnable, key=lambda r: (-r.priority, r.id))
 
-    def charge(self, run: Run, cost_ns: int) -> None:
+    def charge(self, run: Schedulable, cost_ns: int) -> None:
         pass
 
     def __repr__(self) -> str:
         return "Priority()"
-
-
-class Scheduler:
-    """Active runs in submission order, plus the policy that picks among them."""
-
-    def __init__(self, policy: Policy | None = None):
-        self.policy: Policy = policy or FIFO()
-        self.active: list[Run] = []
-
-    def add(self, run: Run) -> None:
-        self.active.append(run)
-
-    def remove(self, run: Run) -> None:
-        try:
-            self.active.remove(run)
-        except ValueError:
-            pass

@@ -16,7 +16,7 @@ import shutil
 import subprocess
 from typing import Any
 
-from ..runtime.errors import PathwaysError
+from ..runtime.errors import GraphvizError
 from . import _html
 
 DOT_TIMEOUT = 30.0  # seconds; large graphs take dot a while, a hung dot must not hang the kernel
@@ -24,14 +24,6 @@ INSTALL_HINT = (
     "Install graphviz: `apt-get install graphviz` (Debian/Ubuntu), `brew install graphviz` (macOS), "
     "`conda install graphviz`, or run ./scripts/setup.sh."
 )
-
-
-class GraphvizError(PathwaysError):
-    """graphviz's ``dot`` is missing or failed; ``.dot`` holds the DOT source."""
-
-    def __init__(self, message: str, dot: str):
-        super().__init__(message)
-        self.dot = dot
 
 
 def graph_dot(graph: Any) -> str:

@@ -1,0 +1,561 @@
+"""The run lifecycle: every run's state, and transitions that decide and return effects.
+
+One `Lifecycle` per controller holds each run's state, cursor, value slots and
+memory reservation, the per-island in-flight counts and the runnable queue.
+Every change goes through `Lifecycle.handle(rec, event, ...)`, which looks the
+handler up in `TRANSITIONS` by (state, event), lets it update the state, and
+returns the *effects* the caller must apply: resolve or reject futures, emit a
+run event, finish a run, wake the dispatcher. As in dask.distributed's
+``SchedulerState._transition``, nothing here acts: no locks, threads, futures
+or JAX calls. The controller calls one transition at a time under its lock and
+applies the effects in one place (`Controller._apply`); the dispatcher and the
+watcher only execute steps and report what happened.
+
+Each decision is made here and only here: a run starts (inputs dispatched,
+memory admitted), a run is done (`_finish_if_complete`), a run leaves the
+queue (`_leave`), an output is resolved (`_resolve`, exactly once each).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+from .errors import CancelledError, ControllerShutdownError, InputFailedError, InvalidTransition, NodeError
+from .scheduler import FIFO, Policy
+
+if TYPE_CHECKING:
+    from .plan import Plan, Step
+
+RunState = Literal["queued", "running", "done", "failed", "cancelled"]
+FINAL: frozenset[str] = frozenset({"done", "failed", "cancelled"})
+WaitingFor = Literal["input", "memory", "credit"]
+
+
+class OutputCell:
+    """One program output: the value once its step was dispatched, and the run that makes it.
+
+    A later run that reads this output holds the cell, not the future: it can start
+    as soon as ``value`` is set (dispatched, not finished), and it fails if the
+    producer failed.
+    """
+
+    __slots__ = ("producer", "index", "value")
+
+    def __init__(self, producer: RunRecord, index: int):
+        self.producer = producer
+        self.index = index
+        self.value: Any = None
+
+
+class RunRecord:
+    """What the lifecycle knows of one run. Read freely; changed only by transitions.
+
+    ``slots`` are the run's value slots: set at start, written by the dispatcher
+    while it holds the run (between `next_work` and the `dispatched` report),
+    dropped when the run becomes final.
+    """
+
+    __slots__ = (
+        "id",
+        "name",
+        "program",
+        "plan",
+        "tenant",
+        "weight",
+        "priority",
+        "inputs",
+        "source_map",
+        "state",
+        "error",
+        "cursor",
+        "dispatched",
+        "done",
+        "total",
+        "slots",
+        "reserved",
+        "waiting_for",
+        "cells",
+        "resolved",
+        "events",
+        "submitted_at",
+        "started_at",
+        "finished_at",
+    )
+
+    def __init__(
+        self,
+        run_id: int,
+        name: str,
+        program: str,
+        plan: Plan,
+        inputs: Sequence[Any],
+        *,
+        tenant: str = "default",
+        weight: float = 1.0,
+        priority: int = 0,
+        source_map: dict[str, str] | None = None,
+        now: float = 0.0,
+    ):
+        self.id = run_id
+        self.name = name
+        self.program = program  # the graph's name, for error messages
+        self.plan = plan
+        self.tenant = tenant
+        self.weight = weight
+        self.priority = priority
+        self.inputs: list[Any] = list(inputs)  # arrays, or OutputCells of other runs
+        self.source_map: dict[str, str] = dict(source_map or {})
+        self.state: RunState = "queued"
+        self.error: BaseException | None = None
+        self.cursor = 0  # index of the next step to dispatch
+        self.dispatched = 0
+        self.done = 0
+        self.total = len(plan.steps)
+        self.slots: list[Any] | None = None
+        self.reserved: dict[int, int] = {}
+        self.waiting_for: WaitingFor | None = None
+        self.cells = [OutputCell(self, j) for j in range(len(plan.output_slots))]
+        self.resolved = [False] * len(self.cells)
+        self.events: list[Any] = []  # NodeEvents of finished steps, appended by the watcher
+        self.submitted_at = now
+        self.started_at: float | None = None
+        self.finished_at: float | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"RunRecord({self.id}, {self.name!r}, {self.state}, cursor={self.cursor}, "
+            f"dispatched={self.dispatched}, done={self.done}/{self.total})"
+        )
+
+
+# ------------------------------------------------------------------- effects
+@dataclasses.dataclass(frozen=True, slots=True)
+class Emit:
+    """Emit a run event: ``rec`` entered ``state``."""
+
+    rec: RunRecord
+    state: str
+    error: BaseException | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Resolve:
+    """Set the futures of these outputs ``(j, value)`` of ``rec``."""
+
+    rec: RunRecord
+    outputs: tuple[tuple[int, Any], ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Reject:
+    """Fail (or, with ``cancelled``, cancel) the futures of outputs ``indices`` of ``rec``."""
+
+    rec: RunRecord
+    indices: tuple[int, ...]
+    error: BaseException
+    cancelled: bool = False
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Finish:
+    """``rec`` is final: wake whoever waits on the run, retire it."""
+
+    rec: RunRecord
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Wake:
+    """Something a waiting dispatcher may act on changed (a run, credit or memory)."""
+
+
+Effect = Emit | Resolve | Reject | Finish | Wake
+WAKE = Wake()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Work:
+    """What the dispatcher may do next: up to ``quantum`` steps of ``rec`` from its cursor."""
+
+    rec: RunRecord
+    quantum: int
+
+
+# --------------------------------------------------------------- the table
+Handler = Callable[..., list]
+
+#: (state, event) -> handler. An event a state does not accept is a bug: `InvalidTransition`.
+TRANSITIONS: dict[tuple[str, str], Handler] = {}
+
+
+def _on(*keys: tuple[str, str]) -> Callable[[Handler], Handler]:
+    def register(fn: Handler) -> Handler:
+        for key in keys:
+            TRANSITIONS[key] = fn
+        return fn
+
+    return register
+
+
+def transition_edges() -> list[tuple[str, str, str]]:
+    """The table as (from state, event, to state) triples, for drawing it."""
+    targets = {
+        "start": "running",
+        "input_failed": "failed",
+        "cancel": "cancelled",
+        "shutdown": "failed",
+        "step_failed": "failed",
+        "completed": None,  # stays, or becomes done when the last step completed
+        "dispatched": None,
+    }
+    out = []
+    for (state, event), _ in TRANSITIONS.items():
+        to = targets[event]
+        if event == "completed" and state == "running":
+            out.append((state, "completed (last step)", "done"))
+            to = state
+        out.append((state, event, to or state))
+    return out
+
+
+class Lifecycle:
+    """Every run's state and the runnable queue; `handle` is the one way to change them.
+
+    Example (no threads, no devices: the controller does this under its lock)::
+
+        life = Lifecycle(max_inflight=256, n_islands=1)
+        effects = life.submit(rec)
+        work, effects = life.next_work(now)      # starts rec, returns Work(rec, quantum)
+    """
+
+    def __init__(
+        self,
+        *,
+        max_inflight: int,
+        n_islands: int,
+        capacity: dict[int, int] | None = None,
+        policy: Policy | None = None,
+        validate: bool = False,
+    ):
+        self.max_inflight = max_inflight
+        self.inflight = [0] * n_islands  # dispatched minus completed steps, per island
+        self.dispatched = [0] * n_islands  # totals, for validation
+        self.completed = [0] * n_islands
+        self.capacity: dict[int, int] = dict(capacity or {})  # device id -> bytes runs may reserve
+        self.reserved: dict[int, int] = {}
+        self.queue: dict[int, RunRecord] = {}  # runs not yet final, in submission order
+        self.policy: Policy = policy or FIFO()
+        self.validate = validate
+        self.credit_wanted = False  # a run waits for in-flight credit: completions should wake
+        self._last_end: dict[int, int] = {}  # validation: device -> end of its last node event
+
+    # ---------------------------------------------------------------- events
+    def handle(self, rec: RunRecord, event: str, now: float, *args: Any) -> list:
+        """Apply ``event`` to ``rec`` through the table; returns the effects to apply."""
+        fn = TRANSITIONS.get((rec.state, event))
+        if fn is None:
+            raise InvalidTransition(f"run {rec.id}: no transition for event {event!r} in state {rec.state!r}")
+        effects = fn(self, rec, now, *args)
+        if self.validate:
+            self.check(rec)
+        return effects
+
+    def submit(self, rec: RunRecord) -> list:
+        """A new run joins the queue (it is born queued)."""
+        self.queue[rec.id] = rec
+        if self.validate:
+            self.check(rec)
+        return [Emit(rec, "queued"), WAKE]
+
+    def add_islands(self, n: int) -> None:
+        for counts in (self.inflight, self.dispatched, self.completed):
+            counts.extend([0] * (n - len(counts)))
+
+    def next_work(self, now: float) -> tuple[Work | None, list]:
+        """The policy's choice among runs that can dispatch now, starting queued runs that can start."""
+        effects: list = []
+        runnable: list[RunRecord] = []
+        limit = self.max_inflight
+        inflight = self.inflight
+        first_wins = self.policy.first_runnable_wins
+        self.credit_wanted = False
+        for rec in list(self.queue.values()):
+            steps = rec.plan.steps
+            if rec.cursor < len(steps) and inflight[steps[rec.cursor].island] >= limit:
+                rec.waiting_for = "credit"
+                self.credit_wanted = True
+                continue
+            if rec.state == "queued":
+                blocked = self._blocker(rec)
+                if blocked == "failed":
+                    effects += self.handle(rec, "input_failed", now)
+                    continue
+                if blocked is not None:
+                    rec.waiting_for = blocked
+                    continue
+                effects += self.handle(rec, "start", now)
+                if rec.state != "running" or rec.cursor >= len(steps):
+                    continue  # finished at start (nothing to dispatch)
+            elif rec.cursor >= len(steps):
+                continue  # everything dispatched: waits for completions
+            rec.waiting_for = None
+            runnable.append(rec)
+            if first_wins:
+                break
+        if not runnable:
+            return None, effects
+        return Work(self.policy.pick(runnable), self.policy.quantum), effects
+
+    def check_events(self, events: Sequence[Any]) -> None:
+        """Validation: node events of one device never overlap (end >= start >= dispatch)."""
+        last = self._last_end
+        for ev in events:
+            assert ev.end >= ev.start >= ev.dispatch, ev
+            for d in ev.devices:
+                assert ev.start >= last.get(d, 0), f"{ev} overlaps the previous node on device {d}"
+                last[d] = ev.end
+
+    # ------------------------------------------------------------ invariants
+    def check(self, rec: RunRecord | None = None) -> None:
+        """Assert the invariants (after every transition when ``validate`` is on, as in the tests)."""
+        for i, n in enumerate(self.inflight):
+            assert n == self.dispatched[i] - self.completed[i] >= 0, (i, n, self.dispatched[i], self.completed[i])
+        for d, n in self.reserved.items():
+            assert n >= 0, (d, n)
+        for r in [rec] if rec is not None else list(self.queue.values()):
+            assert 0 <= r.done <= r.dispatched <= r.cursor <= r.total, r
+            if r.state == "queued":
+                assert r.dispatched == 0 and r.started_at is None and r.slots is None, r
+            if r.state in FINAL:
+                assert r.id not in self.queue and not r.reserved, f"final {r} still queued or holds memory"
+                assert r.slots is None and r.finished_at is not None, r
+                assert all(r.resolved), f"final {r}: outputs {r.resolved} not all resolved"
+            else:
+                assert r.id in self.queue, f"{r} is not final but left the queue"
+            if r.state == "done":
+                assert r.done == r.total and r.error is None, r
+            if r.state in ("failed", "cancelled"):
+                assert r.error is not None, r
+
+    # --------------------------------------------------------------- helpers
+    def _blocker(self, rec: RunRecord) -> str | None:
+        """Why a queued run cannot start: 'failed' (an input failed), 'input', 'memory', or None."""
+        for x in rec.inputs:
+            if isinstance(x, OutputCell):
+                if x.producer.state in ("failed", "cancelled"):
+                    return "failed"
+                if x.value is None:
+                    return "input"  # its producer has not dispatched it yet
+        cap, reserved = self.capacity, self.reserved
+        for d, n in rec.plan.peak_bytes.items():
+            c = cap.get(d)
+            if c is not None and reserved.get(d, 0) + n > c:
+                return "memory"  # back-pressure: waits until running runs give memory back
+        return None
+
+    def _resolve(self, rec: RunRecord, js: Sequence[int], values: Sequence[Any]) -> Resolve | None:
+        outs = []
+        for j, v in zip(js, values):
+            if not rec.resolved[j]:
+                rec.resolved[j] = True
+                outs.append((j, v))
+        return Resolve(rec, tuple(outs)) if outs else None
+
+    def _leave(self, rec: RunRecord, state: RunState, now: float, error: BaseException | None) -> list:
+        """Every way into a final state: leave the queue, give memory back, reject what is unresolved."""
+        rec.state = state
+        rec.error = error
+        rec.finished_at = now
+        rec.slots = None
+        rec.inputs = []
+        rec.waiting_for = None
+        self.queue.pop(rec.id, None)
+        for d, n in rec.reserved.items():
+            self.reserved[d] -= n
+        rec.reserved = {}
+        effects: list = [Emit(rec, state, error)]
+        pending = tuple(j for j, r in enumerate(rec.resolved) if not r)
+        if pending:
+            for j in pending:
+                rec.resolved[j] = True
+            effects.append(Reject(rec, pending, error, cancelled=state == "cancelled"))
+        effects += [Finish(rec), WAKE]
+        return effects
+
+    def _finish_if_complete(self, rec: RunRecord, now: float) -> list:
+        """The one place that decides a run is done: every step dispatched and completed."""
+        if rec.done < rec.total or rec.cursor < rec.total:
+            return []
+        rec.state = "done"
+        rec.finished_at = now
+        self.queue.pop(rec.id, None)
+        for d, n in rec.reserved.items():
+            self.reserved[d] -= n
+        had_memory = bool(rec.reserved)
+        rec.reserved = {}
+        slots, plan = rec.slots, rec.plan
+        rec.slots = None
+        rec.inputs = []
+        pending = [j for j, r in enumerate(rec.resolved) if not r]
+        # The event first, then the futures: whoever wakes on an output sees the run done.
+        effects: list = [Emit(rec, "done")]
+        res = self._resolve(rec, pending, [slots[plan.output_slots[j]] for j in pending])
+        if res is not None:
+            effects.append(res)
+        effects.append(Finish(rec))
+        if had_memory:
+            effects.append(WAKE)
+        return effects
+
+    def node_error(self, rec: RunRecord, step: Step | None, exc: BaseException) -> NodeError:
+        """The error a run fails with when ``step`` raised ``exc``: names the node and where it came from."""
+        where = None
+        if step is not None:
+            where = rec.source_map.get(step.name)
+            node = step.node
+            # A fused step stands for many nodes: only the source map can say where it came from.
+            if where is None and node is not None and node.name == step.name and node.source is not None:
+                where = f"{node.source[0]}, line {node.source[1]}"
+        src = f"\n  at {where}" if where else ""
+        step_name = step.name if step is not None else "<dispatcher>"
+        err = NodeError(
+            f"node {step_name!r} of program {rec.program!r} (run {rec.id}, {rec.name!r}) failed: "
+            f"{type(exc).__name__}: {exc}{src}",
+            run_id=rec.id,
+            program=rec.program,
+            node=step_name,
+        )
+        err.__cause__ = exc
+        return err
+
+
+# ---------------------------------------------------------------- handlers
+@_on(("queued", "start"))
+def _start(life: Lifecycle, rec: RunRecord, now: float) -> list:
+    """Inputs are dispatched and memory fits: reserve it, fill the slots, run."""
+    plan = rec.plan
+    for d, n in plan.peak_bytes.items():
+        life.reserved[d] = life.reserved.get(d, 0) + n
+    rec.reserved = dict(plan.peak_bytes)
+    slots: list[Any] = [None] * plan.n_slots
+    for slot, x in zip(plan.input_slots, rec.inputs):
+        slots[slot] = x.value if isinstance(x, OutputCell) else x
+    for slot, c in plan.const_slots.items():
+        slots[slot] = c
+    rec.slots = slots
+    rec.inputs = []
+    rec.state = "running"
+    rec.started_at = now
+    rec.waiting_for = None
+    for j, k in enumerate(plan.output_step):
+        if k < 0:  # an output that is an input or a constant: dispatched from the start
+            rec.cells[j].value = slots[plan.output_slots[j]]
+    return [Emit(rec, "running"), *life._finish_if_complete(rec, now)]
+
+
+@_on(("queued", "input_failed"))
+def _input_failed(life: Lifecycle, rec: RunRecord, now: float) -> list:
+    for x in rec.inputs:
+        if isinstance(x, OutputCell) and x.producer.state in ("failed", "cancelled"):
+            src = x.producer
+            why = "was cancelled" if src.state == "cancelled" else f"failed: {src.error}"
+            err = InputFailedError(
+                f"run {rec.id} ({rec.name!r}) reads output {x.index} of run {src.id} ({src.name!r}), "
+                f"which {why}. Recompute that input, then submit again."
+            )
+            return life._leave(rec, "failed", now, err)
+    raise InvalidTransition(f"run {rec.id}: input_failed, but no input failed")
+
+
+@_on(("running", "dispatched"), ("failed", "dispatched"), ("cancelled", "dispatched"))
+def _dispatched(
+    life: Lifecycle,
+    rec: RunRecord,
+    now: float,
+    cursor: int,
+    per_island: Sequence[tuple[int, int]],
+    published: Sequence[tuple[int, Any]],
+) -> list:
+    """The dispatcher sent steps up to ``cursor`` (a run may have ended meanwhile: they still count)."""
+    n = 0
+    for island, k in per_island:
+        life.inflight[island] += k
+        life.dispatched[island] += k
+        n += k
+    rec.dispatched += n
+    if rec.state == "running":
+        rec.cursor = cursor
+        cells = rec.cells
+        for j, value in published:
+            cells[j].value = value
+    else:
+        rec.cursor = rec.dispatched  # nothing more will be sent for a final run
+    return []
+
+
+@_on(("running", "completed"), ("failed", "completed"), ("cancelled", "completed"))
+def _completed(
+    life: Lifecycle,
+    rec: RunRecord,
+    now: float,
+    per_island: Sequence[tuple[int, int]],
+    published: Sequence[tuple[int, Any]],
+    failure: tuple[Step, BaseException] | None,
+) -> list:
+    """Steps finished on their devices: give credit back, resolve what they made, fail or finish the run."""
+    n = 0
+    for island, k in per_island:
+        life.inflight[island] -= k
+        life.completed[island] += k
+        n += k
+    rec.done += n
+    effects: list = [WAKE] if life.credit_wanted else []
+    if rec.state != "running":
+        return effects  # steps of a run that already failed or was cancelled, draining
+    if failure is not None:
+        return effects + life._leave(rec, "failed", now, life.node_error(rec, *failure))
+    if published:
+        res = life._resolve(rec, [j for j, _ in published], [v for _, v in published])
+        if res is not None:
+            effects.append(res)
+    return effects + life._finish_if_complete(rec, now)
+
+
+@_on(("running", "step_failed"))
+def _step_failed(life: Lifecycle, rec: RunRecord, now: float, step: Step | None, exc: BaseException) -> list:
+    """A step raised while being dispatched (or the dispatcher itself did): the run fails, others go on."""
+    return life._leave(rec, "failed", now, life.node_error(rec, step, exc))
+
+
+@_on(("failed", "step_failed"), ("cancelled", "step_failed"))
+def _step_failed_late(life: Lifecycle, rec: RunRecord, now: float, step: Step | None, exc: BaseException) -> list:
+    return []  # the run ended first; its first error stands
+
+
+@_on(("queued", "cancel"), ("running", "cancel"))
+def _cancel(life: Lifecycle, rec: RunRecord, now: float) -> list:
+    return life._leave(rec, "cancelled", now, CancelledError(f"run {rec.id} ({rec.name!r}) was cancelled."))
+
+
+@_on(("queued", "shutdown"), ("running", "shutdown"))
+def _shutdown(life: Lifecycle, rec: RunRecord, now: float) -> list:
+    err = ControllerShutdownError(f"run {rec.id} ({rec.name!r}) was still {rec.state} when the controller shut down.")
+    return life._leave(rec, "failed", now, err)
+
+
+__all__ = [
+    "FINAL",
+    "TRANSITIONS",
+    "Emit",
+    "Finish",
+    "Lifecycle",
+    "OutputCell",
+    "Reject",
+    "Resolve",
+    "RunRecord",
+    "RunState",
+    "Wake",
+    "Work",
+    "transition_edges",
+]
