@@ -1,4 +1,4 @@
-"""The runtime's contracts: the Run state machine, controller lifecycle, and imports."""
+"""The runtime's contracts: the run lifecycle's table, controller shutdown, and imports."""
 
 from __future__ import annotations
 
@@ -7,34 +7,48 @@ import subprocess
 import sys
 import threading
 
+import jax
 import jax.numpy as jnp
 import pytest
 
 import pw_kernel as pw
-from pw_kernel.runtime.run import FINAL, TRANSITIONS, InvalidTransition
+from pw_kernel.runtime import TRANSITIONS, InvalidTransition, transition_edges
 
 
 def test_transition_table_is_the_documented_state_machine():
     assert set(TRANSITIONS) == {
-        ("queued", "running"),
-        ("queued", "cancelled"),
-        ("queued", "failed"),
-        ("running", "done"),
-        ("running", "failed"),
-        ("running", "cancelled"),
+        ("queued", "start"),
+        ("queued", "input_failed"),
+        ("queued", "cancel"),
+        ("queued", "shutdown"),
+        ("running", "dispatched"),
+        ("running", "completed"),
+        ("running", "step_failed"),
+        ("running", "cancel"),
+        ("running", "shutdown"),
+        # steps already in flight when a run ended still report in; nothing else reaches a final run
+        ("failed", "dispatched"),
+        ("failed", "completed"),
+        ("failed", "step_failed"),
+        ("cancelled", "dispatched"),
+        ("cancelled", "completed"),
+        ("cancelled", "step_failed"),
     }
-    assert not any(src in FINAL for src, _ in TRANSITIONS)  # final states are final
+    assert not any(state == "done" for state, _ in TRANSITIONS)  # done is final: no event reaches it
+    edges = {(a, e, b) for a, e, b in transition_edges()}
+    assert ("queued", "start", "running") in edges and ("running", "completed (last step)", "done") in edges
+    assert {b for _, _, b in edges} == {"running", "failed", "cancelled", "done"}
 
 
-def test_an_invalid_transition_is_refused_and_validation_is_on(ctl):
-    assert ctl.config.validate
+def test_an_invalid_event_is_refused_and_validation_is_on(ctl):
+    assert ctl.config.validate and ctl.lifecycle.validate
     s = pw.slice(1)
     run = pw.program(lambda x: x + 1, slice=s, name="p").submit(jnp.ones(2))
     run.wait(30)
     assert run.state == "done"
-    with ctl.lock, pytest.raises(InvalidTransition, match="no transition done -> running"):
-        run._transition("running")
-    run.validate()
+    with ctl.lock, pytest.raises(InvalidTransition, match="no transition for event 'start' in state 'done'"):
+        ctl.lifecycle.handle(run._rec, "start", 0.0)
+    ctl.lifecycle.check()
 
 
 def test_status_lists_islands_slices_and_runs(ctl2):
@@ -47,30 +61,33 @@ def test_status_lists_islands_slices_and_runs(ctl2):
     assert "VirtualSlice('left'" in text and "double" in text and "policy fifo" in text
 
 
-def test_shutdown_fails_inflight_runs_and_joins_threads(ctl):
+def test_shutdown_fails_running_and_queued_runs_and_joins_threads():
     c = pw.init(pw.Config(validate=True))
     threads = c.threads
     assert [t.name for t in threads] == ["pw-dispatcher", "pw-watcher"] and all(t.is_alive() for t in threads)
-    before = set(threading.enumerate())
     s = pw.slice(1)
-    gate = threading.Event()
-    import jax
+    started, gate = threading.Event(), threading.Event()
 
     def hold(x):
+        started.set()
         gate.wait(30)
         return x
 
     slow = pw.compiled(lambda x: jax.pure_callback(hold, jax.ShapeDtypeStruct(x.shape, x.dtype), x), slice=s)
     fut = slow(jnp.ones(2))
-    queued = pw.program(lambda x: x + 1, slice=s, name="later")(jnp.ones(2))
-    threading.Timer(0.2, gate.set).start()
-    c.shutdown()
+    queued = pw.program(lambda x: x + 1, slice=s, name="later")(fut)  # reads `fut`: cannot start before it
+    assert started.wait(30)  # the gate holds the first run on its device now
+    # Shutdown must not wait for the device: it fails both runs, then joins the threads once the gate opens.
+    threading.Thread(target=lambda: (c.shutdown(), gate.set()), name="shutdown").start()
+    c.run(fut.run.id)._final.wait(30)
+    gate.set()
+    for t in threads:
+        t.join(30)
     assert not any(t.is_alive() for t in threads)
-    assert set(threading.enumerate()) <= before - set(threads) | {t for t in threading.enumerate() if t.name.startswith("Thread")}
     for f in (fut, queued):
-        assert f.done()
-        if f.exception() is not None:
-            assert isinstance(f.exception(), pw.ControllerShutdownError)
+        assert isinstance(f.exception(timeout=30), pw.ControllerShutdownError)
+    assert fut.run.state == "failed" and "was still running" in str(fut.run.error)
+    assert "was still queued" in str(queued.run.error)
     with pytest.raises(pw.ControllerShutdownError, match="this controller was shut down"):
         c.slice(1)
     assert pw.controller() is not c  # a fresh one on demand

@@ -369,6 +369,7 @@ class Lifecycle:
         rec.finished_at = now
         rec.slots = None
         rec.inputs = []
+        rec.cells = ()  # the futures (and readers) keep theirs; a retained record holds no arrays
         rec.waiting_for = None
         self.queue.pop(rec.id, None)
         for d, n in rec.reserved.items():
@@ -383,8 +384,11 @@ class Lifecycle:
         effects += [Finish(rec), WAKE]
         return effects
 
-    def _finish_if_complete(self, rec: RunRecord, now: float) -> list:
-        """The one place that decides a run is done: every step dispatched and completed."""
+    def _finish_if_complete(self, rec: RunRecord, now: float, published: Sequence[tuple[int, Any]] = ()) -> list:
+        """The one place that decides a run is done: every step dispatched and completed.
+
+        Outputs not yet resolved get the values the last steps ``published``, else their slots.
+        """
         if rec.done < rec.total or rec.cursor < rec.total:
             return []
         rec.state = "done"
@@ -397,10 +401,12 @@ class Lifecycle:
         slots, plan = rec.slots, rec.plan
         rec.slots = None
         rec.inputs = []
+        rec.cells = ()
         pending = [j for j, r in enumerate(rec.resolved) if not r]
         # The event first, then the futures: whoever wakes on an output sees the run done.
         effects: list = [Emit(rec, "done")]
-        res = self._resolve(rec, pending, [slots[plan.output_slots[j]] for j in pending])
+        fresh = dict(published)
+        res = self._resolve(rec, pending, [fresh[j] if j in fresh else slots[plan.output_slots[j]] for j in pending])
         if res is not None:
             effects.append(res)
         effects.append(Finish(rec))
@@ -515,11 +521,13 @@ def _completed(
         return effects  # steps of a run that already failed or was cancelled, draining
     if failure is not None:
         return effects + life._leave(rec, "failed", now, life.node_error(rec, *failure))
+    if rec.done == rec.total and rec.cursor == rec.total:
+        return effects + life._finish_if_complete(rec, now, published)  # resolves after the done event
     if published:
         res = life._resolve(rec, [j for j, _ in published], [v for _, v in published])
         if res is not None:
             effects.append(res)
-    return effects + life._finish_if_complete(rec, now)
+    return effects
 
 
 @_on(("running", "step_failed"))

@@ -1,0 +1,268 @@
+"""The run lifecycle, the policies and the plans as pure functions: no threads, no dispatch.
+
+Each test drives `Lifecycle` the way the controller does (one event at a time)
+and reads the effects it returns; validation checks the invariants after every
+transition.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pw_kernel as pw
+from pw_kernel.runtime import (
+    FIFO,
+    FairShare,
+    InputFailedError,
+    Lifecycle,
+    NodeError,
+    Plan,
+    Priority,
+    RunRecord,
+    Step,
+    plan_for,
+)
+from pw_kernel.runtime.lifecycle import Emit, Finish, Reject, Resolve, Wake
+
+
+def make_plan(n_steps: int, *, island: int = 0, peak: dict[int, int] | None = None, n_inputs: int = 0) -> Plan:
+    """A chain of ``n_steps`` steps over slots 0..n (slot 0 the input), publishing the last slot."""
+    steps = [
+        Step(
+            name=f"s{k}", kind="compute", call=None, ins=(k,), outs=(k + 1,), frees=(), publishes=(),
+            island=island, src_island=None, devices=(0,), nbytes=4, shapes="", node=None,
+        )
+        for k in range(n_steps)
+    ]
+    if steps:
+        steps[-1].publishes = ((0, 0),)
+    return Plan(
+        mode="chained", steps=steps, n_slots=n_steps + 1, input_slots=tuple(range(n_inputs)), const_slots={},
+        output_slots=(n_steps,), output_step=(n_steps - 1,), peak_bytes=dict(peak or {}),
+    )
+
+
+def record(run_id: int, plan: Plan, inputs=(), **kw) -> RunRecord:
+    return RunRecord(run_id, f"r{run_id}", "prog", plan, list(inputs), **kw)
+
+
+def kinds(effects) -> list[str]:
+    return [type(e).__name__ for e in effects]
+
+
+def dispatch_all(life: Lifecycle, rec: RunRecord, values=("y",)) -> None:
+    """What the dispatcher does with Work: run the steps, report them dispatched."""
+    n = rec.total - rec.cursor
+    published = [(0, values[0])] if n else []
+    life.handle(rec, "dispatched", 1.0, rec.total, ((0, n),), published)
+
+
+def test_a_run_goes_queued_running_done_and_resolves_each_output_once():
+    life = Lifecycle(max_inflight=8, n_islands=1, validate=True)
+    rec = record(0, make_plan(3))
+    assert kinds(life.submit(rec)) == ["Emit", "Wake"] and rec.state == "queued"
+    work, effects = life.next_work(1.0)
+    assert work.rec is rec and rec.state == "running" and kinds(effects) == ["Emit"]
+    dispatch_all(life, rec)
+    assert life.inflight == [3] and rec.cells[0].value == "y"  # later runs may read it now
+    assert life.next_work(1.0) == (None, [])  # everything dispatched: nothing to do until completions
+    effects = life.handle(rec, "completed", 2.0, ((0, 2),), [], None)
+    assert effects == [] and rec.state == "running"
+    effects = life.handle(rec, "completed", 3.0, ((0, 1),), [(0, "y")], None)
+    # The run event first, then the futures, then waiters: whoever wakes on an output sees it done.
+    assert kinds(effects) == ["Emit", "Resolve", "Finish"]
+    assert effects[0].state == "done" and effects[1].outputs == ((0, "y"),)
+    assert rec.state == "done" and rec.finished_at == 3.0 and life.inflight == [0] and not life.queue
+
+
+def test_a_reader_waits_for_its_input_to_be_dispatched_then_starts():
+    life = Lifecycle(max_inflight=8, n_islands=1, validate=True)
+    producer = record(0, make_plan(2))
+    life.submit(producer)
+    reader = record(1, make_plan(1, n_inputs=1), inputs=[producer.cells[0]])
+    life.submit(reader)
+    life.policy = Priority()
+    reader.priority = 5  # the reader is preferred, but cannot start: its input is not dispatched
+    work, _ = life.next_work(0.0)
+    assert work.rec is producer and reader.waiting_for == "input" and reader.state == "queued"
+    dispatch_all(life, producer, values=("x",))
+    work, effects = life.next_work(0.0)
+    assert work.rec is reader and reader.state == "running" and reader.slots[0] == "x"
+
+
+def test_a_failed_producer_fails_its_queued_readers():
+    life = Lifecycle(max_inflight=8, n_islands=1, validate=True)
+    producer = record(0, make_plan(1))
+    life.submit(producer)
+    life.next_work(0.0)
+    cell = producer.cells[0]  # what a future of the producer holds
+    effects = life.handle(producer, "cancel", 1.0)
+    assert kinds(effects) == ["Emit", "Reject", "Finish", "Wake"] and effects[1].cancelled
+    reader = record(1, make_plan(1, n_inputs=1), inputs=[cell])
+    life.submit(reader)
+    work, effects = life.next_work(2.0)
+    assert work is None and reader.state == "failed"
+    reject = next(e for e in effects if isinstance(e, Reject))
+    assert isinstance(reject.error, InputFailedError) and not reject.cancelled
+    assert "reads output 0 of run 0 ('r0'), which was cancelled" in str(reject.error)
+
+
+def test_memory_admission_queues_a_run_until_another_gives_its_reservation_back():
+    life = Lifecycle(max_inflight=8, n_islands=1, capacity={0: 100}, validate=True)
+    a, b = record(0, make_plan(1, peak={0: 60})), record(1, make_plan(1, peak={0: 60}))
+    life.submit(a)
+    life.submit(b)
+    life.policy = FairShare()  # looks at every run, so b is tried too
+    work, _ = life.next_work(0.0)
+    assert work.rec is a and life.reserved == {0: 60} and b.waiting_for == "memory"
+    dispatch_all(life, a)
+    effects = life.handle(a, "completed", 1.0, ((0, 1),), [(0, "y")], None)
+    assert isinstance(effects[-1], Wake) and life.reserved == {0: 0}  # memory given back wakes the dispatcher
+    work, _ = life.next_work(1.0)
+    assert work.rec is b and life.reserved == {0: 60}
+
+
+def test_in_flight_credit_bounds_what_one_island_has_queued():
+    life = Lifecycle(max_inflight=2, n_islands=1, validate=True)
+    rec = record(0, make_plan(5))
+    life.submit(rec)
+    work, _ = life.next_work(0.0)
+    life.handle(rec, "dispatched", 0.0, 2, ((0, 2),), [])
+    assert life.next_work(0.0) == (None, []) and rec.waiting_for == "credit" and life.credit_wanted
+    effects = life.handle(rec, "completed", 1.0, ((0, 1),), [], None)
+    assert isinstance(effects[0], Wake)  # a completion frees credit someone waits for
+    work, _ = life.next_work(1.0)
+    assert work.rec is rec
+
+
+def test_a_cancelled_run_drains_the_steps_it_had_in_flight():
+    life = Lifecycle(max_inflight=8, n_islands=1, validate=True)
+    rec = record(0, make_plan(4))
+    life.submit(rec)
+    life.next_work(0.0)
+    life.handle(rec, "dispatched", 0.0, 2, ((0, 2),), [])
+    effects = life.handle(rec, "cancel", 1.0)
+    assert rec.state == "cancelled" and kinds(effects) == ["Emit", "Reject", "Finish", "Wake"]
+    assert life.inflight == [2]  # the device still runs them
+    # The dispatcher was mid-burst: it reports one more step, then both complete.
+    life.handle(rec, "dispatched", 1.0, 3, ((0, 1),), [(0, "late")])
+    assert rec.cells == () and life.inflight == [3]  # nothing published for a final run
+    assert life.handle(rec, "completed", 2.0, ((0, 3),), [], None) == []
+    assert life.inflight == [0] and rec.state == "cancelled"
+
+
+def test_a_failing_step_fails_its_run_with_an_error_naming_the_node_and_its_line():
+    life = Lifecycle(max_inflight=8, n_islands=1, validate=True)
+    rec = record(0, make_plan(3), source_map={"s1": "Cell In[4], line 2"})
+    life.submit(rec)
+    life.next_work(0.0)
+    dispatch_all(life, rec)
+    step = rec.plan.steps[1]
+    effects = life.handle(rec, "completed", 1.0, ((0, 3),), [], (step, ZeroDivisionError("boom")))
+    reject = next(e for e in effects if isinstance(e, Reject))
+    assert isinstance(reject.error, NodeError) and reject.error.node == "s1"
+    assert "node 's1' of program 'prog' (run 0, 'r0') failed: ZeroDivisionError: boom\n  at Cell In[4], line 2" in str(
+        reject.error
+    )
+    assert rec.state == "failed" and life.inflight == [0] and not life.queue
+
+
+def test_shutdown_fails_queued_and_running_runs():
+    life = Lifecycle(max_inflight=8, n_islands=1, validate=True)
+    a, b = record(0, make_plan(2)), record(1, make_plan(2))
+    life.submit(a)
+    life.submit(b)
+    life.next_work(0.0)
+    for rec in (a, b):
+        effects = life.handle(rec, "shutdown", 1.0)
+        assert isinstance(effects[1], Reject)
+    assert "was still running" in str(a.error) and "was still queued" in str(b.error)
+    assert not life.queue
+
+
+def test_a_run_with_nothing_to_dispatch_is_done_at_start():
+    life = Lifecycle(max_inflight=8, n_islands=1, validate=True)
+    plan = Plan(
+        mode="chained", steps=[], n_slots=1, input_slots=(0,), const_slots={}, output_slots=(0,), output_step=(-1,)
+    )
+    rec = record(0, plan, inputs=["x"])
+    life.submit(rec)
+    work, effects = life.next_work(0.0)
+    assert work is None and rec.state == "done"
+    assert kinds(effects) == ["Emit", "Emit", "Resolve", "Finish"]
+    assert [e.state for e in effects if isinstance(e, Emit)] == ["running", "done"]
+    assert next(e for e in effects if isinstance(e, Resolve)).outputs == ((0, "x"),)
+    assert isinstance(effects[-1], Finish)
+
+
+# ------------------------------------------------------------------ policies
+def test_fifo_takes_the_oldest_runnable_run():
+    runs = [record(i, make_plan(1)) for i in range(3)]
+    assert FIFO().pick(runs[1:]) is runs[1] and FIFO.first_runnable_wins
+
+
+def test_fair_share_splits_picks_by_weight():
+    policy = FairShare({"A": 1, "B": 2, "C": 4})
+    runs = [record(i, make_plan(1), tenant=t) for i, t in enumerate("ABC")]
+    picks = {"A": 0, "B": 0, "C": 0}
+    for _ in range(700):
+        r = policy.pick(runs)
+        picks[r.tenant] += 1
+        policy.charge(r, 1000)  # every node costs the same device time
+    assert picks == {"A": 100, "B": 200, "C": 400}
+
+
+def test_fair_share_gives_a_returning_tenant_no_credit_for_idling():
+    policy = FairShare()
+    a, b = record(0, make_plan(1), tenant="A"), record(1, make_plan(1), tenant="B")
+    for _ in range(50):
+        policy.charge(policy.pick([a]), 1000)  # A alone for 50 nodes
+    later = []
+    for _ in range(10):
+        r = policy.pick([a, b])
+        later.append(r.tenant)
+        policy.charge(r, 1000)
+    assert later == ["A", "B"] * 5  # B starts from A's virtual time: they alternate, no 50-node burst of B
+
+
+def test_priority_serves_the_highest_first_and_fifo_among_equals():
+    runs = [record(i, make_plan(1), priority=p) for i, p in enumerate([0, 5, 5, 1])]
+    assert Priority().pick(runs) is runs[1]
+    assert Priority().pick([runs[0], runs[3]]) is runs[3]
+
+
+# --------------------------------------------------------------------- plans
+def test_a_chained_plan_frees_each_value_after_its_last_reader_and_estimates_peak_memory(ctl):
+    s = pw.slice(2, mesh={"d": 2}, name="s")
+    a = pw.compiled(lambda x: x * 2, slice=s, name="a")
+    b = pw.compiled(lambda x: x + 1, slice=s, name="b")
+    c = pw.compiled(lambda x, y: x - y, slice=s, name="c")
+
+    @pw.program
+    def f(v):
+        x = a(v)
+        y = b(x)
+        return c(x, y)
+
+    graph = f.trace(jnp.zeros(1024, jnp.float32))
+    plan = plan_for(graph, "chained")
+    names = [st.name for st in plan.steps]
+    assert names[-3:] == ["a", "b", "c"]
+    slot_of = {st.name: st.outs[0] for st in plan.steps}
+    freed_at = {slot: st.name for st in plan.steps for slot in st.frees}
+    assert freed_at[slot_of["a"]] == "c" and freed_at[slot_of["b"]] == "c"  # x is read by b and c
+    assert slot_of["c"] not in freed_at  # the output lives on
+    kib4 = 1024 * 4  # f32[1024] replicated on both devices: 4 KiB each
+    # live at the peak: the moved input (until a reads it), then x and y while c makes its output
+    assert plan.peak_bytes == {d.id: 3 * kib4 for d in s.devices}
+    assert plan_for(graph, "chained") is plan  # cached per graph and mode
+    fused = plan_for(graph, "fused")
+    assert len(fused.steps) == len(plan.steps) - 2 and fused.steps[-1].name == "f[fused]"
+    np.testing.assert_allclose(np.asarray(f(jnp.ones(1024, jnp.float32)).result(timeout=30)), -1.0)
+
+
+def test_an_unknown_mode_is_refused():
+    with pytest.raises(pw.ArgumentError, match="`mode` must be 'auto', 'fused' or 'chained'; got 'eager'"):
+        plan_for(None, "eager")
