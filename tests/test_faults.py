@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import pw_kernel as pw
+from test_execution import one_slot  # noqa: F401 - the gated one-slot controller, shared
 
 
 def on_host(fn):
@@ -64,53 +65,45 @@ def test_a_device_out_of_memory_fails_the_run_and_nothing_else(ctl):
         np.testing.assert_array_equal(np.asarray(f.result(timeout=60)), [2.0, 2.0])
 
 
-def test_ctrl_c_while_blocking_cancels_the_run(ctl):
-    s = pw.slice(1, name="s")
-    started, gate = threading.Event(), threading.Event()
-
-    def hold(x):
-        started.set()
-        gate.wait(30)
-        return x
-
-    held = pw.compiled(on_host(hold), slice=s, name="held")
-    inc = pw.compiled(lambda x: x + 1, slice=s, name="inc")
+def test_ctrl_c_while_blocking_cancels_the_run(one_slot):
+    hold, inc, x, started, gate = one_slot
 
     @pw.program
     def slow(x):
-        return inc(inc(held(x)))
+        return inc(inc(hold(x)))
 
-    x = jax.device_put(jnp.zeros(2), s.sharding())
     other = pw.program(lambda v: inc(v), name="other")
     fut = slow.submit(x, mode="chained").outputs
 
     main = threading.main_thread().ident
-    timer = threading.Thread(target=lambda: (started.wait(30), signal.pthread_kill(main, signal.SIGINT)))
-    timer.start()
+    presser = threading.Thread(target=lambda: (started.wait(30), signal.pthread_kill(main, signal.SIGINT)))
+    presser.start()
     with pytest.raises(KeyboardInterrupt):
-        fut.result(timeout=60)  # a person presses Ctrl-C while this waits
-    timer.join()
+        fut.result(timeout=60)  # a person presses Ctrl-C while this waits, `hold` on the device
+    presser.join()
     gate.set()
     assert fut.run.wait(30).state == "cancelled" and fut.cancelled()
-    assert fut.run.nodes_dispatched < fut.run.nodes_total  # the nodes not yet dispatched were dropped
+    # `other` needs the island's one in-flight slot, so `hold` has finished (and reported) by the time it has run.
     np.testing.assert_array_equal(np.asarray(other(x).result(timeout=60)), [1.0, 1.0])
+    # `hold` held that slot until after the cancel, so neither `inc` was dispatched: both were dropped.
+    assert (fut.run.nodes_dispatched, fut.run.nodes_total) == (1, 3)
 
 
-def test_shutdown_with_runs_in_flight_leaves_nothing_pending_and_joins_threads():
-    before = {t.ident for t in threading.enumerate()}
-    c = pw.init(pw.Config(validate=True))
-    s = pw.slice(1, name="s")
-    gate = threading.Event()
-    held = pw.compiled(on_host(lambda x: (gate.wait(30), x)[1]), slice=s, name="held")
-    inc = pw.compiled(lambda x: x + 1, slice=s, name="inc")
-    futs = [held(jnp.ones(2))] + [inc(jnp.ones(2)) for _ in range(5)]
-    threading.Timer(0.1, gate.set).start()
+def test_shutdown_fails_the_running_and_the_queued_runs_then_joins_the_threads(one_slot):
+    hold, inc, x, started, gate = one_slot
+    c = pw.controller()
+    running = hold(x)
+    assert started.wait(30)  # `hold` is on the device: its run is running
+    queued = [inc(x) for _ in range(5)]  # the island's one in-flight slot is taken: these wait
+    assert running.run.state == "running" and [f.run.state for f in queued] == ["queued"] * 5
+    # The device work ends only once shutdown has failed its run: shutdown must not wait for the device first.
+    running.add_done_callback(lambda _: gate.set())
     c.shutdown()
-    for f in futs:
-        assert f.done()  # done, failed with ControllerShutdownError, or cancelled: never pending
-        if not f.cancelled() and f.exception() is not None:
-            assert isinstance(f.exception(), pw.ControllerShutdownError)
-    leftover = [t for t in threading.enumerate() if t.ident not in before and t.name.startswith("pw-")]
-    assert leftover == []
-    assert all(not t.is_alive() for t in c.threads)
-    pw.shutdown()
+    assert [t.name for t in c.threads] == ["pw-dispatcher", "pw-watcher"]
+    assert not any(t.is_alive() for t in c.threads)
+    assert all(f.done() for f in [running, *queued])  # nothing left pending
+    assert running.run.state == "failed" and isinstance(running.exception(), pw.ControllerShutdownError)
+    assert f"run {running.run.id} ('hold') was still running when the controller shut down" in str(running.exception())
+    for f in queued:
+        assert f.run.state == "failed" and isinstance(f.exception(), pw.ControllerShutdownError)
+        assert "was still queued when the controller shut down" in str(f.exception())

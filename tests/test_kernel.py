@@ -172,6 +172,30 @@ def gated(kernel):
     kernel.run("gate.set(); pw.controller().wait_all(timeout=30)")
 
 
+@pytest.fixture
+def open_gate(gated, tmp_path) -> Callable[[], None]:
+    """Opens the kernel's `gate` from this process, through a named pipe: also while the kernel is idle or busy."""
+    pipe = tmp_path / "gate"
+    os.mkfifo(pipe)
+    gated.run(
+        "def _open_gate_when_told(path):\n"
+        "    with open(path) as pipe:\n"
+        "        pipe.read()  # returns once the test has written and closed its end\n"
+        "    gate.set()\n"
+        f"threading.Thread(target=_open_gate_when_told, args=({str(pipe)!r},), daemon=True).start()"
+    )
+    told = []
+
+    def open_it() -> None:
+        if not told:
+            told.append(True)
+            with open(pipe, "w") as w:  # waits for the kernel's reader, which is already started
+                w.write("open")
+
+    yield open_it
+    open_it()  # leave no reader thread behind in the kernel
+
+
 # ------------------------------------------------------------------ install
 def test_install_writes_the_python3_pathways_kernelspec(kernel_dir):
     spec = json.loads((kernel_dir / "pathways" / "kernel.json").read_text())
@@ -206,25 +230,26 @@ def test_a_devices_option_sets_the_simulated_device_count(tmp_path):
         k.shutdown()
 
 
-def test_futures_resolve_while_the_kernel_is_idle(gated):
+def test_futures_resolve_while_the_kernel_is_idle(gated, open_gate):
     k = gated
     submitted = k.run("%%pathways --name idle\ny = held(v)\n")
     assert "run" in submitted.text and "'idle'" in submitted.text  # the cell returned with the run pending
     assert k.run("print(y.done())").stdout.strip() == "False"
-    # Nothing executes while the device work finishes: the run's display updates itself.
-    k.run("threading.Timer(0.5, gate.set).start()\nt_idle = time.time()")
+    k.run("t_idle = time.time()")
+    # The kernel is idle (its reply came): the device work finishes now, and the run's display updates itself.
+    open_gate()
     update = k.wait_for(display_update("'idle': done"), timeout=30)
     assert "y = Future float32[2]" in update["content"]["data"]["text/plain"]
     reply = k.run("print(y.done(), t_idle < y.run.finished_at < time.time(), y.result())")
     assert reply.stdout.strip() == "True True [1. 2.]"
 
 
-def test_a_run_failing_while_idle_is_reported_once_at_the_next_cell(gated):
+def test_a_run_failing_while_idle_is_reported_once_at_the_next_cell(gated, open_gate):
     k = gated
     k.run("%%pathways --name sensor --mode chained\nx = b(v)\ny = broken(x)\n")
     n = int(k.run("print(pw.controller().runs[-1].id)").stdout)
-    k.run("threading.Timer(0.5, gate.set).start()")
-    k.wait_for(display_update("'sensor': failed"), timeout=30)  # failed while the kernel was idle
+    open_gate()  # while the kernel is idle
+    k.wait_for(display_update("'sensor': failed"), timeout=30)
 
     report = k.run("1 + 1")
     assert f"pw_kernel: run {n} 'sensor' failed after the cell that submitted it had returned" in report.text
@@ -242,17 +267,17 @@ def test_a_run_failing_while_idle_is_reported_once_at_the_next_cell(gated):
     assert not RUNTIME_FRAME.search(shown.traceback.split("NodeError:")[0]), shown.traceback
 
 
-def test_a_long_blocking_cell_refreshes_its_runs_display(gated):
+def test_a_long_blocking_cell_refreshes_its_runs_display(gated, open_gate):
     k = gated
     k.run("import pw_kernel.magics.magics as m\nsaved = m.PROGRESS_AFTER_S, m.PROGRESS_EVERY_S")
     k.run("m.PROGRESS_AFTER_S = m.PROGRESS_EVERY_S = 0.0  # instead of after ~2 s, every 1 s")
     try:
-        k.run("threading.Timer(1.0, gate.set).start()")
         msg_id = k.submit("%%pathways --block --name patient\ny = held(v)\ny")
         seen = set()
         while len(seen) < 2:  # state changes alone would give one 'running' display; elapsed time ticks
             update = k.wait_for(display_update("'patient': running"), timeout=30)
             seen.add(update["content"]["data"]["text/plain"])
+        open_gate()  # only now can the cell finish: the refreshes above came while it was blocked
         reply = k.finish(msg_id)
         assert reply.status == "ok" and "Array([1., 2.], dtype=float32)" in reply.text
     finally:

@@ -541,11 +541,17 @@ def test_graph_finds_a_run_by_name_or_id_or_a_program_variable(nb):
         nb.ip.run_line_magic("pathways", "graph nothing")
 
 
-def test_wait_blocks_until_runs_finish_and_raises_a_failure(nb):
+def test_wait_blocks_until_runs_finish_and_raises_a_failure(nb, monkeypatch):
+    from pw_kernel.magics import magics
+
     nb.run("%%pathways --name later\ny = held(v)\n")
-    threading.Timer(0.2, nb.ns["gate"].set).start()
+    later = pw.controller().runs[-1]
+    assert not later.done()
+    # The device work finishes only while `%pathways wait` is blocked on it (its progress line marks that moment).
+    monkeypatch.setattr(magics, "PROGRESS_AFTER_S", 0.0)
+    monkeypatch.setattr(magics.display, "progress_line", lambda run: nb.ns["gate"].set() or "")
     view = nb.ip.run_line_magic("pathways", "wait later")
-    assert "'later': done" in repr(view)
+    assert later.state == "done" and "'later': done" in repr(view)
     nb.run("%%pathways --name doomed --mode chained\ny = broken(v)\n")
     cell = nb.fail("%pathways wait")
     assert isinstance(cell.error, pw.NodeError) and "doomed" in str(cell.error)
