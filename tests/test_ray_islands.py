@@ -6,6 +6,7 @@ remote islands, whose values stay there behind handles until asked for.
 
 from __future__ import annotations
 
+import concurrent.futures
 import gc
 import re
 
@@ -75,7 +76,7 @@ def test_values_stay_remote_until_asked_and_handles_are_freed(remote):
     before = buffers(i0)
     fut = f(np.arange(8, dtype=np.float32))
     fut.run.wait(120)
-    assert type(fut._array).__name__ == "RemoteArray"  # the controller holds a handle, not the bytes
+    assert type(concurrent.futures.Future.result(fut)).__name__ == "RemoteArray"  # the controller holds a handle, not the bytes
     np.testing.assert_allclose(np.asarray(fut.result()), np.sin(np.arange(8)) * 2, rtol=1e-6)
     assert buffers(i0) > before
     del fut
