@@ -14,17 +14,21 @@ import pytest
 import pw_kernel as pw
 from pw_kernel.runtime import (
     FIFO,
+    Emit,
     FairShare,
+    Finish,
     InputFailedError,
     Lifecycle,
     NodeError,
     Plan,
     Priority,
+    Reject,
+    Resolve,
     RunRecord,
     Step,
+    Wake,
     plan_for,
 )
-from pw_kernel.runtime.lifecycle import Emit, Finish, Reject, Resolve, Wake
 
 
 def make_plan(n_steps: int, *, island: int = 0, peak: dict[int, int] | None = None, n_inputs: int = 0) -> Plan:

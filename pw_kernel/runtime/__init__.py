@@ -60,10 +60,24 @@ from .errors import (
     TracingError,
     short_error,
 )
-from .events import EventLog, NodeEvent, RunEvent, busy_time
+from .events import EventLog, NodeEvent, RunEvent, TraceRow, busy_by_device, busy_time, chrome_trace
 from .futures import Future, get
 from .graph import Edge, Node, ProgramGraph, Value, describe_sharding
-from .lifecycle import FINAL, TRANSITIONS, Lifecycle, RunRecord, RunState, transition_edges
+from .lifecycle import (
+    FINAL,
+    TRANSITIONS,
+    Emit,
+    Finish,
+    Lifecycle,
+    OutputCell,
+    Reject,
+    Resolve,
+    RunRecord,
+    RunState,
+    Wake,
+    Work,
+    transition_edges,
+)
 from .pipeline import Pipeline, Schedule, schedule_ops
 from .pipeline import pipeline as _pipeline
 from .plan import Plan, Step, plan_for, shard_bytes
@@ -170,10 +184,12 @@ __all__ = [
     "ControllerShutdownError",
     "DEFAULT_CPU_DEVICES",
     "Edge",
+    "Emit",
     "EventLog",
     "FIFO",
     "FINAL",
     "FairShare",
+    "Finish",
     "Future",
     "FusedModeError",
     "GraphvizError",
@@ -185,6 +201,7 @@ __all__ = [
     "Node",
     "NodeError",
     "NodeEvent",
+    "OutputCell",
     "PathwaysError",
     "Pipeline",
     "PipelineError",
@@ -193,6 +210,8 @@ __all__ = [
     "Priority",
     "Program",
     "ProgramGraph",
+    "Reject",
+    "Resolve",
     "Run",
     "RunSummary",
     "RunEvent",
@@ -206,11 +225,16 @@ __all__ = [
     "Step",
     "TRANSITIONS",
     "TimeoutError",
+    "TraceRow",
     "TracingError",
     "Value",
     "VirtualSlice",
+    "Wake",
+    "Work",
     "add_ray_islands",
+    "busy_by_device",
     "busy_time",
+    "chrome_trace",
     "compiled",
     "configure_cpu_devices",
     "controller",

@@ -15,8 +15,10 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from .devices import remote_device_id
 from .errors import ArgumentError, FusedModeError
 from .graph import Node, ProgramGraph
+from .remote import RemoteCall, RemoteTransfer
 from .tracing import make_evaluator
 
 ExecMode = Literal["fused", "chained"]
@@ -70,8 +72,6 @@ def _export_key(fn) -> str:
 
 def _remote_call(node: Node, graph: ProgramGraph, call, ins, outs):
     """Wrap ``call`` for a node that touches a remote island (None if it does not)."""
-    from .remote import RemoteCall, RemoteTransfer
-
     dst = node.slice.island.remote if node.slice is not None else None
     src = node.src_slice.island.remote if node.src_slice is not None else None
     vals = graph.values
@@ -85,8 +85,6 @@ def _remote_call(node: Node, graph: ProgramGraph, call, ins, outs):
 
 
 def _devices(node: Node) -> tuple[int, ...]:
-    from .devices import remote_device_id
-
     ids: list[int] = []
     for s in (node.src_slice, node.slice):
         if s is None:
@@ -259,8 +257,6 @@ def fused(graph: ProgramGraph) -> Plan:
     out_slots = list(range(len(graph.values), len(graph.values) + len(graph.outputs)))
     anchor = work[0]
     if s.island.remote is not None:
-        from .remote import RemoteCall
-
         in_vals = [graph.values[i] for i in fused_slots]
         out_vals = [dataclasses.replace(graph.values[v], sharding=sh) for v, sh in zip(graph.outputs, out_sh)]
         call = RemoteCall(call, s.island.remote, in_vals, out_vals, _export_key(call))
