@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import pytest
 
 import pw_kernel as pw
-from pw_kernel.runtime import TRANSITIONS, InvalidTransition, transition_edges
+from pw_kernel.runtime import FINAL, TRANSITIONS, InvalidTransition, transition_edges
 
 
 def test_transition_table_is_the_documented_state_machine():
@@ -37,9 +37,10 @@ def test_transition_table_is_the_documented_state_machine():
         ("cancelled", "step_failed"),
     }
     assert not any(state == "done" for state, _ in TRANSITIONS)  # done is final: no event reaches it
-    edges = {(a, e, b) for a, e, b in transition_edges()}
-    assert ("queued", "start", "running") in edges and ("running", "completed (last step)", "done") in edges
-    assert {b for _, _, b in edges} == {"running", "failed", "cancelled", "done"}
+    edges = set(transition_edges())
+    assert ("queued", "start", "running") in edges and ("running", "completed", "done") in edges
+    assert {b for a, _, b in edges if a != b} == {"running", "failed", "cancelled", "done"}
+    assert all(a == b for a, _, b in edges if a in FINAL)  # late reports never move a final run
 
 
 def test_an_invalid_event_is_refused_and_validation_is_on(ctl):
@@ -183,3 +184,13 @@ def test_nothing_outside_the_runtime_imports_its_private_modules():
                 if private.search(line):
                     offenders.append(f"{path.relative_to(ROOT)}:{k}: {line.strip()}")
     assert not offenders, "import these from `pw_kernel.runtime` (the public face):\n" + "\n".join(offenders)
+
+
+def test_the_readme_picture_of_the_lifecycle_is_drawn_from_the_table():
+    from pw_kernel.widgets.lifecycle import lifecycle_dot
+
+    drawn = (ROOT / "docs" / "lifecycle.dot").read_text()
+    assert drawn == lifecycle_dot(), "the table changed: run `python -m pw_kernel.widgets.lifecycle docs`"
+    svg = (ROOT / "docs" / "lifecycle.svg").read_text()
+    assert "<svg" in svg and all(f">{state}<" in svg for state in ("queued", "running", "done", "failed", "cancelled"))
+    assert "docs/lifecycle.svg" in (ROOT / "README.md").read_text()

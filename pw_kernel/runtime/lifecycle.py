@@ -187,12 +187,17 @@ Handler = Callable[..., list]
 
 #: (state, event) -> handler. An event a state does not accept is a bug: `InvalidTransition`.
 TRANSITIONS: dict[tuple[str, str], Handler] = {}
+#: (state, event) -> the states the handler may leave the run in (checked when validating).
+TARGETS: dict[tuple[str, str], tuple[str, ...]] = {}
 
 
-def _on(*keys: tuple[str, str]) -> Callable[[Handler], Handler]:
+def _on(*keys: tuple[str, str], to: tuple[str, ...] = ()) -> Callable[[Handler], Handler]:
+    """Register a handler for (state, event) keys; ``to``: where it may lead (empty: the state stays)."""
+
     def register(fn: Handler) -> Handler:
         for key in keys:
             TRANSITIONS[key] = fn
+            TARGETS[key] = to or (key[0],)
         return fn
 
     return register
@@ -200,23 +205,7 @@ def _on(*keys: tuple[str, str]) -> Callable[[Handler], Handler]:
 
 def transition_edges() -> list[tuple[str, str, str]]:
     """The table as (from state, event, to state) triples, for drawing it."""
-    targets = {
-        "start": "running",
-        "input_failed": "failed",
-        "cancel": "cancelled",
-        "shutdown": "failed",
-        "step_failed": "failed",
-        "completed": None,  # stays, or becomes done when the last step completed
-        "dispatched": None,
-    }
-    out = []
-    for (state, event), _ in TRANSITIONS.items():
-        to = targets[event]
-        if event == "completed" and state == "running":
-            out.append((state, "completed (last step)", "done"))
-            to = state
-        out.append((state, event, to or state))
-    return out
+    return [(state, event, to) for (state, event) in TRANSITIONS for to in TARGETS[(state, event)]]
 
 
 class Lifecycle:
@@ -253,11 +242,13 @@ class Lifecycle:
     # ---------------------------------------------------------------- events
     def handle(self, rec: RunRecord, event: str, now: float, *args: Any) -> list:
         """Apply ``event`` to ``rec`` through the table; returns the effects to apply."""
-        fn = TRANSITIONS.get((rec.state, event))
+        key = (rec.state, event)
+        fn = TRANSITIONS.get(key)
         if fn is None:
             raise InvalidTransition(f"run {rec.id}: no transition for event {event!r} in state {rec.state!r}")
         effects = fn(self, rec, now, *args)
         if self.validate:
+            assert rec.state in TARGETS[key], f"{key} led to {rec.state!r}, not one of {TARGETS[key]}"
             self.check(rec)
         return effects
 
@@ -437,7 +428,7 @@ class Lifecycle:
 
 
 # ---------------------------------------------------------------- handlers
-@_on(("queued", "start"))
+@_on(("queued", "start"), to=("running", "done"))
 def _start(life: Lifecycle, rec: RunRecord, now: float) -> list:
     """Inputs are dispatched and memory fits: reserve it, fill the slots, run."""
     plan = rec.plan
@@ -460,7 +451,7 @@ def _start(life: Lifecycle, rec: RunRecord, now: float) -> list:
     return [Emit(rec, "running"), *life._finish_if_complete(rec, now)]
 
 
-@_on(("queued", "input_failed"))
+@_on(("queued", "input_failed"), to=("failed",))
 def _input_failed(life: Lifecycle, rec: RunRecord, now: float) -> list:
     for x in rec.inputs:
         if isinstance(x, OutputCell) and x.producer.state in ("failed", "cancelled"):
@@ -500,7 +491,8 @@ def _dispatched(
     return []
 
 
-@_on(("running", "completed"), ("failed", "completed"), ("cancelled", "completed"))
+@_on(("running", "completed"), to=("running", "failed", "done"))
+@_on(("failed", "completed"), ("cancelled", "completed"))
 def _completed(
     life: Lifecycle,
     rec: RunRecord,
@@ -530,7 +522,7 @@ def _completed(
     return effects
 
 
-@_on(("running", "step_failed"))
+@_on(("running", "step_failed"), to=("failed",))
 def _step_failed(life: Lifecycle, rec: RunRecord, now: float, step: Step | None, exc: BaseException) -> list:
     """A step raised while being dispatched (or the dispatcher itself did): the run fails, others go on."""
     return life._leave(rec, "failed", now, life.node_error(rec, step, exc))
@@ -541,12 +533,12 @@ def _step_failed_late(life: Lifecycle, rec: RunRecord, now: float, step: Step | 
     return []  # the run ended first; its first error stands
 
 
-@_on(("queued", "cancel"), ("running", "cancel"))
+@_on(("queued", "cancel"), ("running", "cancel"), to=("cancelled",))
 def _cancel(life: Lifecycle, rec: RunRecord, now: float) -> list:
     return life._leave(rec, "cancelled", now, CancelledError(f"run {rec.id} ({rec.name!r}) was cancelled."))
 
 
-@_on(("queued", "shutdown"), ("running", "shutdown"))
+@_on(("queued", "shutdown"), ("running", "shutdown"), to=("failed",))
 def _shutdown(life: Lifecycle, rec: RunRecord, now: float) -> list:
     err = ControllerShutdownError(f"run {rec.id} ({rec.name!r}) was still {rec.state} when the controller shut down.")
     return life._leave(rec, "failed", now, err)
@@ -554,6 +546,7 @@ def _shutdown(life: Lifecycle, rec: RunRecord, now: float) -> list:
 
 __all__ = [
     "FINAL",
+    "TARGETS",
     "TRANSITIONS",
     "Emit",
     "Finish",
