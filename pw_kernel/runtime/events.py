@@ -14,7 +14,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -41,6 +41,79 @@ def busy_time(starts, ends, t0: float = -np.inf, t1: float = np.inf) -> float:
     seg_start = s[starts_seg]
     seg_end = np.concatenate((reach[np.flatnonzero(starts_seg)[1:] - 1], reach[-1:]))
     return float(np.sum(seg_end - seg_start))
+
+
+def busy_by_device(events: Iterable[NodeEvent]) -> dict[int, int]:
+    """Busy nanoseconds per device id over node ``events``, as `busy_time` counts them.
+
+    Example::
+
+        busy_by_device(run.events)      # {0: 120000, 1: 118500, ...}
+    """
+    spans: dict[int, tuple[list[int], list[int]]] = {}
+    for ev in events:
+        for d in ev.devices:
+            starts, ends = spans.setdefault(d, ([], []))
+            starts.append(ev.start)
+            ends.append(ev.end)
+    return {d: int(busy_time(starts, ends)) for d, (starts, ends) in spans.items()}
+
+
+class TraceRow(NamedTuple):
+    """One bar of a Chrome trace: a complete event on thread ``tid`` of process ``pid``, times in ns."""
+
+    pid: int
+    tid: int
+    name: str
+    category: str
+    start: int
+    end: int
+    args: dict[str, Any]
+
+
+def chrome_trace(
+    rows: Iterable[TraceRow],
+    process_name: Callable[[int], str],
+    thread_name: Callable[[int, int], str],
+    producer: str = "pw_kernel",
+) -> dict[str, Any]:
+    """Chrome trace JSON that Perfetto opens: the rows as complete ("X") events in µs, processes and threads named.
+
+    The one trace writer: `EventLog.to_chrome_trace` (a process per island, a
+    thread per device) and the timeline widget (a thread per lane) both call it.
+    ``process_name(pid)`` and ``thread_name(pid, tid)`` label what the rows use.
+
+    Example::
+
+        rows = [TraceRow(0, 3, "matmul", "compute", 1_000, 5_000, {"run": 1})]
+        chrome_trace(rows, lambda pid: f"island {pid}", lambda pid, tid: f"cpu:{tid}")
+    """
+    trace: list[dict[str, Any]] = []
+    seen_pid: set[int] = set()
+    seen_tid: set[tuple[int, int]] = set()
+    for row in rows:
+        pid, tid = row.pid, row.tid
+        if pid not in seen_pid:
+            seen_pid.add(pid)
+            label = process_name(pid)
+            trace.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": label}})
+        if (pid, tid) not in seen_tid:
+            seen_tid.add((pid, tid))
+            label = thread_name(pid, tid)
+            trace.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": label}})
+        trace.append(
+            {
+                "ph": "X",
+                "name": row.name,
+                "cat": row.category,
+                "pid": pid,
+                "tid": tid,
+                "ts": row.start / 1e3,
+                "dur": max(row.end - row.start, 0) / 1e3,
+                "args": row.args,
+            }
+        )
+    return {"traceEvents": trace, "displayTimeUnit": "ms", "otherData": {"producer": producer}}
 
 
 class NodeEvent:
@@ -195,51 +268,36 @@ class EventLog:
 
     def busy(self, events: Iterable[NodeEvent] | None = None) -> dict[int, int]:
         """Busy nanoseconds per device id over ``events`` (default: all), as `busy_time` counts them."""
-        spans: dict[int, tuple[list[int], list[int]]] = {}
-        for ev in self.nodes if events is None else events:
-            for d in ev.devices:
-                s, e = spans.setdefault(d, ([], []))
-                s.append(ev.start)
-                e.append(ev.end)
-        return {d: int(busy_time(s, e)) for d, (s, e) in spans.items()}
+        return busy_by_device(self.nodes if events is None else events)
 
     def to_chrome_trace(self, events: Iterable[NodeEvent] | None = None) -> dict[str, Any]:
         """Chrome trace JSON (complete "X" events; a pid per island, a tid per device) that Perfetto opens."""
-        trace: list[dict[str, Any]] = []
-        seen_pid: set[int] = set()
-        seen_tid: set[tuple[int, int]] = set()
-        for ev in self.nodes if events is None else events:
-            pid = ev.island if ev.island is not None else -1
-            if pid not in seen_pid:
-                seen_pid.add(pid)
-                name = self.island_names.get(pid, f"island {pid}")
-                trace.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": name}})
-            for d in ev.devices:
-                if (pid, d) not in seen_tid:
-                    seen_tid.add((pid, d))
-                    label = self.device_names.get(d, f"device {d}")
-                    trace.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": d, "args": {"name": label}})
-                trace.append(
-                    {
-                        "ph": "X",
-                        "name": ev.node,
-                        "cat": ev.kind,
-                        "pid": pid,
-                        "tid": d,
-                        "ts": ev.start / 1e3,
-                        "dur": max(ev.end - ev.start, 0) / 1e3,
-                        "args": {
-                            "run": ev.run_id,
-                            "program": ev.program,
-                            "tenant": ev.tenant,
-                            "dispatch_us": ev.dispatch / 1e3,
-                            "bytes": ev.nbytes,
-                            "shapes": ev.shapes,
-                            **({"error": ev.error} if ev.error else {}),
-                        },
-                    }
-                )
-        return {"traceEvents": trace, "displayTimeUnit": "ms", "otherData": {"producer": "pw_kernel"}}
+        rows = (
+            TraceRow(
+                -1 if ev.island is None else ev.island,
+                d,
+                ev.node,
+                ev.kind,
+                ev.start,
+                ev.end,
+                {
+                    "run": ev.run_id,
+                    "program": ev.program,
+                    "tenant": ev.tenant,
+                    "dispatch_us": ev.dispatch / 1e3,
+                    "bytes": ev.nbytes,
+                    "shapes": ev.shapes,
+                    **({"error": ev.error} if ev.error else {}),
+                },
+            )
+            for ev in (list(self.nodes) if events is None else events)  # a copy: other threads append
+            for d in ev.devices
+        )
+        return chrome_trace(
+            rows,
+            lambda pid: self.island_names.get(pid, f"island {pid}"),
+            lambda pid, d: self.device_names.get(d, f"device {d}"),
+        )
 
     def to_perfetto(self, path: str | os.PathLike, events: Iterable[NodeEvent] | None = None) -> str:
         """Write `to_chrome_trace` to ``path`` (open it at ui.perfetto.dev); returns the path."""
