@@ -163,6 +163,9 @@ class Controller:
                 )
         # A future input is read through its output cell: the run can start once it is dispatched.
         ins = [x._cell if isinstance(x, Future) else x for x in inputs]
+        # A caller that holds the lock (submitting several runs at once, or a future's callback
+        # while effects are applied) leaves dispatch to the dispatcher thread.
+        may_inline = not self.lock._is_owned()
         with self.lock:
             self._check_open("submit")
             rec = RunRecord(
@@ -180,7 +183,15 @@ class Controller:
             run = Run(self, rec, graph)
             self.runs.append(run)
             self._live[rec.id] = run
-            self._apply(self.lifecycle.submit(rec))
+            # Its events in order (queued, then running if this thread starts it); the dispatcher
+            # thread is woken only if this thread does not dispatch the run itself (it would contend).
+            effects = self.lifecycle.submit(rec)
+            self._apply([e for e in effects if type(e) is not Wake])
+            inline = self.dispatcher.claim_inline() if may_inline else None
+            if inline is None:
+                self.dispatcher.wake()
+        if inline is not None:
+            self.dispatcher.execute(inline)
         return run
 
     def add_remote_islands(self, remotes) -> list[Island]:

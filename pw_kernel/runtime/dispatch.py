@@ -9,7 +9,7 @@ each node's end, releases in-flight credit and resolves futures.
 
 from __future__ import annotations
 
-import queue
+import collections
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -17,14 +17,17 @@ from typing import TYPE_CHECKING
 import jax
 
 from .events import NodeEvent
-from .lifecycle import FINAL
+from .lifecycle import FINAL, Work
 
 if TYPE_CHECKING:
     from .controller import Controller
     from .lifecycle import RunRecord
 
 _BATCH = 256  # nodes per hand-off to the watcher
-_FLUSH_NS = 1_000_000  # or sooner: no node waits more than 1 ms to be watched (the timeline's resolution)
+_INLINE_STEPS = 64  # steps a submitting thread dispatches itself before the dispatcher thread takes over
+_FLUSH_NS = 1_000_000
+_POLL_S = 0.001  # a watcher with recent work looks for new batches this often (the timeline's resolution)
+_POLL_IDLE_S = 0.05  # ... and sleeps until woken after this long without any  # or sooner: no node waits more than 1 ms to be watched (the timeline's resolution)
 
 
 class Dispatcher:
@@ -39,10 +42,17 @@ class Dispatcher:
     def __init__(self, controller: Controller, lock: threading.RLock):
         self.controller = controller
         self.cond = threading.Condition(lock)
-        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        # Dispatched batches not yet completed, in dispatch order. Whoever completes them holds the
+        # `completing` token (the watcher thread, or a thread waiting on a future: see `help`).
+        self._mu = threading.Lock()
+        self._watch = threading.Condition(self._mu)
+        self._pending: collections.deque = collections.deque()
+        self._completing = False
+        self._watcher_asleep = False  # waiting without a timeout: a new batch must wake it
         self.last_end: dict[int, int] = {}  # device -> end of its last node (the watcher's)
         self.seq = 0
         self._stopping = False
+        self.busy = False  # a thread (this one's dispatcher, or a submitter inline) is dispatching
         self._idle = True
         # Watched batches whose buffers the dispatcher frees between bursts: freeing device
         # buffers on the watcher thread while the dispatcher dispatches slows dispatch ~2x.
@@ -66,7 +76,8 @@ class Dispatcher:
         with self.cond:
             self._stopping = True
             self.cond.notify_all()
-        self.queue.put(None)
+        with self._watch:
+            self._watch.notify_all()
         for t in self._threads:
             if t is not threading.current_thread():
                 t.join(timeout)
@@ -76,7 +87,7 @@ class Dispatcher:
         c = self.controller
         while True:
             with self.cond:
-                work = c.next_work()
+                work = None if self.busy else c.next_work()
                 while work is None:
                     if self._stopping:
                         return
@@ -84,16 +95,41 @@ class Dispatcher:
                     self.graveyard.clear()
                     self.cond.wait()
                     self._idle = False
-                    work = c.next_work()
+                    work = None if self.busy else c.next_work()
+                self.busy = True
                 dead, self.graveyard = self.graveyard, []
             del dead  # free finished nodes' buffers here, between bursts (see _watch_loop)
-            try:
-                self._dispatch(work.rec, work.quantum)
-            except BaseException as e:  # a bug of ours: fail the run, keep the controller alive
-                with self.cond:
-                    c.on_step_failed(work.rec, None, e)
+            self.execute(work)
 
-    def _dispatch(self, rec: RunRecord, quantum: int) -> None:
+    def claim_inline(self) -> Work | None:
+        """For a submitting thread: the next work, if no thread is dispatching now (lock held).
+
+        Dispatching a small run on the thread that submitted it saves two thread
+        hand-offs (the latency of a lone interactive call); one dispatching
+        thread at a time (``busy``) keeps one consistent order per island.
+        """
+        if self.busy or self._stopping or threading.current_thread() in self._threads:
+            return None
+        work = self.controller.next_work()
+        if work is None:
+            return None
+        self.busy = True
+        return Work(work.rec, min(work.quantum, _INLINE_STEPS), inline=True)
+
+    def execute(self, work: Work) -> None:
+        """Dispatch ``work`` (this thread holds ``busy``), then let the next dispatcher in."""
+        try:
+            self._dispatch(work.rec, work.quantum, work.inline)
+        except BaseException as e:  # a bug of ours: fail the run, keep the controller alive
+            with self.cond:
+                self.controller.on_step_failed(work.rec, None, e)
+        finally:
+            with self.cond:
+                self.busy = False
+                if threading.current_thread() is not self._threads[0] and self.controller.lifecycle.has_work():
+                    self.cond.notify()  # what the inline dispatch left is the dispatcher thread's
+
+    def _dispatch(self, rec: RunRecord, quantum: int, inline: bool = False) -> None:
         """Dispatch up to ``quantum`` of ``rec``'s next steps; no lock held around JAX calls."""
         c = self.controller
         life = c.lifecycle
@@ -120,6 +156,8 @@ class Dispatcher:
             island = st.island
             if inflight[island] + sent_on.get(island, 0) >= limit or rec.state in FINAL:
                 break
+            if inline and st.host_callbacks:
+                break  # it could hold the submitting thread until the callback returns: leave it to ours
             t = clock() - epoch
             try:
                 ins = st.ins
@@ -160,26 +198,76 @@ class Dispatcher:
         with self.cond:
             self.controller.on_dispatched(rec, cursor, tuple(sent_on.items()), published, cost)
         if batch:
-            self.queue.put(batch)
+            with self._watch:
+                self._pending.append(batch)
+                # A polling watcher finds the batch within _POLL_S; waking it per batch would make it
+                # fight the submitting thread for the GIL on every interactive call.
+                if self._watcher_asleep or len(batch) >= _BATCH or self.controller.lifecycle.credit_wanted:
+                    self._watch.notify()
 
     # --------------------------------------------------------------- watcher
-    def _watch_loop(self) -> None:
-        while True:
-            batch = self.queue.get()
-            if batch is None:
-                return
-            try:
-                self._complete(batch)
-            except BaseException as e:  # a bug of ours: fail those runs, keep watching
-                with self.cond:
-                    for rec, st, _, _ in batch:
-                        self.controller.on_step_failed(rec, st, e)
-            if self._idle:
-                del batch
-            else:
-                self.graveyard.append(batch)
+    def help(self) -> bool:
+        """Complete what is pending on this thread if no other thread is completing (a waiter's shortcut).
 
-    def _complete(self, batch: list) -> None:
+        A thread about to wait for a future whose value is ready completes the
+        batches itself instead of waiting for the watcher thread to be scheduled.
+        """
+        return self._drain()
+
+    def _drain(self) -> bool:
+        with self._mu:
+            if self._completing or not self._pending:
+                return False
+            self._completing = True
+            batches = list(self._pending)
+            self._pending.clear()
+        try:
+            for batch in batches:
+                progress = [0]  # items of the batch already reported
+                try:
+                    self._complete(batch, progress)
+                except BaseException as e:  # a bug of ours: fail those runs, keep watching
+                    self._fail_rest(batch, progress[0], e)
+                with self.cond:  # the dispatcher reads `_idle` and empties the graveyard under this lock
+                    if not self._idle:
+                        self.graveyard.append(batch)
+            batch = batches = None  # drop our references: an idle dispatcher frees nothing for us
+        finally:
+            with self._watch:
+                self._completing = False
+                if self._pending:
+                    self._watch.notify()
+        return True
+
+    def _watch_loop(self) -> None:
+        quiet_since = None
+        while True:
+            with self._watch:
+                while not self._pending or self._completing:
+                    if self._stopping and not self._pending:
+                        return
+                    if quiet_since is not None and time.monotonic() - quiet_since > _POLL_IDLE_S:
+                        # Long quiet: sleep until a batch arrives (the next one wakes us).
+                        self._watcher_asleep = True
+                        self._watch.wait()
+                        self._watcher_asleep = False
+                        quiet_since = None
+                    else:
+                        if quiet_since is None:
+                            quiet_since = time.monotonic()
+                        self._watch.wait(_POLL_S)
+            quiet_since = None
+            self._drain()
+
+    def _fail_rest(self, batch: list, start: int, exc: BaseException) -> None:
+        """Report the items from ``start`` on as completed, each run failing at its first one."""
+        lo = start
+        for i in range(start, len(batch)):
+            if i + 1 == len(batch) or batch[i + 1][0] is not batch[i][0]:
+                self._report(batch, lo, i + 1, {lo: exc}, stamped=False)
+                lo = i + 1
+
+    def _complete(self, batch: list, progress: list[int]) -> None:
         """Wait for a batch of nodes in dispatch order, stamp their times, emit events, report per run.
 
         All per-node work here holds the GIL that the dispatcher needs, so it is
@@ -193,11 +281,13 @@ class Dispatcher:
         epoch = log.epoch
         for _, st, ev, outs in batch:
             for a in outs:
-                if not a.is_ready():
-                    try:
+                try:
+                    if not a.is_ready():
                         a.block_until_ready()
-                    except Exception:
-                        pass  # found and attributed below
+                except AttributeError:
+                    pass  # not a device array (a numpy float0 gradient of an integer input): ready
+                except Exception:
+                    pass  # found and attributed below
             end = now()
             start = ev.dispatch
             if st.remote:  # ran on a remote island: its own clock, corrected
@@ -240,9 +330,9 @@ class Dispatcher:
             emit(ev)
             if i + 1 == n or batch[i + 1][0] is not rec:
                 self._report(batch, seg_start, i + 1, failed)
-                seg_start = i + 1
+                seg_start = progress[0] = i + 1
 
-    def _report(self, batch: list, lo: int, hi: int, failed: dict[int, BaseException]) -> None:
+    def _report(self, batch: list, lo: int, hi: int, failed: dict[int, BaseException], stamped: bool = True) -> None:
         rec = batch[lo][0]
         per_island: dict[int, int] = {}
         published = []
@@ -258,5 +348,5 @@ class Dispatcher:
                     published.append((j, outs[pos]))
         with self.cond:
             self.controller.on_completed(
-                rec, tuple(per_island.items()), published, failure, [batch[i][2] for i in range(lo, hi)]
+                rec, tuple(per_island.items()), published, failure, [batch[i][2] for i in range(lo, hi)] if stamped else []
             )

@@ -83,6 +83,19 @@ class Future(concurrent.futures.Future):
         Ctrl-C while waiting cancels the run (nodes not yet dispatched are dropped).
         """
         timeout = check_timeout(timeout, "Future.result")
+        if timeout is None and not self.done():
+            value = self._cell.value
+            if value is not None:
+                # Dispatched: wait on the device here, as a jax.Array does, rather than for the
+                # watcher to notice first; the watcher then only has to report it.
+                try:
+                    value.block_until_ready()
+                except KeyboardInterrupt:
+                    self.run.cancel()
+                    raise
+                except Exception:
+                    pass  # the run fails; its error (naming the node) is raised below
+                self.run.help_complete()
         try:
             value = super().result(timeout)
             if hasattr(value, "fetch"):  # on a remote island: bring it here now, once

@@ -2,7 +2,8 @@
 
 Nodes are compiled-function calls, glue (plain jnp ops placed on a slice) and
 transfers (values moving between slices). Every value carries shape, dtype and
-sharding; edges are values flowing from a producer to a consumer.
+sharding; edges are values flowing from a producer to a consumer. The
+pictures (`to_dot`, the SVG and HTML reprs) are drawn by `pw_kernel.widgets.graph`.
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ class Node:
     primitives: tuple[str, ...] = ()  # glue: the jnp ops it fuses
     source: tuple[str, int] | None = None  # (file, line) of the user code that made it
     stack: tuple[tuple[str, int], ...] = ()  # every user frame, innermost first
+    host_callbacks: bool = False  # runs Python host callbacks (XLA:CPU runs those on the dispatching thread)
 
     @property
     def island(self) -> Island | None:
@@ -111,42 +113,6 @@ class Edge:
     @property
     def sharding(self) -> Sharding | None:
         return self.value.sharding
-
-
-#: Slice colours, shared by the graph and the widgets (a colour per slice, in order of first use).
-SLICE_PALETTE = ("#8ecae6", "#ffb703", "#90be6d", "#f4a3c0", "#b8a1e3", "#f9844a", "#4cc9f0", "#d9d9d9")
-CROSS_ISLAND_COLOUR = "#d62828"
-
-
-def _q(text: str) -> str:
-    """A DOT quoted string holding ``text`` literally (no graphviz escape such as ``\\n`` survives)."""
-    return '"' + str(text).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
-
-
-def _lines(*parts: str) -> str:
-    """A quoted multi-line DOT label: each part escaped, joined by graphviz's own line break."""
-    return '"' + "\\n".join(_q(p)[1:-1] for p in parts) + '"'
-
-
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB"):
-        if abs(n) < 1024:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
-
-
-def _slice_desc(s: VirtualSlice | None) -> str:
-    if s is None:
-        return "host"
-    mesh = " x ".join(f"{k}={v}" for k, v in dict(s.mesh.shape).items())
-    ids = ",".join(str(d.id) for d in s.devices)
-    return f"slice {s.name} ({mesh}; devices {ids}; island {s.island.id})"
-
-
-def _value_desc(v: Value) -> str:
-    return f"{v.type_str} {describe_sharding(v.sharding)}"
-
 
 
 class ProgramGraph:
@@ -208,70 +174,10 @@ class ProgramGraph:
         return counts
 
     def to_dot(self) -> str:
-        """Graphviz source: nodes coloured by slice, transfers as diamonds (cross-island ones red),
-        edges labelled with shape and dtype, tooltips with shardings, devices and source lines."""
-        fill = {id(s): SLICE_PALETTE[k % len(SLICE_PALETTE)] for k, s in enumerate(self.slices)}
-        values = self.values
-        out = [
-            f"digraph {_q(self.name)} {{",
-            '  rankdir=TB; bgcolor="#ffffff"; nodesep=0.3; ranksep=0.35;',
-            '  node [fontname="Helvetica", fontsize=11, style=filled, penwidth=1];',
-            '  edge [fontname="Helvetica", fontsize=9, color="#555555", fontcolor="#333333"];',
-        ]
-        for k, vid in enumerate(self.inputs):
-            v = values[vid]
-            out.append(
-                f'  in{vid} [label={_q(f"input {k}: {v.type_str}")}, shape=plaintext, style="", '
-                f"tooltip={_q(_value_desc(v))}];"
-            )
-        for n in self.nodes:
-            ins = ", ".join(values[i].type_str for i in n.inputs)
-            outs = ", ".join(values[i].type_str for i in n.outputs)
-            where = f"\nsource: {n.source[0]}, line {n.source[1]}" if n.source else ""
-            if n.kind == "transfer":
-                src = n.src_slice.name if n.src_slice is not None else "host"
-                dst = n.slice.name if n.slice is not None else "host"
-                cross = n.cross_island
-                label = _lines(f"{src} → {dst}", "cross-island") if cross else _q(f"{src} → {dst}")
-                nbytes = sum(values[i].nbytes for i in n.outputs)
-                tip = (
-                    f"{n.name}: transfer{' across islands' if cross else ''}, {_fmt_bytes(nbytes)}\n"
-                    f"from {_slice_desc(n.src_slice)}\nto {_slice_desc(n.slice)}\n{ins} -> {outs}{where}"
-                )
-                colour = CROSS_ISLAND_COLOUR if cross else "#555555"
-                out.append(
-                    f'  n{n.id} [label={label}, shape=diamond, fillcolor="#f2f2f2", color={_q(colour)}, '
-                    f"penwidth={2 if cross else 1}, tooltip={_q(tip)}];"
-                )
-                continue
-            slice_name = n.slice.name if n.slice is not None else "?"
-            colour = fill.get(id(n.slice), "#ffffff")
-            label = _lines(n.name, f"[{slice_name}]")
-            if n.kind == "glue":
-                tip = f"glue on {_slice_desc(n.slice)}\nops: {', '.join(n.primitives[:8])}\n{ins} -> {outs}{where}"
-                shape = 'shape=box, style="rounded,filled"'
-            else:
-                tip = f"{n.name}: compiled function on {_slice_desc(n.slice)}\n{ins} -> {outs}{where}"
-                shape = "shape=box"
-            out.append(f"  n{n.id} [label={label}, {shape}, fillcolor={_q(colour)}, tooltip={_q(tip)}];")
-        for node in self.nodes:
-            for vid in node.inputs:
-                v = values[vid]
-                if v.origin == "const":
-                    continue
-                src = f"in{vid}" if v.producer is None else f"n{v.producer}"
-                out.append(f"  {src} -> n{node.id} [label={_q(v.type_str)}, tooltip={_q(_value_desc(v))}];")
-        for k, vid in enumerate(self.outputs):
-            v = values[vid]
-            out.append(
-                f'  out{k} [label={_q(f"output {k}: {v.type_str}")}, shape=plaintext, style="", '
-                f"tooltip={_q(_value_desc(v))}];"
-            )
-            if v.origin != "const":
-                src = f"in{vid}" if v.producer is None else f"n{v.producer}"
-                out.append(f"  {src} -> out{k} [label={_q(v.type_str)}];")
-        out.append("}")
-        return "\n".join(out)
+        """Graphviz source: nodes coloured by slice, transfers as diamonds, edges labelled with shape and dtype."""
+        from ..widgets.graph import graph_dot  # the runtime holds data; the views draw it (no notebook stack needed)
+
+        return graph_dot(self)
 
     def summary(self) -> str:
         kinds = ", ".join(f"{k} {kind}" for kind, k in self.kinds().items())

@@ -180,6 +180,7 @@ class Work:
 
     rec: RunRecord
     quantum: int
+    inline: bool = False  # dispatched by the submitting thread (which must never block on a step)
 
 
 # --------------------------------------------------------------- the table
@@ -297,6 +298,13 @@ class Lifecycle:
         if not runnable:
             return None, effects
         return Work(self.policy.pick(runnable), self.policy.quantum), effects
+
+    def has_work(self) -> bool:
+        """Whether some run is queued or has steps left to dispatch (what `next_work` might pick)."""
+        for rec in self.queue.values():
+            if rec.state == "queued" or rec.cursor < rec.total:
+                return True
+        return False
 
     def check_events(self, events: Sequence[Any]) -> None:
         """Validation: node events of one device never overlap (end >= start >= dispatch)."""

@@ -42,6 +42,7 @@ class Step:
     shapes: str
     node: Node | None
     remote: bool = False  # runs on a remote island: the watcher reads its timing from the actor
+    host_callbacks: bool = False  # may block the thread that dispatches it (XLA:CPU runs callbacks there)
     cost: int = 1000  # ns of device time, a running mean updated by the watcher
 
 
@@ -117,6 +118,7 @@ def _step_for(node: Node, graph: ProgramGraph, call, ins, outs, name=None, kind=
         shapes=", ".join(vals[i].type_str for i in ins) + " -> " + ", ".join(vals[i].type_str for i in outs),
         node=node,
         remote=getattr(call, "lands_remote", False),
+        host_callbacks=node.host_callbacks,
     )
 
 
@@ -264,6 +266,7 @@ def fused(graph: ProgramGraph) -> Plan:
     step.outs = tuple(out_slots)
     step.nbytes = sum(graph.values[v].nbytes for v in graph.outputs)
     step.shapes = f"{len(work)} nodes fused"
+    step.host_callbacks = any(n.host_callbacks for n in work)
     steps.append(step)
     return _finish("fused", graph, steps, tuple(out_slots), len(graph.values) + len(graph.outputs))
 

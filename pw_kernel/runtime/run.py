@@ -165,6 +165,10 @@ class Run:
         self.wait(timeout)
         return get(self.outputs)
 
+    def help_complete(self) -> None:
+        """Complete dispatched steps on this thread if no other thread is at it (what a waiter does)."""
+        self._owner.dispatcher.help()
+
     def cancel(self) -> bool:
         """Cancel: nodes not yet dispatched are dropped, futures raise CancelledError. False if already final."""
         return self._owner.cancel(self)

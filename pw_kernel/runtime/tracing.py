@@ -120,6 +120,19 @@ def _bind(eqn, args):
     return eqn.primitive.bind(*args, **bind_params)
 
 
+def calls_host(eqns: Sequence[Any]) -> bool:
+    """Whether these equations (or any jaxpr nested in their params) call back into Python."""
+    for e in eqns:
+        if "callback" in e.primitive.name:
+            return True
+        for p in e.params.values():
+            for sub in p if isinstance(p, (tuple, list)) else (p,):
+                inner = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr's Jaxpr, or a Jaxpr
+                if hasattr(inner, "eqns") and calls_host(inner.eqns):
+                    return True
+    return False
+
+
 def make_evaluator(eqns: Sequence[Any], invars: Sequence[Any], outvars: Sequence[Any]) -> Callable:
     """A function of ``invars`` that replays ``eqns`` (by binding their primitives) and returns ``outvars``."""
 
@@ -458,6 +471,7 @@ def _trace_program(
             primitives=prims,
             source=source,
             stack=_eqn_stack(eqns[0]),
+            host_callbacks=calls_host(eqns),
         )
         for v, vid in zip(outvars, out_ids):
             b.var_value[v] = vid
@@ -525,6 +539,7 @@ def _trace_program(
             fn=fn_,
             source=source,
             stack=_eqn_stack(eqn),
+            host_callbacks=calls_host([eqn]),
         )
         for v, vid in zip(eqn.outvars, out_ids):
             b.var_value[v] = vid
