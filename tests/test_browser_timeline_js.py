@@ -22,7 +22,7 @@ pytest.importorskip("playwright.sync_api", reason="pip install playwright (the b
 
 from playwright.sync_api import sync_playwright  # noqa: E402
 
-from pw_kernel.runtime.events import NodeEvent  # noqa: E402
+from pw_kernel.runtime import NodeEvent  # noqa: E402
 from pw_kernel.widgets import _html  # noqa: E402
 from pw_kernel.widgets.timeline_widget import EventEncoder  # noqa: E402
 
@@ -75,8 +75,9 @@ def wire(meta, buffers):
 
 
 def state_for(enc, runs, base=True, **extra):
-    meta, (f64, u32, bars) = enc.pack(0)
-    b64 = {k: base64.b64encode(v).decode() for k, v in (("f64", f64), ("u32", u32), ("bars", bars))}
+    meta, (measures, ids, bars) = enc.pack(0)
+    # the wire names are the typed arrays the front-end builds: Float64Array, Uint32Array
+    b64 = {k: base64.b64encode(v).decode() for k, v in (("f64", measures), ("u32", ids), ("bars", bars))}
     st = {
         "title": "t",
         "lanes": enc.lanes,

@@ -292,7 +292,7 @@ y = b(a(v))
 """
     )
     assert "ProgramGraph 'shown'" in cell.text
-    if pw.magics.display.render_svg("digraph { a -> b }") is not None:
+    if pw.widgets.graph.dot_binary() is not None:
         assert "<svg" in cell.html
     else:
         assert "digraph" in cell.html

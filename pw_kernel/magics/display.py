@@ -2,32 +2,25 @@
 
 Built only from the runtime's public objects (Run, ProgramGraph, NodeEvent,
 Status, Island, VirtualSlice). Each piece is a small function returning a
-`View`, so the widgets can replace them one by one. Every user-provided
-string goes through `html.escape`.
+`View`, so the widgets can replace them one by one. Colours, escaping and the
+program graph's picture come from the widgets' static side (`widgets._html`,
+`widgets.graph`, neither needs anywidget): every user-provided string goes
+through its `esc`.
 """
 
 from __future__ import annotations
 
-import html
 import re
-import shutil
-import subprocess
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from ..runtime.errors import short_error
+from ..runtime import busy_by_device, describe_sharding, short_error
+from ..widgets._html import CROSS_ISLAND, RUN_PALETTE, esc, percent_done, state_colour
+from ..widgets.graph import graph_html
 
 MAX_TABLE_ROWS = 200
 MAX_TIMELINE_EVENTS = 5000
 
-_STATE_COLOURS = {
-    "queued": "#9e9e9e",
-    "running": "#1e88e5",
-    "done": "#43a047",
-    "failed": "#e53935",
-    "cancelled": "#fb8c00",
-}
-_RUN_COLOURS = ("#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#76b7b2", "#edc948", "#ff9da7", "#9c755f")
 _CSS = (
     "<style>.pw-view{font-family:system-ui,-apple-system,Segoe UI,Helvetica,sans-serif;font-size:12px;"
     "line-height:1.4}.pw-view table{border-collapse:collapse;margin:4px 0}.pw-view th,.pw-view td{padding:2px 8px;"
@@ -37,11 +30,6 @@ _CSS = (
     ".pw-bar>span{display:block;height:8px;border-radius:4px}.pw-err{white-space:pre-wrap;color:#b71c1c;"
     "background:#fff5f5;border-left:3px solid #e53935;padding:4px 8px;margin:4px 0}</style>"
 )
-
-
-def esc(x: Any) -> str:
-    """HTML-escape any value's str (every user-provided string goes through here)."""
-    return html.escape(str(x), quote=True)
 
 
 class View:
@@ -81,12 +69,12 @@ def _page(body: str) -> str:
 
 
 def _badge(state: str) -> str:
-    return f'<span class="pw-badge" style="background:{_STATE_COLOURS.get(state, "#757575")}">{esc(state)}</span>'
+    return f'<span class="pw-badge" style="background:{state_colour(state)}">{esc(state)}</span>'
 
 
 def _bar(done: int, total: int, state: str) -> str:
-    pct = 100.0 if total == 0 and state == "done" else (100.0 * done / total if total else 0.0)
-    colour = _STATE_COLOURS.get(state, "#757575")
+    pct = percent_done(done, total, state)
+    colour = state_colour(state)
     fill = f'<span style="width:{pct:.0f}%;background:{colour}"></span>'
     return f'<span class="pw-bar" title="{done}/{total}">{fill}</span>'
 
@@ -106,12 +94,6 @@ def _text_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     for row in rows:
         lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
     return "\n".join(lines)
-
-
-def _sharding(sharding) -> str:
-    from ..runtime.graph import describe_sharding
-
-    return describe_sharding(sharding)
 
 
 def _type_str(fut) -> str:
@@ -176,7 +158,7 @@ def run_view(
     outs = []
     for name, fut in outputs.items():
         leaves = fut if isinstance(fut, (list, tuple)) else [fut]
-        desc = ", ".join(f"{_type_str(f)} {_sharding(f.sharding)}" for f in leaves if hasattr(f, "shape"))
+        desc = ", ".join(f"{_type_str(f)} {describe_sharding(f.sharding)}" for f in leaves if hasattr(f, "shape"))
         outs.append((name, desc))
     head = (
         f"run {run.id} {run.name!r}: {run.state}, {done}/{total} nodes, {run.elapsed:.3f} s, "
@@ -222,32 +204,12 @@ def message_view(text: str) -> View:
 
 
 # --------------------------------------------------------------------- graph
-def render_svg(dot_source: str, timeout: float = 20.0) -> str | None:
-    """SVG from graphviz's ``dot`` binary, or None when it is missing or fails."""
-    exe = shutil.which("dot")
-    if exe is None:
-        return None
-    try:
-        proc = subprocess.run([exe, "-Tsvg"], input=dot_source, capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if proc.returncode != 0:
-        return None
-    svg = proc.stdout
-    start = svg.find("<svg")
-    return svg[start:] if start >= 0 else None
-
-
 def graph_view(graph) -> View:
-    """The program's dataflow graph: SVG via graphviz ``dot`` when installed, else the DOT source."""
-    dot = graph.to_dot()
-    svg = render_svg(dot)
-    summary = f"<div><b>{esc(graph.summary())}</b></div>"
-    if svg is not None:
-        body = summary + f'<div style="overflow:auto;max-height:600px">{svg}</div>'
-    else:
-        body = summary + "<div>graphviz <code>dot</code> not found; the DOT source:</div><pre>" + esc(dot) + "</pre>"
-    return View(repr(graph), _page(body))
+    """The program's dataflow graph: summary and SVG via graphviz ``dot``, else the install hint and DOT source.
+
+    The same picture the graph shows of itself in a notebook (`ProgramGraph._repr_html_`).
+    """
+    return View(repr(graph), graph_html(graph))
 
 
 # ------------------------------------------------------------------ timeline
@@ -272,10 +234,10 @@ def timeline_svg(events: Iterable[Any], height_per_lane: int = 14, width: int = 
     for ev in events:
         x = label_w + (ev.start - t0) / span * plot_w
         w = max((ev.end - ev.start) / span * plot_w, 1.0)
-        colour = _RUN_COLOURS[ev.run_id % len(_RUN_COLOURS)]
+        colour = RUN_PALETTE[ev.run_id % len(RUN_PALETTE)]
         cross = ev.kind == "transfer" and ev.src_island is not None and ev.src_island != ev.island
         if cross:  # the paper's DCN hop between islands
-            stroke = ' stroke="#d62828" stroke-width="1.5"'
+            stroke = f' stroke="{CROSS_ISLAND}" stroke-width="1.5"'
         else:
             stroke = ' stroke="#333"' if ev.kind == "transfer" else ""
         fill = "#ffffff" if ev.kind == "transfer" else colour
@@ -318,10 +280,7 @@ def timeline_view(events: Iterable[Any], title: str = "timeline") -> View:
     ]
     headers = ["run", "program", "node", "kind", "devices", "start ms", "duration ms", "shapes"]
     more = f" (latest {len(shown)} of {len(events)})" if len(shown) < len(events) else ""
-    busy: dict[int, int] = {}
-    for ev in events:
-        for d in ev.devices:
-            busy[d] = busy.get(d, 0) + (ev.end - ev.start)
+    busy = busy_by_device(events)
     span = max(max(ev.end for ev in events) - t0, 1)
     util = ", ".join(f"dev {d}: {100 * b / span:.0f}%" for d, b in sorted(busy.items()))
     head = f"{title}: {len(events)} node events{more}; busy {util}"
@@ -358,12 +317,13 @@ def status_view(status, runs: Sequence[Any] = ()) -> View:
     ]
     by_id = {r.id: r for r in runs}
     run_rows = []
-    for rid, name, state, done, total in status.runs[-MAX_TABLE_ROWS:]:
-        r = by_id.get(rid)
+    for summary in status.runs[-MAX_TABLE_ROWS:]:
+        r = by_id.get(summary.id)
+        state = summary.state
         elapsed = f"{r.elapsed:.3f} s" if r is not None else ""
         err = esc(short_error(r.error, 3)) if r is not None and r.error is not None and state == "failed" else ""
-        progress = f"{_bar(done, total, state)} {done}/{total}"
-        run_rows.append((esc(rid), f"<code>{esc(name)}</code>", _badge(state), progress, elapsed, err))
+        progress = f"{_bar(summary.done, summary.total, state)} {summary.done}/{summary.total}"
+        run_rows.append((esc(summary.id), f"<code>{esc(summary.name)}</code>", _badge(state), progress, elapsed, err))
     counts = ", ".join(f"{v} {k}" for k, v in sorted(status.counts().items())) or "none"
     body = (
         f"<div><b>pw_kernel controller</b>: {len(status.islands)} islands, policy {esc(status.policy)}, "

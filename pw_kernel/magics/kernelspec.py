@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ..runtime.config import DEFAULT_CPU_DEVICES
+from ..runtime import DEFAULT_CPU_DEVICES
 
 KERNEL_NAME = "pathways"
 DISPLAY_NAME = "Python 3 (Pathways)"

@@ -343,11 +343,13 @@ class PathwaysMagics(Magics):
         number = self._cell_number()
         name = args.name or f"In[{number}]"
         fn, params, out_names, filename = self._compile_cell(f"%%pathways {line}".rstrip(), cell, number)
-        box: dict[str, Any] = {}
+        # The names the cell binds to plain Python values (not program outputs), filled in while it is traced.
+        python_values: dict[str, Any] = {}
 
         def cell_program(*inputs):
             outs, side = _split_outputs(fn(*inputs), out_names)
-            box["side"] = side
+            python_values.clear()
+            python_values.update(side)
             return outs
 
         prog = pw.program(cell_program, name=name, slice=slice_, mode=args.mode, tenant=args.tenant or "default")
@@ -364,7 +366,7 @@ class PathwaysMagics(Magics):
 
         try:
             outputs = dict(run.outputs)
-            side = {k: _unwrapped_name(v) for k, v in box.get("side", {}).items()}
+            side = {k: _unwrapped_name(v) for k, v in python_values.items()}
             result = outputs.pop(RESULT, side.pop(RESULT, None))
             ns.update(side)
             ns.update(outputs)

@@ -6,7 +6,7 @@ import threading
 import weakref
 from typing import Any
 
-from ..runtime.errors import ControllerShutdownError
+from ..runtime import ControllerShutdownError
 from . import display
 
 MAX_REPORTS = 5

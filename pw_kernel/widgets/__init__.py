@@ -3,10 +3,11 @@
 * `show_mesh` / `MeshWidget`: a device mesh with axis names, or where every shard of an array lives.
 * `timeline` / `TimelineWidget`: a lane per device and per transfer path, a bar per node, live.
 * `RunWidget`: a run's state, nodes done / total, elapsed time, error and a mini timeline, live.
-* `graph_svg` / `graph_html`: the program graph laid out by graphviz ``dot``.
+* `graph_dot` / `graph_svg` / `graph_html`: the program graph as DOT, and laid out by graphviz ``dot``
+  (what `ProgramGraph.to_dot` and its reprs return).
 
 The views consume only the runtime's public objects and its event stream.
-Names resolve lazily: `graph_svg` needs neither anywidget nor ipywidgets.
+Names resolve lazily: the graph's functions need neither anywidget nor ipywidgets.
 
 Example::
 
@@ -26,6 +27,7 @@ _EXPORTS = {
     "timeline": ".timeline_widget",
     "RunWidget": ".run",
     "GraphvizError": ".graph",
+    "graph_dot": ".graph",
     "graph_svg": ".graph",
     "graph_html": ".graph",
     "repr_svg": ".graph",
@@ -33,7 +35,7 @@ _EXPORTS = {
 }
 
 if TYPE_CHECKING:
-    from .graph import GraphvizError, dot_to_svg, graph_html, graph_svg, repr_svg
+    from .graph import GraphvizError, dot_to_svg, graph_dot, graph_html, graph_svg, repr_svg
     from .mesh import MeshWidget, show_mesh
     from .run import RunWidget
     from .timeline_widget import TimelineWidget, timeline
@@ -58,6 +60,7 @@ __all__ = [
     "RunWidget",
     "TimelineWidget",
     "dot_to_svg",
+    "graph_dot",
     "graph_html",
     "graph_svg",
     "repr_svg",

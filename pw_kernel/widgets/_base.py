@@ -13,9 +13,12 @@ import pathlib
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import anywidget
+
+from ..runtime import controller
 
 STATIC = pathlib.Path(__file__).parent / "static"
 PERIOD = 0.1  # seconds between two pushes of one widget: at most ~10 redraws a second
@@ -27,10 +30,18 @@ class Ticker:
     """A daemon thread that calls ``client._tick(now)`` for poked clients, at most every `PERIOD`.
 
     ``_tick`` returns the monotonic time it wants to be called again at (or None).
+    ``clock`` and ``sleep`` are the time it throttles by (a test passes a fake one).
     """
 
-    def __init__(self, period: float = PERIOD):
+    def __init__(
+        self,
+        period: float = PERIOD,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
         self.period = period
+        self._clock = clock
+        self._sleep = sleep
         self._clients: weakref.WeakSet[Any] = weakref.WeakSet()
         self._wake = threading.Event()
         self._lock = threading.Lock()
@@ -54,18 +65,18 @@ class Ticker:
             self._wake.set()
 
     def _loop(self) -> None:
-        last = 0.0
+        last = -float("inf")
         while True:
-            now = time.monotonic()
+            now = self._clock()
             timeout = None
             if self._deadlines:
                 timeout = max(0.0, min(self._deadlines.values()) - now)
             self._wake.wait(timeout)
-            wait = last + self.period - time.monotonic()
+            wait = last + self.period - self._clock()
             if wait > 0:
-                time.sleep(wait)  # the throttle: events keep buffering meanwhile
+                self._sleep(wait)  # the throttle: events keep buffering meanwhile
             self._wake.clear()
-            last = now = time.monotonic()
+            last = now = self._clock()
             with self._lock:
                 clients = list(self._clients)
             deadlines: dict[int, float] = {}
@@ -84,10 +95,19 @@ class Ticker:
 ticker = Ticker()
 
 
+def controller_of(run: Any) -> Any:
+    """The live controller ``run`` belongs to, or None (it was shut down or replaced, or forgot the run)."""
+    c = controller(create=False)
+    if c is None:
+        return None
+    return c if any(r is run for r in reversed(list(c.runs))) else None
+
+
 class PwWidget(anywidget.AnyWidget):
     """An anywidget whose mimebundle also carries a static text/html picture of its state."""
 
     _css = STATIC / "widgets.css"
+    _unsubscribe: Callable[[], None] | None = None  # set while the widget follows an event log
 
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
@@ -96,6 +116,13 @@ class PwWidget(anywidget.AnyWidget):
     def static_html(self) -> str:
         """The widget's current state as self-contained HTML (no JavaScript)."""
         raise NotImplementedError
+
+    def _unfollow(self) -> None:
+        """Stop following the event log and the ticker (idempotent)."""
+        unsub, self._unsubscribe = self._unsubscribe, None
+        if unsub is not None:
+            unsub()
+        ticker.discard(self)
 
     def _repr_mimebundle_(self, **kwargs: Any):
         out = super()._repr_mimebundle_(**kwargs)

@@ -13,6 +13,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from ..runtime import remote_device_id
+
 
 @dataclasses.dataclass(frozen=True)
 class DeviceRef:
@@ -34,8 +36,6 @@ def island_devices(island: Any, names: Mapping[int, str] | None = None) -> list[
     out = []
     for k, d in enumerate(island.devices):
         if _remote(island):
-            from ..runtime.devices import remote_device_id
-
             dev_id = remote_device_id(island, k)
             kind = ""
         else:

@@ -27,11 +27,12 @@ RUN_PALETTE: tuple[str, ...] = (
     "#ff9da7", "#9c755f", "#8cd17d", "#499894", "#d4a6c8", "#bab0ac",
 )  # fmt: skip
 
-#: Light fills for slices in the program graph (black text stays readable).
-SLICE_PALETTE: tuple[str, ...] = (  # the same colours as ProgramGraph.to_dot
+#: Light fills for slices, in the program graph and the devices overview (black text stays readable).
+SLICE_PALETTE: tuple[str, ...] = (
     "#8ecae6", "#ffb703", "#90be6d", "#f4a3c0", "#b8a1e3", "#f9844a", "#4cc9f0", "#d9d9d9",
 )  # fmt: skip
 
+#: A run's state as a colour: the badges and progress bars of every view.
 STATE_COLOURS: dict[str, str] = {
     "queued": "#9e9e9e",
     "running": "#1e88e5",
@@ -40,12 +41,25 @@ STATE_COLOURS: dict[str, str] = {
     "cancelled": "#fb8c00",
 }
 
+#: Transfers between islands (the paper's DCN hops), in the graph, the timelines and their legends.
 CROSS_ISLAND = "#d62828"
 FONT = "system-ui,-apple-system,'Segoe UI',Helvetica,Arial,sans-serif"
 
 
+def state_colour(state: str) -> str:
+    """The colour of a run state (grey for one this palette does not know)."""
+    return STATE_COLOURS.get(state, "#757575")
+
+
+def percent_done(done: int, total: int, state: str) -> float:
+    """How full a run's progress bar is: nodes done of total (a run with no nodes is full once done)."""
+    if total == 0:
+        return 100.0 if state == "done" else 0.0
+    return 100.0 * done / total
+
+
 def esc(x: Any) -> str:
-    """HTML-escape ``str(x)``, quotes included: safe in text and in attribute values."""
+    """HTML-escape ``str(x)``, quotes included: safe in text and in attribute values (every view's one escaper)."""
     return html.escape(str(x), quote=True)
 
 
@@ -84,11 +98,12 @@ def page(body: str, cls: str) -> str:
 
 
 def fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
+    """A size in binary units: ``512 B``, ``1.5 KiB``, ``3.0 MiB``, ``2.1 GiB``."""
+    for unit in ("B", "KiB", "MiB"):
+        if abs(n) < 1024:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
-    return f"{n:.1f} GiB"  # unreachable
+    return f"{n:.1f} GiB"
 
 
 def fmt_ns(ns: float) -> str:
@@ -246,9 +261,9 @@ def mesh_html(state: Mapping[str, Any]) -> str:
 def run_html(s: Mapping[str, Any]) -> str:
     """A RunWidget's state as static HTML."""
     state = s["state"]
-    colour = STATE_COLOURS.get(state, "#757575")
+    colour = state_colour(state)
     done, total = s["done"], s["total"]
-    pct = 100.0 if total == 0 and state == "done" else (100.0 * done / total if total else 0.0)
+    pct = percent_done(done, total, state)
     err = ""
     if s.get("error"):
         err = (

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import traitlets as t
 
+from ..runtime import controller
 from . import _html
 from ._base import STATIC, PwWidget
 from ._devices import DeviceRef, island_devices, local_device, slice_devices
@@ -340,8 +341,6 @@ def model_of(
 
 
 def _device_names() -> dict[int, str]:
-    from ..runtime.controller import controller
-
     return dict(controller().events.device_names)
 
 
@@ -357,8 +356,6 @@ def _devices_model(obj: Any, state: dict[str, Any]) -> dict[str, Any]:
     """Every device of the controller (or of the given islands), grouped by island, with the slices on each."""
     if obj is None or _is_controller(obj):
         if obj is None:
-            from ..runtime.controller import controller
-
             obj = controller()
         islands = list(obj.islands)
         slices = list(obj.resources.slices)

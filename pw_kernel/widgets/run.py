@@ -10,20 +10,17 @@ from typing import Any
 import numpy as np
 import traitlets as t
 
+from ..runtime import FINAL, describe_sharding, short_error
 from . import _html
-from ._base import STATIC, PwWidget, ticker
-from ..runtime.errors import short_error
+from ._base import STATIC, PwWidget, controller_of, ticker
 from ._devices import slice_devices
 
-FINAL = frozenset({"done", "failed", "cancelled"})
 MAX_MINI_BARS = 1500
 MINI_PERIOD = 0.25  # seconds between two updates of the mini timeline (the bar and counters go at ~10 Hz)
 
 
 def describe_outputs(outputs: dict[str, Any] | None) -> list[dict[str, str]]:
     """``{name: future or tuple of futures}`` as rows of name, type (``f32[8,8]``) and sharding."""
-    from ..runtime.graph import describe_sharding
-
     rows = []
     for name, value in (outputs or {}).items():
         leaves = value if isinstance(value, (list, tuple)) else [value]
@@ -75,7 +72,8 @@ class RunWidget(PwWidget):
         self._mini: list[tuple[int, int, int, int]] = []
         self._mini_at = 0.0
         graph = getattr(run, "graph", None)
-        log = getattr(getattr(run, "controller", None), "events", None)
+        owner = controller_of(run)
+        log = owner.events if owner is not None else None
         self._names = getattr(log, "device_names", {})
         refs = {r.id: r for s in getattr(graph, "slices", ()) for r in slice_devices(s, self._names)}
         for ref in sorted(refs.values(), key=lambda r: r.id):
@@ -107,7 +105,7 @@ class RunWidget(PwWidget):
 
     def _tick(self, now: float) -> float | None:
         if self.comm is None:
-            self._stop()
+            self._unfollow()
             return None
         if not self._dirty and not self._pending:
             return None
@@ -139,7 +137,6 @@ class RunWidget(PwWidget):
             self.run_id = int(run.id)
             self.name = str(run.name)
             self.program = str(getattr(graph, "name", run.name))
-            self.state = str(state)
             self.done, self.total = int(done), int(total)
             self.elapsed = float(run.elapsed)
             self.error = short_error(err)
@@ -149,6 +146,8 @@ class RunWidget(PwWidget):
                 if len(self.lanes) != len(self._lane_names):
                     self.lanes = list(self._lane_names)
                 self.bars = self._mini_flat()
+            # last: whoever sees the final state (another thread reading traits) sees its counts too
+            self.state = str(state)
 
     def _mini_flat(self) -> list[float]:
         bars = self._mini[-MAX_MINI_BARS:]
@@ -161,19 +160,13 @@ class RunWidget(PwWidget):
         return out
 
     def _finish(self) -> None:
-        self._stop()
+        self._unfollow()
         with self._lock:
             self._update(time.monotonic(), force_mini=True)
         self.refresh_static()  # a saved notebook shows the final state, not "queued"
 
-    def _stop(self) -> None:
-        unsub, self._unsubscribe = self._unsubscribe, None
-        if unsub is not None:
-            unsub()
-        ticker.discard(self)
-
     def close(self) -> None:
-        self._stop()
+        self._unfollow()
         super().close()
 
     def state_dict(self) -> dict[str, Any]:
@@ -191,4 +184,4 @@ class RunWidget(PwWidget):
         )
 
 
-__all__ = ["RunWidget", "short_error"]
+__all__ = ["RunWidget", "describe_outputs"]

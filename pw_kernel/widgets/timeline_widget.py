@@ -6,8 +6,9 @@ Data path, kept cheap at 100,000 events:
   controller thread and only appends the event to a deque.
 * The shared ticker thread (`_base.ticker`) drains the deque at most ~10 times
   a second, encodes the new events column-wise into numpy arrays (a *chunk*:
-  times as float64, run / string ids / kind as uint32, one (event, lane) pair
-  per bar, plus the strings not sent before) and pushes that chunk to the
+  ``measures`` (start, end, bytes) as float64, ``ids`` (run, string ids, kind)
+  as uint32, one (event, lane) pair per bar, plus the strings not sent
+  before) and pushes that chunk to the
   front-end as one custom message with binary buffers. Traits announce what
   exists (``n_chunks``, ``n_events``, ``lanes``, ``runs``), so a front-end
   that missed chunks (a page reload, a message sent before the view existed)
@@ -30,29 +31,34 @@ from typing import Any, NamedTuple
 import numpy as np
 import traitlets as t
 
+from ..runtime import FINAL, TraceRow, busy_time, chrome_trace
+from ..runtime import controller as get_controller
 from . import _html
-from ._base import STATIC, PwWidget, ticker
+from ._base import STATIC, PwWidget, controller_of, ticker
 from ._devices import island_devices
 
 KINDS: tuple[str, ...] = ("compute", "glue", "transfer")
 _KIND = {k: i for i, k in enumerate(KINDS)}
 NONE = 0xFFFFFFFF  # "no string" (an event without an error)
-F64_FIELDS = ("start", "end", "nbytes")
-U32_FIELDS = ("run", "node", "program", "tenant", "shapes", "error", "kind")
+MEASURE_FIELDS = ("start", "end", "nbytes")  # the columns of `Chunk.measures` (float64)
+ID_FIELDS = ("run", "node", "program", "tenant", "shapes", "error", "kind")  # the columns of `Chunk.ids` (uint32)
 BASE_WINDOW = 5.0  # seconds during which chunks also go into the `_base` trait until the front-end says hello
 MAX_LEGEND = 12
 FINAL_GRACE = 0.5  # seconds a timeline of given runs keeps listening after they are all final
-_FINAL = frozenset({"done", "failed", "cancelled"})
 
 
 class Chunk(NamedTuple):
-    """New events, column-wise: ``f64`` (n, 3), ``u32`` (n, 7), ``bars`` (m, 2) = (event index, lane)."""
+    """New events, column-wise: ``measures`` (n, 3), ``ids`` (n, 7), ``bars`` (m, 2) = (event index, lane).
+
+    ``measures`` holds `MEASURE_FIELDS` (float64), ``ids`` holds `ID_FIELDS`
+    (uint32: the run id, string-table ids, the kind's index in `KINDS`).
+    """
 
     ev0: int
     str0: int
     strings: list[str]
-    f64: np.ndarray
-    u32: np.ndarray
+    measures: np.ndarray
+    ids: np.ndarray
     bars: np.ndarray
 
 
@@ -130,15 +136,15 @@ class EventEncoder:
                 table.append(s)
             return k
 
-        f64: list[float] = []
-        u32: list[int] = []
+        measures: list[float] = []
+        ids: list[int] = []
         bars: list[int] = []
         k = self.n_events
         lane_of = self._lane_of
         for ev in events:
-            f64 += (ev.start, ev.end, ev.nbytes or 0)
+            measures += (ev.start, ev.end, ev.nbytes or 0)
             kind = _KIND.get(ev.kind, 0)
-            u32 += (ev.run_id, sid(ev.node), sid(ev.program), sid(ev.tenant), sid(ev.shapes), sid(ev.error), kind)
+            ids += (ev.run_id, sid(ev.node), sid(ev.program), sid(ev.tenant), sid(ev.shapes), sid(ev.error), kind)
             if kind == 2:
                 bars += (k, self.transfer_lane(ev.src_island, ev.island))
             for d in ev.devices:
@@ -154,8 +160,8 @@ class EventEncoder:
             ev0=self.n_events,
             str0=str0,
             strings=new,
-            f64=np.asarray(f64, dtype=np.float64).reshape(n, 3),
-            u32=np.asarray(u32, dtype=np.uint32).reshape(n, 7),
+            measures=np.asarray(measures, dtype=np.float64).reshape(n, 3),
+            ids=np.asarray(ids, dtype=np.uint32).reshape(n, 7),
             bars=np.asarray(bars, dtype=np.uint32).reshape(-1, 2),
         )
         self.chunks.append(chunk)
@@ -164,18 +170,18 @@ class EventEncoder:
         return chunk
 
     def pack(self, seq0: int, seq1: int | None = None) -> tuple[dict[str, Any], list[bytes]]:
-        """Chunks ``seq0:seq1`` as one message: JSON content and three binary buffers."""
+        """Chunks ``seq0:seq1`` as one message: JSON content and three binary buffers (measures, ids, bars)."""
         part = self.chunks[seq0:seq1]
         seq1 = seq0 + len(part)
         if part:
             ev0, str0 = part[0].ev0, part[0].str0
             strings = [s for c in part for s in c.strings]
-            f64 = np.concatenate([c.f64 for c in part]) if len(part) > 1 else part[0].f64
-            u32 = np.concatenate([c.u32 for c in part]) if len(part) > 1 else part[0].u32
+            measures = np.concatenate([c.measures for c in part]) if len(part) > 1 else part[0].measures
+            ids = np.concatenate([c.ids for c in part]) if len(part) > 1 else part[0].ids
             bars = np.concatenate([c.bars for c in part]) if len(part) > 1 else part[0].bars
         else:
             ev0, str0, strings = self.n_events, self.n_strings, []
-            f64, u32, bars = np.zeros((0, 3)), np.zeros((0, 7), np.uint32), np.zeros((0, 2), np.uint32)
+            measures, ids, bars = np.zeros((0, 3)), np.zeros((0, 7), np.uint32), np.zeros((0, 2), np.uint32)
         meta = {
             "type": "chunk",
             "seq0": seq0,
@@ -183,19 +189,19 @@ class EventEncoder:
             "ev0": ev0,
             "str0": str0,
             "strings": strings,
-            "n_ev": len(f64),
+            "n_ev": len(measures),
             "n_bars": len(bars),
         }
-        return meta, [f64.tobytes(), u32.tobytes(), bars.tobytes()]
+        return meta, [measures.tobytes(), ids.tobytes(), bars.tobytes()]
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
-        """Everything so far: f64 (n, 3), u32 (n, 7), bars (m, 2), the string table."""
+        """Everything so far: measures (n, 3), ids (n, 7), bars (m, 2), the string table."""
         if not self.chunks:
             return np.zeros((0, 3)), np.zeros((0, 7), np.uint32), np.zeros((0, 2), np.uint32), []
-        f64 = np.concatenate([c.f64 for c in self.chunks])
-        u32 = np.concatenate([c.u32 for c in self.chunks])
+        measures = np.concatenate([c.measures for c in self.chunks])
+        ids = np.concatenate([c.ids for c in self.chunks])
         bars = np.concatenate([c.bars for c in self.chunks])
-        return f64, u32, bars, self.strings
+        return measures, ids, bars, self.strings
 
 
 def _run_ids(runs: Any) -> set[int] | None:
@@ -242,13 +248,15 @@ class TimelineWidget(PwWidget):
         title: str | None = None,
         **kwargs: Any,
     ):
+        if runs is not None and not isinstance(runs, (int, np.integer)) and not hasattr(runs, "events"):
+            runs = list(runs)  # read twice below
         if controller is None:
-            if runs is not None and not isinstance(runs, (int, np.integer)):
-                first = runs if hasattr(runs, "events") else next(iter(runs), None)
-                controller = getattr(first, "controller", None)
+            given = [r for r in (runs if isinstance(runs, list) else [runs]) if hasattr(r, "events")]
+            controller = controller_of(given[0]) if given else None
+            if given and controller is None and events is None:
+                # their controller was shut down or replaced: show what the runs did, follow nothing
+                events = [e for r in given for e in list(r.events)]
             if controller is None and events is None:
-                from ..runtime.controller import controller as get_controller
-
                 controller = get_controller()
         self._controller = controller
         self._filter = _run_ids(runs)
@@ -349,26 +357,28 @@ class TimelineWidget(PwWidget):
         if self._filter is None or self._unsubscribe is None:
             return None
         states = {r["id"]: r["state"] for r in self._runs}
-        if not all(states.get(rid) in _FINAL for rid in self._filter):
+        if not all(states.get(rid) in FINAL for rid in self._filter):
             self._final_at = None
             return None
         if self._final_at is None:  # a grace period for node events that straggle behind a failure
             self._final_at = now
         if now - self._final_at < FINAL_GRACE:
             return self._final_at + FINAL_GRACE
-        self.stop()
+        # The final picture is published before `live` drops: whoever sees `live` False sees it too.
+        self._unfollow()
         self.refresh_static()
+        self._show_stopped()
         return None
 
     def _append(self, events: Sequence[Any]) -> Chunk | None:
         chunk = self._enc.encode(events)
         if chunk is not None:
-            for rid in np.unique(chunk.u32[:, 0]).tolist():
+            for rid in np.unique(chunk.ids[:, 0]).tolist():
                 if rid not in self._run_index:
-                    first = np.flatnonzero(chunk.u32[:, 0] == rid)[0]
-                    prog = chunk.u32[first, 2]
+                    first = np.flatnonzero(chunk.ids[:, 0] == rid)[0]
+                    prog = chunk.ids[first, 2]
                     names = self._enc.strings
-                    self._note_run(int(rid), names[prog] if prog != NONE else "", names[chunk.u32[first, 3]], "?")
+                    self._note_run(int(rid), names[prog] if prog != NONE else "", names[chunk.ids[first, 3]], "?")
         return chunk
 
     def _note_run(self, run_id: int, name: str, tenant: str, state: str) -> None:
@@ -390,8 +400,9 @@ class TimelineWidget(PwWidget):
         self.n_events = self._enc.n_events
 
     def _pack_dict(self) -> dict[str, Any]:
-        meta, (f64, u32, bars) = self._enc.pack(0)
-        return {**meta, "f64": f64, "u32": u32, "bars": bars}
+        meta, (measures, ids, bars) = self._enc.pack(0)
+        # the wire names say which typed array the front-end (and benchmarks/timeline_redraw.py) builds
+        return {**meta, "f64": measures, "u32": ids, "bars": bars}
 
     def _on_front_msg(self, _widget: Any, content: Any, _buffers: Any) -> None:
         if not isinstance(content, dict) or content.get("type") != "sync":
@@ -409,10 +420,10 @@ class TimelineWidget(PwWidget):
 
         A timeline of given runs stops on its own once they are all final.
         """
-        unsub, self._unsubscribe = self._unsubscribe, None
-        if unsub is not None:
-            unsub()
-        ticker.discard(self)
+        self._unfollow()
+        self._show_stopped()
+
+    def _show_stopped(self) -> None:
         if self.comm is not None:
             self.live = False
 
@@ -427,7 +438,7 @@ class TimelineWidget(PwWidget):
     @property
     def events(self) -> list[dict[str, Any]]:
         """The events shown, as dicts (node, run, program, tenant, kind, start, end, nbytes, shapes, error, lanes)."""
-        f64, u32, bars, strings = self._enc.arrays()
+        measures, ids, bars, strings = self._enc.arrays()
         lanes_of: dict[int, list[str]] = collections.defaultdict(list)
         for ev, lane in bars.tolist():
             lanes_of[ev].append(self._enc.lanes[lane]["key"])
@@ -436,9 +447,9 @@ class TimelineWidget(PwWidget):
             return None if k == NONE else strings[k]
 
         out = []
-        for i in range(len(f64)):
-            st, en, nb = f64[i].tolist()
-            run, node, prog, tenant, shapes, err, kind = u32[i].tolist()
+        for i in range(len(measures)):
+            st, en, nb = measures[i].tolist()
+            run, node, prog, tenant, shapes, err, kind = ids[i].tolist()
             out.append(
                 {
                     "run": run,
@@ -458,16 +469,38 @@ class TimelineWidget(PwWidget):
 
     def utilization(self) -> dict[str, float]:
         """Busy fraction of each lane (union of its bars) over the whole time span."""
-        f64, _, bars, _ = self._enc.arrays()
-        if not len(f64):
+        measures, _, bars, _ = self._enc.arrays()
+        if not len(measures):
             return {lane["key"]: 0.0 for lane in self._enc.lanes}
-        t0, t1 = f64[:, 0].min(), f64[:, 1].max()
+        t0, t1 = measures[:, 0].min(), measures[:, 1].max()
         span = max(t1 - t0, 1.0)
-        return {lane["key"]: busy_union(f64, bars, k) / span for k, lane in enumerate(self._enc.lanes)}
+        return {lane["key"]: busy_union(measures, bars, k) / span for k, lane in enumerate(self._enc.lanes)}
 
     def to_chrome_trace(self) -> dict[str, Any]:
-        """The shown events as Chrome trace JSON (what `to_perfetto` writes)."""
-        return chrome_trace(self.events, self._enc.lanes)
+        """The shown events as Chrome trace JSON (a thread per lane), by the runtime's one trace writer."""
+        lanes = self._enc.lanes
+        tid = {lane["key"]: k for k, lane in enumerate(lanes)}
+        rows = (
+            TraceRow(
+                0,
+                tid[key],
+                ev["node"],
+                ev["kind"],
+                ev["start"],
+                ev["end"],
+                {
+                    "run": ev["run"],
+                    "program": ev["program"],
+                    "tenant": ev["tenant"],
+                    "bytes": ev["nbytes"],
+                    "shapes": ev["shapes"],
+                    **({"error": ev["error"]} if ev["error"] else {}),
+                },
+            )
+            for ev in self.events
+            for key in ev["lanes"]
+        )
+        return chrome_trace(rows, lambda pid: "pw_kernel", lambda pid, k: lanes[k]["label"], "pw_kernel.widgets")
 
     def to_perfetto(self, path: str) -> str:
         """Write the shown events as Chrome trace JSON (open it at ui.perfetto.dev); returns the path.
@@ -488,18 +521,18 @@ class TimelineWidget(PwWidget):
         return path
 
     def static_html(self) -> str:
-        f64, u32, bars, strings = self._enc.arrays()
+        measures, ids, bars, strings = self._enc.arrays()
         return timeline_html(
             self.title,
             self._enc.lanes,
             self._runs,
             list(self.palette),
             self.color_by,
-            f64,
-            u32,
+            measures,
+            ids,
             bars,
             strings,
-            live=self.live,
+            live=self._unsubscribe is not None,  # not the `live` trait: that drops after the final picture is out
         )
 
     def __repr__(self) -> str:
@@ -520,65 +553,20 @@ def _drain(q: collections.deque) -> list[Any]:
     return out
 
 
-def busy_union(f64: np.ndarray, bars: np.ndarray, lane: int, t0: float = -np.inf, t1: float = np.inf) -> float:
-    """Nanoseconds covered by at least one bar of ``lane`` within [t0, t1]."""
+def busy_union(measures: np.ndarray, bars: np.ndarray, lane: int, t0: float = -np.inf, t1: float = np.inf) -> float:
+    """Nanoseconds covered by at least one bar of ``lane`` within [t0, t1] (the runtime's `busy_time`)."""
     ev = bars[bars[:, 1] == lane, 0]
-    if not len(ev):
-        return 0.0
-    s = np.clip(f64[ev, 0], t0, t1)
-    e = np.clip(f64[ev, 1], t0, t1)
-    order = np.argsort(s, kind="stable")
-    s, e = s[order], e[order]
-    reach = np.maximum.accumulate(e)
-    # a new segment starts where a bar begins after everything before it has ended
-    starts = np.concatenate(([True], s[1:] > reach[:-1]))
-    seg_start = s[starts]
-    seg_end = np.concatenate((reach[np.flatnonzero(starts)[1:] - 1], reach[-1:]))
-    return float(np.sum(seg_end - seg_start))
-
-
-def chrome_trace(events: Sequence[dict[str, Any]], lanes: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Chrome trace JSON from `TimelineWidget.events`: a thread per lane, complete ("X") events in µs."""
-    tid = {lane["key"]: k for k, lane in enumerate(lanes)}
-    trace: list[dict[str, Any]] = [
-        {"ph": "M", "name": "process_name", "pid": 0, "tid": 0, "args": {"name": "pw_kernel"}}
-    ]
-    for lane in lanes:
-        trace.append(
-            {"ph": "M", "name": "thread_name", "pid": 0, "tid": tid[lane["key"]], "args": {"name": lane["label"]}}
-        )
-    for ev in events:
-        for key in ev["lanes"]:
-            trace.append(
-                {
-                    "ph": "X",
-                    "name": ev["node"],
-                    "cat": ev["kind"],
-                    "pid": 0,
-                    "tid": tid[key],
-                    "ts": ev["start"] / 1e3,
-                    "dur": max(ev["end"] - ev["start"], 0) / 1e3,
-                    "args": {
-                        "run": ev["run"],
-                        "program": ev["program"],
-                        "tenant": ev["tenant"],
-                        "bytes": ev["nbytes"],
-                        "shapes": ev["shapes"],
-                        **({"error": ev["error"]} if ev["error"] else {}),
-                    },
-                }
-            )
-    return {"traceEvents": trace, "displayTimeUnit": "ms", "otherData": {"producer": "pw_kernel.widgets"}}
+    return busy_time(measures[ev, 0], measures[ev, 1], t0, t1)
 
 
 # --------------------------------------------------------------- static HTML
-def _colour_keys(color_by: str, u32: np.ndarray, runs: Sequence[dict[str, Any]], strings: Sequence[str]) -> np.ndarray:
+def _colour_keys(color_by: str, ids: np.ndarray, runs: Sequence[dict[str, Any]], strings: Sequence[str]) -> np.ndarray:
     """Per event, the index of its colour key (run, program or tenant) in order of first appearance."""
     if color_by == "run":
         order = {r["id"]: k for k, r in enumerate(runs)}
-        return np.fromiter((order.get(int(x), 0) for x in u32[:, 0]), dtype=np.int64, count=len(u32))
+        return np.fromiter((order.get(int(x), 0) for x in ids[:, 0]), dtype=np.int64, count=len(ids))
     col = 2 if color_by == "program" else 3
-    _, first, inverse = np.unique(u32[:, col], return_index=True, return_inverse=True)
+    _, first, inverse = np.unique(ids[:, col], return_index=True, return_inverse=True)
     rank = np.argsort(np.argsort(first))
     return rank[inverse]
 
@@ -589,8 +577,8 @@ def timeline_html(
     runs: Sequence[dict[str, Any]],
     palette: Sequence[str],
     color_by: str,
-    f64: np.ndarray,
-    u32: np.ndarray,
+    measures: np.ndarray,
+    ids: np.ndarray,
     bars: np.ndarray,
     strings: Sequence[str],
     width: int = 760,
@@ -598,7 +586,7 @@ def timeline_html(
 ) -> str:
     """A static SVG timeline: lanes, merged bars (one rect per run of equal-coloured pixels), axis, legend."""
     esc = _html.esc
-    n = len(f64)
+    n = len(measures)
     n_dev = sum(1 for x in lanes if x["kind"] == "device")
     head = (
         f'<div style="margin-bottom:2px"><b>{esc(title)}</b> · {n} events · {len(runs)} runs · '
@@ -609,14 +597,14 @@ def timeline_html(
     order = [k for k, x in enumerate(lanes) if x["kind"] == "device"] + [
         k for k, x in enumerate(lanes) if x["kind"] != "device"
     ]
-    t0 = float(f64[:, 0].min())
-    t1 = float(f64[:, 1].max())
+    t0 = float(measures[:, 0].min())
+    t1 = float(measures[:, 1].max())
     span = max(t1 - t0, 1.0)
     label_w, util_w, axis_h = 120, 46, 18
     plot_w = width - label_w - util_w
-    keys = _colour_keys(color_by, u32, runs, strings)
-    px0 = np.floor((f64[:, 0] - t0) / span * plot_w).astype(np.int64)
-    px1 = np.maximum(np.ceil((f64[:, 1] - t0) / span * plot_w).astype(np.int64), px0 + 1)
+    keys = _colour_keys(color_by, ids, runs, strings)
+    px0 = np.floor((measures[:, 0] - t0) / span * plot_w).astype(np.int64)
+    px1 = np.maximum(np.ceil((measures[:, 1] - t0) / span * plot_w).astype(np.int64), px0 + 1)
     parts = []
     y = axis_h
     step = _html.nice_step(span, 6)
@@ -633,7 +621,7 @@ def timeline_html(
         info = lanes[lane]
         h = 16 if info["kind"] == "device" else 12
         ev = bars[bars[:, 1] == lane, 0].astype(np.int64)
-        util = busy_union(f64, bars, lane) / span
+        util = busy_union(measures, bars, lane) / span
         parts.append(
             f'<text x="{label_w - 4}" y="{y + h - 4}" text-anchor="end" fill="#333">{esc(info["label"])}</text>'
             f'<rect x="{label_w}" y="{y}" width="{plot_w}" height="{h - 2}" fill="#f4f4f4"/>'
@@ -670,7 +658,7 @@ def timeline_html(
         entries = [(palette[k % len(palette)], f"run {r['id']} {r['name']} ({r['state']})") for k, r in enumerate(runs)]
     else:
         col = 2 if color_by == "program" else 3
-        seen = list(dict.fromkeys(int(x) for x in u32[:, col]))
+        seen = list(dict.fromkeys(int(x) for x in ids[:, col]))
         entries = [(palette[k % len(palette)], strings[s] if s != NONE else "?") for k, s in enumerate(seen)]
     legend = _html.legend_html(entries[-MAX_LEGEND:], more=max(0, len(entries) - MAX_LEGEND))
     return _html.page(head + legend + svg, "pw-timeline")
@@ -688,4 +676,4 @@ def timeline(runs: Any = None, live: bool = True, **kwargs: Any) -> TimelineWidg
     return TimelineWidget(runs, live=live, **kwargs)
 
 
-__all__ = ["EventEncoder", "TimelineWidget", "busy_union", "chrome_trace", "timeline", "timeline_html"]
+__all__ = ["EventEncoder", "TimelineWidget", "busy_union", "timeline", "timeline_html"]
