@@ -82,7 +82,7 @@ def test_shutdown_fails_running_and_queued_runs_and_joins_threads():
     assert started.wait(30)  # the gate holds the first run on its device now
     # Shutdown must not wait for the device: it fails both runs, then joins the threads once the gate opens.
     threading.Thread(target=lambda: (c.shutdown(), gate.set()), name="shutdown").start()
-    c.run(fut.run.id)._final.wait(30)
+    fut.run.wait(30)
     gate.set()
     for t in threads:
         t.join(30)

@@ -349,7 +349,9 @@ class Controller:
             assert all(f.done() for f in futures), run
         if self.config.keep_outputs > 0:
             self._recent.append(futures)
-        run._final.set()  # after its event and its futures: whoever `wait()`s sees it all
+        run._retired = True  # after its event and its futures: whoever `wait()`s sees it all
+        if run._final is not None:
+            run._final.set()
         if len(self.runs) > self.config.keep_runs:
             # Forget the oldest tenth at once, so this stays cheap per run (not a rebuild per run).
             excess = len(self.runs) - self.config.keep_runs + self.config.keep_runs // 10

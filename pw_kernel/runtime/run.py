@@ -41,7 +41,8 @@ class Run:
         self.tenant = rec.tenant
         self.weight = rec.weight
         self.priority = rec.priority
-        self._final = threading.Event()
+        self._retired = False  # final, futures set and event emitted (the controller sets it)
+        self._final: threading.Event | None = None  # made only if someone waits before that
         vals = graph.values
         futures = [
             Future(self, j, vals[v].shape, vals[v].dtype, vals[v].sharding, vals[v].slice, rec.cells[j])
@@ -150,7 +151,7 @@ class Run:
         """
         timeout = check_timeout(timeout, "Run.wait")
         try:
-            if not self._final.wait(timeout):
+            if not self._wait_retired(timeout):
                 raise TimeoutError(
                     f"`Run.wait(timeout={timeout})`: run {self.id} ({self.name!r}) is still {self.state} "
                     f"({self.nodes_done}/{self.nodes_total} nodes done)."
@@ -159,6 +160,16 @@ class Run:
             self.cancel()
             raise
         return self
+
+    def _wait_retired(self, timeout: float | None) -> bool:
+        if self._retired:
+            return True
+        with self._owner.lock:
+            if self._retired:
+                return True
+            if self._final is None:
+                self._final = threading.Event()
+        return self._final.wait(timeout)
 
     def result(self, timeout: float | None = None) -> Any:
         """Wait, then return the outputs as arrays (raising the run's error if it failed)."""
