@@ -30,10 +30,15 @@ def run_some(n_runs=6, tag=""):
 def test_every_node_is_recorded_with_consistent_times(ctl2):
     futs = run_some()
     log = pw.controller().events
-    events = log.query()
+    events = [e for e in log.query() if e.kind != "compile"]
     runs = {f.run.id for f in futs}
     assert {e.run_id for e in events} == runs
     assert len(events) == sum(f.run.nodes_total for f in futs)
+    # Compiling is its own event, on no device, once per executable: the first run pays for it.
+    compiles = log.query(kind="compile")
+    assert {e.run_id for e in compiles} == {futs[0].run.id} and not any(e.devices for e in compiles)
+    assert {e.node for e in compiles} >= {"compile f", "compile g"} and all(e.end > e.start for e in compiles)
+    assert futs[0].run.compile_time > 0 and futs[-1].run.compile_time == 0
     for e in events:
         assert e.end >= e.start >= e.dispatch >= 0
         assert e.program == "p" and e.kind in ("compute", "glue", "transfer") and e.devices
@@ -61,7 +66,8 @@ def test_subscribers_see_nodes_and_run_transitions(ctl2):
         rid = f.run.id
         assert [s for r, s in states if r == rid] == ["queued", "running", "done"]
     nodes = [e for e in seen if isinstance(e, pw.NodeEvent)]
-    assert len(nodes) == sum(f.run.nodes_total for f in futs)
+    assert len(nodes) == sum(len(f.run.events) for f in futs)  # every node, and each first-call compile
+    assert sum(e.kind != "compile" for e in nodes) == sum(f.run.nodes_total for f in futs)
     run_some(1, tag="again")
     assert len([e for e in seen if isinstance(e, pw.NodeEvent)]) == len(nodes)  # unsubscribed
 

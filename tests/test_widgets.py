@@ -256,12 +256,13 @@ def test_timeline_lanes_are_the_devices_and_it_shows_a_run(ctl2):
     a, b, step, x = two_slice_program()
     run = step.submit(x)
     run.wait(30)
-    wait_until(lambda: tl.n_events == run.nodes_total, what="the run's events on the timeline")
+    wait_until(lambda: tl.n_events == len(run.events), what="the run's events on the timeline")
     assert [r["id"] for r in tl.runs] == [run.id]
     wait_until(lambda: tl.runs[0]["state"] == "done", what="the run's final state")
     events = tl.events
-    assert len(events) == run.nodes_total
-    assert {e["node"] for e in events} >= {"f", "g"}
+    assert len(events) == len(run.events)  # each node, and the first call's compiles on the host lane
+    assert {e["node"] for e in events} >= {"f", "g", "compile f"}
+    assert sum(e["kind"] != "compile" for e in events) == run.nodes_total
     assert all(e["program"] == "step" and e["end"] >= e["start"] for e in events)
     cross = [lane for lane in tl.lanes if lane["kind"] == "transfer" and lane["cross"]]
     assert [lane["label"] for lane in cross] == ["island 0 → island 1"]
@@ -282,7 +283,7 @@ def test_timeline_pushes_binary_chunks_that_decode_to_the_events(ctl2):
     runs = [step.submit(x) for _ in range(3)]
     for r in runs:
         r.wait(30)
-    total = sum(r.nodes_total for r in runs)
+    total = sum(len(r.events) for r in runs)
     wait_until(lambda: tl.n_events == total, what="every event pushed")
     chunks = [(c, b) for c, b in sent if c["type"] == "chunk"]
     assert chunks and [c["seq0"] for c, _ in chunks] == list(range(len(chunks)))
@@ -545,7 +546,7 @@ def test_run_widget_is_live_and_refreshes_its_static_picture_when_final(ctl, mon
     before.wait(30)
     # The run is held at its second node until the gate opens: it shows as running everywhere.
     wait_until(lambda: w.state == "running", what="the widget to show the run running")
-    wait_until(lambda: tl.n_events >= before.nodes_total, what="the finished run's bars")
+    wait_until(lambda: tl.n_events >= len(before.events), what="the finished run's bars")
     wait_until(lambda: {r["id"]: r["state"] for r in tl.runs}.get(run.id) == "running", what="the run on the timeline")
     assert w.done < w.total and "running" in w.static_html() and run.state == "running"
     assert not published  # nothing is final, so nothing is re-published
@@ -557,9 +558,9 @@ def test_run_widget_is_live_and_refreshes_its_static_picture_when_final(ctl, mon
     # A timeline of given runs stops following once they are final; its final picture is out before `live` drops.
     wait_until(lambda: not tl_run.live, what="the run's timeline to stop following")
     (picture,) = pictures("pw-timeline")
-    assert f"{run.nodes_total} events" in picture["text/html"] and "live (static snapshot)" not in picture["text/html"]
-    assert tl_run.n_events == run.nodes_total and tl.live
-    wait_until(lambda: tl.n_events == before.nodes_total + run.nodes_total, what="every bar")
+    assert f"{len(run.events)} events" in picture["text/html"] and "live (static snapshot)" not in picture["text/html"]
+    assert tl_run.n_events == len(run.events) and tl.live
+    wait_until(lambda: tl.n_events == len(before.events) + len(run.events), what="every bar")
     tl.close()
     tl_run.close()
 

@@ -323,7 +323,10 @@ def status_view(status, runs: Sequence[Any] = ()) -> View:
         elapsed = f"{r.elapsed:.3f} s" if r is not None else ""
         err = esc(short_error(r.error, 3)) if r is not None and r.error is not None and state == "failed" else ""
         progress = f"{_bar(summary.done, summary.total, state)} {summary.done}/{summary.total}"
-        run_rows.append((esc(summary.id), f"<code>{esc(summary.name)}</code>", _badge(state), progress, elapsed, err))
+        compiled = f"{summary.compile_s * 1e3:.0f} ms" if summary.compile_s else ""
+        run_rows.append(
+            (esc(summary.id), f"<code>{esc(summary.name)}</code>", _badge(state), progress, elapsed, compiled, err)
+        )
     counts = ", ".join(f"{v} {k}" for k, v in sorted(status.counts().items())) or "none"
     body = (
         f"<div><b>pw_kernel controller</b>: {len(status.islands)} islands, policy {esc(status.policy)}, "
@@ -331,7 +334,7 @@ def status_view(status, runs: Sequence[Any] = ()) -> View:
         + _table(["island", "platform", "devices", "in flight"], isl_rows)
         + (_table(["slice", "mesh", "devices", "island"], sl_rows) if sl_rows else "<div>no slices</div>")
         + (
-            _table(["run", "name", "state", "progress", "elapsed", "error"], run_rows)
+            _table(["run", "name", "state", "progress", "elapsed", "compile", "error"], run_rows)
             if run_rows
             else "<div>no runs</div>"
         )

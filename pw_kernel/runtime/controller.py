@@ -35,6 +35,7 @@ class RunSummary(NamedTuple):
     state: str
     done: int
     total: int
+    compile_s: float = 0.0  # compiling its executables (a program's first call)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +64,8 @@ class Status:
         counts = ", ".join(f"{v} {k}" for k, v in sorted(self.counts().items())) or "none"
         lines.append(f"runs: {counts}")
         for r in self.runs[-10:]:
-            lines.append(f"  run {r.id:4d} {r.name:24s} {r.state:9s} {r.done}/{r.total}")
+            compiled = f"  compiled in {r.compile_s * 1e3:.0f} ms" if r.compile_s else ""
+            lines.append(f"  run {r.id:4d} {r.name:24s} {r.state:9s} {r.done}/{r.total}{compiled}")
         return "\n".join(lines)
 
 
@@ -231,7 +233,9 @@ class Controller:
 
     def status(self) -> Status:
         with self.lock:
-            runs = tuple(RunSummary(r.id, r.name, r.state, r.nodes_done, r.nodes_total) for r in self.runs)
+            runs = tuple(
+                RunSummary(r.id, r.name, r.state, r.nodes_done, r.nodes_total, r.compile_time) for r in self.runs
+            )
             return Status(
                 islands=tuple(self.islands),
                 slices=tuple(self.resources.slices),

@@ -156,8 +156,15 @@ class Dispatcher:
             island = st.island
             if inflight[island] + sent_on.get(island, 0) >= limit or rec.state in FINAL:
                 break
-            if inline and st.host_callbacks:
-                break  # it could hold the submitting thread until the callback returns: leave it to ours
+            if inline and (st.host_callbacks or st.compile_first):
+                # A callback could hold the submitting thread until it returns, a compile for
+                # seconds: the call must return at once, so these are the dispatcher thread's.
+                break
+            if st.compile_first:
+                if batch:  # let the watcher time what is in flight while this thread compiles
+                    self._hand_over(rec, k, sent_on, published, cost, batch)
+                    batch, sent_on, published, cost = [], {}, [], 0
+                self._compile(rec, st, [slots[i] for i in st.ins])
             t = clock() - epoch
             try:
                 ins = st.ins
@@ -192,6 +199,31 @@ class Dispatcher:
         if failed is not None:
             with self.cond:
                 c.on_step_failed(rec, *failed)
+
+    def _compile(self, rec: RunRecord, st, args: list) -> None:
+        """Compile a step's executable before its first call, as a "compile" event on the host lane.
+
+        Otherwise XLA compiles inside the first call, and its time (often 100x a
+        later call) shows up as that node's device time, or inside a transfer.
+        Later calls (of any step sharing the executable) hit JAX's cache.
+        """
+        st.compile_first = False
+        log = self.controller.events
+        t0 = log.now()
+        try:
+            st.call.lower(*args).compile()
+        except Exception:
+            return  # the call itself will raise it, attributed to the node
+        t1 = log.now()
+        rec.compile_ns += t1 - t0
+        self.seq += 1
+        ev = NodeEvent(
+            self.seq, rec.id, rec.name, rec.tenant, f"compile {st.name}", "compile", (), st.island, None, t0, 0,
+            st.shapes,
+        )
+        ev.end = t1
+        rec.events.append(ev)
+        log.emit_node(ev)
 
     def _hand_over(self, rec: RunRecord, cursor: int, sent_on: dict, published: list, cost: int, batch: list) -> None:
         """Report steps dispatched, then give them to the watcher (in that order: credit is counted first)."""

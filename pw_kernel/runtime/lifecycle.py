@@ -79,6 +79,7 @@ class RunRecord:
         "cells",
         "resolved",
         "events",
+        "compile_ns",
         "submitted_at",
         "started_at",
         "finished_at",
@@ -119,6 +120,7 @@ class RunRecord:
         self.cells = [OutputCell(self, j) for j in range(len(plan.output_slots))]
         self.resolved = [False] * len(self.cells)
         self.events: list[Any] = []  # NodeEvents of finished steps, appended by the watcher
+        self.compile_ns = 0  # time the dispatcher spent compiling this run's executables (first calls)
         self.submitted_at = now
         self.started_at: float | None = None
         self.finished_at: float | None = None

@@ -43,6 +43,7 @@ class Step:
     node: Node | None
     remote: bool = False  # runs on a remote island: the watcher reads its timing from the actor
     host_callbacks: bool = False  # may block the thread that dispatches it (XLA:CPU runs callbacks there)
+    compile_first: bool = False  # a jax.jit not yet run by this step: compile it ahead (its own event)
     cost: int = 1000  # ns of device time, a running mean updated by the watcher
 
 
@@ -119,6 +120,7 @@ def _step_for(node: Node, graph: ProgramGraph, call, ins, outs, name=None, kind=
         node=node,
         remote=getattr(call, "lands_remote", False),
         host_callbacks=node.host_callbacks,
+        compile_first=hasattr(call, "lower"),
     )
 
 
@@ -267,6 +269,7 @@ def fused(graph: ProgramGraph) -> Plan:
     step.nbytes = sum(graph.values[v].nbytes for v in graph.outputs)
     step.shapes = f"{len(work)} nodes fused"
     step.host_callbacks = any(n.host_callbacks for n in work)
+    step.compile_first = hasattr(call, "lower")
     steps.append(step)
     return _finish("fused", graph, steps, tuple(out_slots), len(graph.values) + len(graph.outputs))
 

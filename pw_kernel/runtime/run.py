@@ -88,6 +88,11 @@ class Run:
         return self._rec.finished_at
 
     @property
+    def compile_time(self) -> float:
+        """Seconds spent compiling this run's executables (non-zero on a program's first call)."""
+        return self._rec.compile_ns / 1e9
+
+    @property
     def events(self) -> list[NodeEvent]:
         """This run's node events, in completion order."""
         return self._rec.events

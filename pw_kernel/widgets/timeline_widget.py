@@ -37,7 +37,7 @@ from . import _html
 from ._base import STATIC, PwWidget, controller_of, ticker
 from ._devices import island_devices
 
-KINDS: tuple[str, ...] = ("compute", "glue", "transfer")
+KINDS: tuple[str, ...] = ("compute", "glue", "transfer", "compile")
 _KIND = {k: i for i, k in enumerate(KINDS)}
 NONE = 0xFFFFFFFF  # "no string" (an event without an error)
 MEASURE_FIELDS = ("start", "end", "nbytes")  # the columns of `Chunk.measures` (float64)
@@ -107,6 +107,17 @@ class EventEncoder:
             )
         return lane
 
+    def host_lane(self) -> int:
+        """The lane of host work that occupies no device: compiling executables."""
+        lane = self._lane_of.get("host")
+        if lane is None:
+            lane = len(self.lanes)
+            self._lane_of["host"] = lane
+            self.lanes.append(
+                {"key": "host", "label": "host (compile)", "kind": "host", "device": None, "island": None, "cross": False}
+            )
+        return lane
+
     def transfer_lane(self, src: int | None, dst: int | None) -> int:
         key, label, cross = transfer_key(src, dst)
         lane = self._lane_of.get(key)
@@ -147,6 +158,8 @@ class EventEncoder:
             ids += (ev.run_id, sid(ev.node), sid(ev.program), sid(ev.tenant), sid(ev.shapes), sid(ev.error), kind)
             if kind == 2:
                 bars += (k, self.transfer_lane(ev.src_island, ev.island))
+            elif kind == 3:
+                bars += (k, self.host_lane())
             for d in ev.devices:
                 lane = lane_of.get(("dev", d))
                 if lane is None:

@@ -7,7 +7,7 @@
 
 const HEX = /^#[0-9a-fA-F]{6}$/;
 const NONE = 0xffffffff;
-const KINDS = ["compute", "glue", "transfer"];
+const KINDS = ["compute", "glue", "transfer", "compile"];
 const U = 7; // uint32 fields per event: run, node, program, tenant, shapes, error, kind
 const AXIS_H = 22;
 const CROSS = "#d62828";
@@ -339,7 +339,12 @@ function render({ model, el }) {
       d.style.height = d.style.lineHeight = `${r.h}px`;
       d.style.fontSize = font;
       if (r.info.cross) d.style.color = CROSS;
-      d.title = r.info.kind === "device" ? `device lane ${r.info.label}` : `transfer path ${r.info.label}`;
+      d.title =
+        r.info.kind === "device"
+          ? `device lane ${r.info.label}`
+          : r.info.kind === "host"
+            ? "host lane: compiling executables (a program's first call)"
+            : `transfer path ${r.info.label}`;
       labels.appendChild(d);
       return d;
     });
