@@ -6,6 +6,7 @@ benchmark runs where only jax and numpy are installed.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import importlib.metadata
 import json
@@ -20,6 +21,38 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
+
+
+def parse_args(ap: argparse.ArgumentParser, argv: list[str] | None, quick: dict[str, Any]) -> argparse.Namespace:
+    """Parse ``argv`` with a ``--quick`` flag: tiny sizes and few rounds, so the script runs end to end in seconds.
+
+    ``quick`` maps option names (as in the namespace) to the values ``--quick``
+    uses; an option given explicitly on the command line keeps its value.
+    """
+    ap.add_argument("--quick", action="store_true", help="tiny sizes, few rounds: a smoke test that runs in seconds")
+    args = ap.parse_args(argv)
+    if args.quick:
+        for name, value in quick.items():
+            if getattr(args, name) == ap.get_default(name):
+                setattr(args, name, value)
+    return args
+
+
+def missing(module: str) -> str | None:
+    """Why ``module`` (an optional package) cannot be imported here, or None when it can."""
+    try:
+        importlib.import_module(module)
+    except ImportError as e:
+        return f"{module} is not installed ({type(e).__name__}: {e})"
+    return None
+
+
+def skipped(path: str | os.PathLike | None, benchmark: str, why: str) -> dict[str, Any]:
+    """Report a benchmark (or part) that cannot run here: a printed note and a JSON result saying why."""
+    print(f"{benchmark}: skipped: {why}")
+    result = {"benchmark": benchmark, "skipped": why}
+    write_json(path, result)
+    return result
 
 
 def interleaved(

@@ -1,7 +1,7 @@
 """Dispatch: computations per second for K tiny computations, raw JAX vs pw_kernel vs Ray vs Dask.
 
     python benchmarks/dispatch.py [--k 128] [--repeats 30] [--peer-repeats 5]
-                                  [--peers ray_tasks,ray_cg,dask | none] [--json out.json]
+                                  [--peers ray_tasks,ray_cg,dask | none] [--json out.json] [--quick]
 
 The paper's Figure 5 in miniature. A chain of K computations, each consuming
 the previous one's result, run in three modes:
@@ -201,7 +201,9 @@ def run_peers(names: list[str], k: int, tiny_modes: dict, repeats: int, budget_s
             peer.start(k)
             pm = peer.modes()
             for mode, fn in pm.items():
-                got = np.asarray(fn())
+                # A copy: a peer's result may be a view of Ray's shared memory, and an array left over after
+                # `ray.shutdown()` unmapped it crashes the process when freed.
+                got = np.array(fn(), copy=True)
                 if not np.allclose(got, want, rtol=1e-5):
                     raise peers_mod.PeerUnavailable(f"failed: {mode} computed {got[:3]}, expected {want[:3]}")
         except peers_mod.PeerUnavailable as e:
@@ -266,7 +268,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--peer-repeats", type=int, default=5)
     ap.add_argument("--peer-budget", type=float, default=45.0)
     ap.add_argument("--json", default=None, help="write results here")
-    args = ap.parse_args(argv)
+    args = common.parse_args(
+        ap, argv, {"k": 8, "repeats": 3, "budget": 1.0, "peer_repeats": 2, "peer_budget": 2.0}
+    )
     k = args.k
 
     pw.init()

@@ -1,6 +1,6 @@
 """Multi-tenancy: aggregate throughput with 1, 2, 4, 8 tenants, Jain fairness, weighted shares.
 
-    python benchmarks/multitenancy.py [--json out.json]
+    python benchmarks/multitenancy.py [--json out.json] [--quick]
 
 Each tenant submits a backlog of identical programs (a chain of matmul nodes
 on one shared 8-device slice) from its own thread, so every tenant is
@@ -12,7 +12,6 @@ thread is the throughput reference.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import threading
 import time
@@ -21,6 +20,8 @@ import pw_kernel as pw  # noqa: I001 - configures simulated CPU devices before J
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
+
+import common
 
 
 def jain(xs):
@@ -83,7 +84,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--nodes", type=int, default=16, help="nodes per program")
     ap.add_argument("--runs", type=int, default=24, help="runs per tenant (the backlog)")
     ap.add_argument("--json", default=None)
-    args = ap.parse_args(argv)
+    args = common.parse_args(ap, argv, {"width": 64, "nodes": 4, "runs": 4})
     pw.init(max_inflight=64)
     s, f, job, x, w = setup(args.width, args.nodes)
 
@@ -132,9 +133,7 @@ def main(argv=None) -> dict:
     print("weighted fair share 1:2:4:8, device-time shares while all four were backlogged:")
     for t in weights:
         print(f"  {t}: {shares[t]:.3f} (ideal {ideal[t]:.3f})")
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(result, fh, indent=2)
+    common.write_json(args.json, result)
     pw.shutdown()
     return result
 

@@ -1,6 +1,6 @@
 """Minimum computation size for parity: pw chained throughput as a fraction of raw JAX, by computation size.
 
-    python benchmarks/parity.py [--sizes 10,30,100,300,1000,3000,10000] [--json out.json]
+    python benchmarks/parity.py [--sizes 10,30,100,300,1000,3000,10000] [--json out.json] [--quick]
 
 The paper's Figure 6. For each size (device time of one computation, from
 ~10 µs to ~10 ms; see workloads.py), a chain of K calls of one compiled
@@ -77,7 +77,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--budget", type=float, default=6.0, help="seconds of timing per size, at most")
     ap.add_argument("--json", default=None)
-    args = ap.parse_args(argv)
+    args = common.parse_args(ap, argv, {"sizes": "30,300", "chain_ms": 1.0, "repeats": 2, "budget": 0.5})
 
     pw.init()
     result: dict = {"benchmark": "parity", "machine": common.machine(), "rows": []}

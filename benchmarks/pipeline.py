@@ -1,6 +1,6 @@
 """Pipelines: measured bubble vs (S-1)/(M+S-1), peak live activations per stage, throughput vs SPMD.
 
-    python benchmarks/pipeline.py [--stages 4] [--width 512] [--json out.json]
+    python benchmarks/pipeline.py [--stages 4] [--width 512] [--json out.json] [--quick]
 
 An MLP of S stages (one tanh layer each) on S slices of 8/S devices, trained
 with GPipe and 1F1B for several microbatch counts M. From the event log of
@@ -13,7 +13,6 @@ the most microbatches whose forward has finished but whose backward has not
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import time
@@ -23,6 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
+
+import common
 
 
 def layer(p, x):
@@ -59,7 +60,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--micro", default="4,8,16")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--json", default=None)
-    args = ap.parse_args(argv)
+    args = common.parse_args(ap, argv, {"stages": 2, "width": 64, "batch": 32, "micro": "4", "steps": 1})
     S, W, B = args.stages, args.width, args.batch
     c = pw.init()
     n_dev = len(c.devices)
@@ -128,9 +129,7 @@ def main(argv=None) -> dict:
         "python": platform.python_version(), "date": time.strftime("%Y-%m-%d"),
         "stages": S, "width": W, "batch": B, "rows": rows, "spmd_samples_per_s": spmd,
     }
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(result, fh, indent=2)
+    common.write_json(args.json, result)
     pw.shutdown()
     return result
 

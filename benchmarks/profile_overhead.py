@@ -1,54 +1,134 @@
-"""Host overhead profile: where the controller's time goes per node, sampled with py-spy.
+"""Host overhead profile: where pw's microseconds per node go, by thread and by module, through public calls.
 
-    python benchmarks/profile_overhead.py [--seconds 5] [--rate 500] [--workloads chained,opbyop] [--json out.json]
+    python benchmarks/profile_overhead.py [--k 128] [--seconds 5] [--workloads chained,opbyop]
+                                          [--rate 500] [--json out.json] [--quick]
 
-A worker process runs a pw workload in a loop (after warming up: every node
-traced and compiled), and py-spy attaches to it twice for ``--seconds``:
+Each workload runs in a worker process (a fresh controller; the parent never
+starts JAX, so on a GPU the worker holds the device alone). The worker warms
+up (every node traced and compiled), times the workload unprofiled for
+``--seconds``, then profiles it:
 
-1. all threads, idle ones included (``--idle``): where each controller
-   thread spends its wall time (the dispatcher, the completion watcher, the
-   caller's thread), including the time it waits;
-2. only samples that hold the GIL (``--gil``): the controller's threads
-   share one GIL, so GIL time per node bounds the node rate of the process.
+1. cProfile (the standard library, always there), for ``--seconds``: one
+   deterministic profile per thread: the caller's (the notebook's thread,
+   which submits) and the controller's own threads (``pw-dispatcher``,
+   ``pw-watcher``), each switched on by a `threading.setprofile` hook when
+   the window opens. Time is grouped by where it is spent: a pw_kernel
+   module, JAX's Python, a C function (waits on locks, conditions and queues
+   apart: that is an idle thread), the standard library's threading and
+   queue code, the rest; then the functions that take the most. All in
+   microseconds per node. cProfile slows Python code down (several times
+   for code made of many small calls): the unprofiled figure is the real
+   cost, the profile says how it splits. A compiled function's C++ fast
+   path has no frame of its own: its time counts in the pw_kernel function
+   that calls it (the ``jax_call`` micro timing below is its size).
+2. py-spy (optional: ``pip install py-spy``), sampling all threads from
+   outside for ``--seconds`` twice: idle samples included (where each
+   thread's wall time goes) and only samples holding the GIL (the threads
+   share one GIL, so GIL time per node bounds the node rate), grouped the
+   same way by the innermost Python frame. Without py-spy this part is
+   reported as not installed.
 
-Samples are grouped by what the innermost runtime frame is doing (the
-source line decides inside `Dispatcher._dispatch` and `_complete`, so the
-JAX call, the event record and the hand-off to the watcher are told apart)
-and turned into microseconds per node with the node count the worker logged
-during each window. Workloads (K = 128 tiny nodes, as in dispatch.py):
-``chained`` (one program of K nodes, submit and wait, repeatedly) and
-``opbyop`` (K one-node programs fed each other's futures).
+Workloads (K tiny nodes, as in dispatch.py): ``chained`` (one program of K
+nodes, submit and wait, repeatedly) and ``opbyop`` (K one-node programs,
+each fed the previous one's future).
 
-The worker also times the pieces of the per-node path in isolation
-(``micro``): the raw `jax.jit` call, the trace-cache key, a Run with its
-futures, a NodeEvent, an event-log append, a queue hand-off.
-
-No py-spy here: the sampled profile is reported as "not installed"; the
-micro timings still run.
+The ``chained`` worker also times public calls alone (``micro``, ns per call,
+best of 5): the raw `jax.jit` call, the trace-cache hit (`Program.trace`), a
+one-node call (returns a future) and its round trip, building a
+`pw.NodeEvent`, appending it to a `pw.EventLog`, and the result of a finished
+future.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import linecache
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import defaultdict
 from pathlib import Path
 
 import common
 
-K = 128
+#: C functions in which a thread waits (for a lock, a condition, a queue, time): it is idle, not working.
+WAITS = ("'acquire' of '_thread", "'_acquire_restore' of '_thread", "'get' of '_queue", "time.sleep", "'wait' of")
+
+
+def where(file: str, func: str) -> str:
+    """The group a profiled function belongs to: a pw_kernel module, JAX, a wait, the standard library, the rest."""
+    file = file.replace("\\", "/")
+    if "/pw_kernel/" in file:
+        return "pw_kernel/" + file.split("/pw_kernel/", 1)[1]
+    if file in ("~", ""):  # a C function, as cProfile names it: "<method 'acquire' of '_thread.lock' objects>"
+        if any(w in func for w in WAITS):
+            return "waiting (locks, conditions, queues)"
+        return "JAX (C++)" if "jax" in func else "Python builtins (C)"
+    if "/jax/" in file or "/jaxlib/" in file:
+        return "JAX (Python)"
+    if file.endswith(("/threading.py", "/queue.py")):
+        return "threading, queue (Python)"
+    if file.endswith("/concurrent/futures/_base.py"):
+        return "concurrent.futures (Python)"
+    if file == __file__ or file.endswith("/benchmarks/profile_overhead.py"):
+        return "the benchmark's own code"
+    return "other Python"
+
+
+def short(file: str, line: int, func: str) -> str:
+    """A function as ``func (file:line)``, the file shortened to what identifies it."""
+    if file in ("~", ""):
+        return func
+    file = file.replace("\\", "/")
+    if "/pw_kernel/" in file:
+        file = "pw_kernel/" + file.split("/pw_kernel/", 1)[1]
+    elif "/site-packages/" in file:
+        file = file.split("/site-packages/", 1)[1]
+    elif "/lib/python3" in file:  # the standard library: .../lib/python3.11/threading.py
+        file = file.split("/lib/python3", 1)[1].partition("/")[2]
+    return f"{func} ({file}:{line})"
 
 
 # ------------------------------------------------------------------ worker
-def worker(kind: str, seconds: float, out: str) -> None:
-    import pw_kernel as pw  # noqa: I001
+_PROFILES: dict[str, cProfile.Profile] = {}
+_WINDOW = threading.Event()
+
+
+def _profile_from_window(frame, event, arg):
+    """`threading.setprofile` hook of the controller's threads: start this thread's cProfile when the window opens."""
+    if _WINDOW.is_set():
+        prof = cProfile.Profile()
+        _PROFILES[threading.current_thread().name] = prof
+        prof.enable()  # replaces this hook for this thread
+
+
+def summarise_cprofile(prof: cProfile.Profile, nodes: int, seconds: float, top: int = 8) -> dict:
+    """Microseconds per node by group (`where`) and the functions with the most own time."""
+    prof.snapshot_stats()  # not create_stats: that would disable the profiler of the calling thread
+    groups: dict[str, float] = defaultdict(float)
+    funcs = []
+    for (file, line, func), (_cc, _nc, tt, _ct, _callers) in prof.stats.items():
+        groups[where(file, func)] += tt
+        funcs.append((tt, short(file, line, func), where(file, func)))
+    funcs.sort(reverse=True)
+    per_node = 1e6 / max(nodes, 1)
+    return {
+        "us_per_node": {g: t * per_node for g, t in sorted(groups.items(), key=lambda kv: -kv[1])},
+        "share": {g: t / seconds for g, t in groups.items()},
+        "top": [{"function": f, "where": w, "us_per_node": t * per_node} for t, f, w in funcs[:top]],
+    }
+
+
+def worker(kind: str, k: int, seconds: float, out: str) -> None:
+    threading.setprofile(_profile_from_window)  # before the controller starts its threads
+    import pw_kernel as pw  # noqa: I001 - configures simulated CPU devices before JAX starts
     import jax
     import jax.numpy as jnp
     from jax.sharding import PartitionSpec as P
@@ -58,7 +138,7 @@ def worker(kind: str, seconds: float, out: str) -> None:
     fs = [
         pw.compiled(lambda x, i=i: x * 1.0001 + (0.5 + i * 1e-6), slice=s, in_specs=P("d"), out_specs=P("d"),
                     name=f"op{i}")
-        for i in range(K)
+        for i in range(k)
     ]
     x = jax.device_put(jnp.ones(16, jnp.float32), s.sharding("d"))
 
@@ -80,131 +160,100 @@ def worker(kind: str, seconds: float, out: str) -> None:
     body = {"chained": chained, "opbyop": opbyop}[kind]
     for _ in range(3):
         body()
-    progress = [(time.time(), 0)]
-    print("READY", flush=True)
-    deadline = time.time() + seconds
-    nodes = 0
-    while time.time() < deadline:
-        body()
-        nodes += K
-        progress.append((time.time(), nodes))
-    result = {"progress": progress, "machine": common.machine()}
+
+    def loop(until: float | threading.Event, progress: list | None = None) -> tuple[int, float]:
+        t0, nodes = time.perf_counter(), 0
+        while not (until.is_set() if isinstance(until, threading.Event) else time.perf_counter() >= until):
+            body()
+            nodes += k
+            if progress is not None:
+                progress.append((time.time(), nodes))
+        return nodes, time.perf_counter() - t0
+
+    nodes, wall = loop(time.perf_counter() + seconds)
+    result: dict = {"unprofiled_us_per_node": wall / max(nodes, 1) * 1e6, "machine": common.machine()}
+    result["threads"] = {f"0x{t.ident:x}": t.name for t in threading.enumerate()}
     if kind == "chained":
-        result["micro"] = micro(pw, chain, fs, x)
+        result["micro_ns"] = micro(pw, chain, fs, x)
+
+    # Sampled by py-spy from outside (if the parent has it) until the parent says "next" on stdin.
+    told = threading.Event()
+    reader = threading.Thread(target=lambda: (sys.stdin.readline(), told.set()), name="stdin", daemon=True)
+    reader.start()
+    print("READY", flush=True)
+    progress = [(time.time(), 0)]
+    loop(told, progress)
+    reader.join()  # gone before the profiling window opens
+    result["progress"] = progress
+
+    main = cProfile.Profile()
+    _WINDOW.set()
+    main.enable()
+    nodes, wall = loop(time.perf_counter() + seconds)
+    main.disable()
+    t1 = time.perf_counter()
+    pw.shutdown()  # ends the controller's threads, and with them their profiles
+    threads_wall = wall + (time.perf_counter() - t1)
+    result["cprofile"] = {
+        "nodes": nodes,
+        "seconds": wall,
+        "us_per_node": wall / max(nodes, 1) * 1e6,
+        "threads": {"caller": summarise_cprofile(main, nodes, wall)}
+        | {name: summarise_cprofile(p, nodes, threads_wall) for name, p in sorted(_PROFILES.items())},
+    }
     Path(out).write_text(json.dumps(result))
-    pw.shutdown()
 
 
 def micro(pw, chain, fs, x) -> dict[str, float]:
-    """Nanoseconds per call of the pieces of the per-node path, each timed alone (best of 5)."""
-    import collections
-    import concurrent.futures
-    import queue
-    import threading
-
+    """Nanoseconds per call of public calls on the per-node path, each timed alone (best of 5)."""
     import jax
 
-    from pw_kernel.runtime import plan as plan_mod
-    from pw_kernel.runtime import program as program_mod
-    from pw_kernel.runtime import tracing
-    from pw_kernel.runtime.events import EventLog, NodeEvent
-    from pw_kernel.runtime.futures import Future
-    from pw_kernel.runtime.run import Run
-
-    c = pw.controller()
-    graph = chain.trace(x)
-    plan = plan_mod.plan_for(graph, "chained")
-    st = plan.steps[0]
-    node_fn = st.call
-    jitted = fs[0].jitted
-    log = EventLog()
-    q: queue.SimpleQueue = queue.SimpleQueue()
-    cond = threading.Condition(threading.RLock())
-    ev = NodeEvent(1, 1, "p", "t", "n", "compute", (0,), 0, None, 0, 64, "f32[16] -> f32[16]")
-    batch64 = [(jitted(x),) for _ in range(64)]
-    jax.block_until_ready(batch64)
-    a = jitted(x).block_until_ready()
-    run = Run(c, -1, "m", graph, plan, [x])
+    f = fs[0]
+    jitted = f.jitted
+    log = pw.EventLog()
+    ev = pw.NodeEvent(1, 1, "p", "t", "n", "compute", (0,), 0, None, 0, 64, "f32[16] -> f32[16]")
+    finished = f(x)
+    finished.result()
 
     def t_jax_call():
         jitted(x)
 
-    def t_node_call():
-        node_fn(x)
-
-    def t_signature():
-        tracing.signature((x,), {})
-
-    def t_trace_lookup():
+    def t_trace_cache_hit():
         chain.trace(x)
 
-    def t_traced_leaves():
-        program_mod._traced_leaves((x,), {})
+    def t_one_node_call():
+        f(x)
 
-    def t_plan_for():
-        plan_mod.plan_for(graph, "chained")
-
-    def t_run_init():
-        Run(c, -1, "m", graph, plan, [x])
-
-    def t_future_init():
-        Future(run, 0, (16,), "float32", None)
+    def t_one_node_round_trip():
+        f(x).result()
 
     def t_node_event():
-        NodeEvent(1, 1, "p", "t", "n", "compute", (0,), 0, None, 0, 64, "f32[16] -> f32[16]")
+        pw.NodeEvent(1, 1, "p", "t", "n", "compute", (0,), 0, None, 0, 64, "f32[16] -> f32[16]")
 
-    def t_emit_node():
+    def t_event_log_append():
         log.emit_node(ev)
 
-    def t_now():
-        log.now()
+    def t_finished_future_result():
+        finished.result()
 
-    def t_queue_put_get():
-        q.put(1)
-        q.get()
-
-    def t_is_ready():
-        a.is_ready()
-
-    def t_block_ready_batch64():
-        jax.block_until_ready(batch64)
-
-    def t_future_set_result():
-        concurrent.futures.Future().set_result(1)
-
-    def t_cond_notify():
-        with cond:
-            cond.notify()
-
-    def t_deque_append():
-        d.append(1)
-
-    d: collections.deque = collections.deque(maxlen=1000)
     out = {}
     for name, fn in list(locals().items()):
         if not name.startswith("t_"):
             continue
-        n = 200 if name in ("t_jax_call", "t_node_call", "t_run_init") else 2000
+        n = 200 if name in ("t_jax_call", "t_one_node_call", "t_one_node_round_trip") else 2000
         best = float("inf")
         for _ in range(5):
             t = time.perf_counter_ns()
             for _ in range(n):
                 fn()
             best = min(best, (time.perf_counter_ns() - t) / n)
+            pw.controller().wait_all(timeout=60)  # one-node calls run on: let them finish between rounds
         out[name[2:]] = best
         jax.block_until_ready(jitted(x))
-    out["block_ready_batch64"] /= 64  # per node
     return out
 
 
-# ------------------------------------------------------------ classification
-IDLE_FUNCS = {"Condition.wait", "Event.wait", "Thread.join", "Condition.__enter__"}
-
-
-def _line(file: str, line: int) -> str:
-    return linecache.getline(file, line).strip()
-
-
+# ------------------------------------------------------------------ py-spy
 def parse_raw(path: str) -> list[tuple[str, list[tuple[str, str, int]], int]]:
     """py-spy raw (collapsed) output -> (thread label, frames outer->inner, count)."""
     out = []
@@ -213,132 +262,59 @@ def parse_raw(path: str) -> list[tuple[str, list[tuple[str, str, int]], int]]:
             continue
         stack, _, count = row.rpartition(" ")
         parts = stack.split(";")
-        thread = parts[0]
         frames = []
         for p in parts[1:]:
             func, _, loc = p.rpartition(" (")
             file, _, line = loc.rstrip(")").rpartition(":")
             frames.append((func, file, int(line) if line.isdigit() else 0))
-        out.append((thread, frames, int(count)))
+        out.append((parts[0], frames, int(count)))
     return out
 
 
-def role(thread: str, frames) -> str:
-    funcs = {f for f, _, _ in frames}
-    if "Dispatcher._dispatch_loop" in funcs:
-        return "dispatcher"
-    if "Dispatcher._watch_loop" in funcs:
-        return "watcher"
-    if "MainThread" in thread or "worker" in funcs or "<module>" in funcs:
-        return "caller"
-    return "other"
+def thread_name(label: str, names: dict[str, str]) -> str:
+    """py-spy's thread label ("thread (12093): pw-dispatcher", or "thread (0x7f..)") -> the Python thread's name."""
+    name = label.split("): ", 1)[1] if "): " in label else None
+    for ident, known in names.items():
+        if name is None and ident.lower() in label.lower():
+            name = known
+    return "caller" if name == "MainThread" else name or label
 
 
-def category(r: str, frames) -> str:
-    """What a sample of thread role ``r`` is doing; see the module docstring."""
-    funcs = [f for f, _, _ in frames]
-    fs = set(funcs)
-    leaf_func, leaf_file, leaf_line = frames[-1] if frames else ("", "", 0)
-    leaf_src = _line(leaf_file, leaf_line) if leaf_file else ""
-    if "EventLog.emit_node" in fs or "EventLog.emit_run" in fs:
-        return "event log (emit_*)"
-    if r == "caller":
-        if "Future.result" in fs or "Run.wait" in fs or "get" in fs:
-            return "caller: waits for results"
-        if "trace_program" in fs:
-            return "submit: tracing (cache miss)"
-        if "Program.trace" in fs or "signature" in fs:
-            return "submit: trace-cache lookup"
-        if "Run.__init__" in fs or "Future.__init__" in fs:
-            return "submit: Run + futures"
-        if "plan_for" in fs:
-            return "submit: plan lookup"
-        if "Program.submit" in fs or "Controller.submit" in fs or "_traced_leaves" in fs:
-            return "submit: other (leaves, lock, queue, wake)"
-        if "CompiledFunction.__call__" in fs:
-            return "submit: CompiledFunction.__call__"
-        return "caller: benchmark loop"
-    if r == "dispatcher":
-        if "Dispatcher._pick" in fs:
-            return "scheduling (_pick, _start)"
-        if "Dispatcher._dispatch" in fs:
-            i = funcs.index("Dispatcher._dispatch")
-            _, file, line = frames[i]
-            src = _line(file, line)
-            deeper = funcs[i + 1:]
-            if "st.call(" in src:
-                slow = "cache_miss" in " ".join(deeper)
-                return "dispatch: JAX call (Python slow path)" if slow else "dispatch: JAX call"
-            if "NodeEvent" in src or "NodeEvent.__init__" in deeper or src.startswith(("self.seq", "st.nbytes")):
-                return "dispatch: NodeEvent record"
-            if "queue.put" in src:
-                return "dispatch: hand-off to watcher (queue.put)"
-            if "Condition.__enter__" in deeper or "_fail" in src:
-                return "dispatch: lock"
-            return "dispatch: bookkeeping (slots, counters, batch)"
-        if leaf_func in IDLE_FUNCS or ".wait(" in leaf_src:
-            return "dispatcher: idle (cond.wait)"
-        if "del dead" in leaf_src or "graveyard" in leaf_src:
-            return "dispatcher: freeing finished buffers"
-        return "dispatcher: loop, lock"
-    if r == "watcher":
-        if "Dispatcher._complete" in fs:
-            i = funcs.index("Dispatcher._complete")
-            _, file, line = frames[i]
-            src = _line(file, line)
-            deeper = funcs[i + 1:]
-            if "is_ready" in src or "block_until_ready" in src or "block_until_ready" in deeper:
-                return "watcher: is_ready / block_until_ready"
-            done_funcs = ("set_result", "_transition", "_on_done")
-            if any(w in src for w in done_funcs) or any(w in d for d in deeper for w in done_funcs):
-                return "watcher: futures + run done"
-            if "Condition.__enter__" in deeper or "with self.cond" in src:
-                return "watcher: lock"
-            return "watcher: bookkeeping (times, counters)"
-        if ".get()" in leaf_src or leaf_func in IDLE_FUNCS:
-            return "watcher: idle (queue.get)"
-        if "graveyard" in leaf_src or "del batch" in leaf_src:
-            return "watcher: freeing / graveyard"
-        return "watcher: loop"
-    return "other thread"
+#: A source line that blocks: the thread is idle there (the call itself is C, so it has no frame of its own).
+BLOCKING = re.compile(r"\.(get|wait|acquire|join|readline)\(")
 
 
-def _leaf(frames) -> str:
-    """The innermost frame, as function (file:line) with the file shortened."""
+def sampled_where(frames: list[tuple[str, str, int]]) -> str:
+    """`where` for a py-spy sample, by its innermost Python frame; a blocking line there is a wait."""
     if not frames:
-        return "<native>"
+        return "native code"
     func, file, line = frames[-1]
-    short = file.split("/site-packages/")[-1].split("/work/main/")[-1].split("/lib/python3")[-1]
-    return f"{func} ({short}:{line})"
+    src = linecache.getline(file, line)
+    if "block_until_ready(" in src:
+        return "JAX (C++)"
+    if BLOCKING.search(src):
+        return "waiting (locks, conditions, queues)"
+    return where(file, func)
 
 
-def summarise(raw_path: str, rate: int, nodes: int) -> dict:
-    by_role: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    leaves: dict[tuple[str, str], dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    for thread, frames, count in parse_raw(raw_path):
-        r = role(thread, frames)
-        c = category(r, frames)
-        by_role[r][c] += count
-        leaves[r, c][_leaf(frames)] += count
+def summarise_samples(raw_path: str, rate: int, nodes: int, names: dict[str, str]) -> dict:
+    """Samples per thread grouped by `sampled_where`, as µs per node and share of the thread's samples."""
+    by_thread: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for label, frames, count in parse_raw(raw_path):
+        thread = thread_name(label, names)
+        if thread != "stdin":  # the worker's own helper, blocked on its input
+            by_thread[thread][sampled_where(frames)] += count
     out = {}
-    for r, cats in by_role.items():
-        total = sum(cats.values())
-        out[r] = {
+    for t, groups in by_thread.items():
+        total = sum(groups.values())
+        out[t] = {
             "samples": total,
-            "categories": {
-                c: {
-                    "samples": n,
-                    "share": n / total,
-                    "us_per_node": n / rate / max(nodes, 1) * 1e6,
-                    "top_leaves": dict(sorted(leaves[r, c].items(), key=lambda kv: -kv[1])[:6]),
-                }
-                for c, n in sorted(cats.items(), key=lambda kv: -kv[1])
-            },
+            "us_per_node": {g: n / rate / max(nodes, 1) * 1e6 for g, n in sorted(groups.items(), key=lambda kv: -kv[1])},
+            "share": {g: n / total for g, n in groups.items()},
         }
     return out
 
 
-# ------------------------------------------------------------------ parent
 def find_py_spy() -> str | None:
     here = Path(sys.executable).parent / "py-spy"
     return str(here) if here.exists() else shutil.which("py-spy")
@@ -352,95 +328,112 @@ def nodes_between(progress: list, t0: float, t1: float) -> int:
     return inside[-1] - (before[-1] if before else 0)
 
 
-def profile(kind: str, py_spy: str | None, seconds: int, rate: int, tmp: Path) -> dict:
+# ------------------------------------------------------------------ parent
+def profile(kind: str, k: int, py_spy: str | None, seconds: float, rate: int, tmp: Path) -> dict:
     out = tmp / f"{kind}.json"
-    windows = 2 if py_spy else 0
-    cmd = [sys.executable, __file__, "--worker", kind, "--worker-seconds", str(windows * (seconds + 1.5) + 1.0),
+    cmd = [sys.executable, __file__, "--worker", kind, "--k", str(k), "--seconds", str(seconds),
            "--worker-out", str(out)]
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(common.ROOT), env.get("PYTHONPATH", "")])
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
-    assert proc.stdout is not None
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(common.ROOT), str(Path(__file__).parent),
+                                                    env.get("PYTHONPATH")) if p)
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    assert proc.stdin is not None and proc.stdout is not None
     for line in proc.stdout:
         if line.startswith("READY"):
             break
-    result: dict = {"workload": kind}
+    windows: dict = {}
     if py_spy:
         for mode, flags in (("wall", ["--idle", "--threads"]), ("gil", ["--gil", "--threads"])):
             raw = tmp / f"{kind}-{mode}.txt"
             t0 = time.time()
-            subprocess.run(
-                [py_spy, "record", "--pid", str(proc.pid), "--duration", str(seconds), "--rate", str(rate),
-                 "--format", "raw", "--full-filenames", "-o", str(raw), *flags],
+            spy = subprocess.run(
+                [py_spy, "record", "--pid", str(proc.pid), "--duration", str(max(1, round(seconds))),
+                 "--rate", str(rate), "--format", "raw", "--full-filenames", "-o", str(raw), *flags],
                 capture_output=True, text=True, check=False,
             )
-            t1 = time.time()
-            result[mode] = {"raw": str(raw), "t0": t0, "t1": t1}
+            windows[mode] = {"raw": raw, "t0": t0, "t1": time.time(), "error": spy.stderr.strip()[-300:]}
+    proc.stdin.write("next\n")
+    proc.stdin.close()
     proc.stdout.read()
-    proc.wait()
+    if proc.wait() != 0 or not out.exists():
+        raise SystemExit(f"profile_overhead: the {kind} worker failed (exit {proc.returncode})")
     data = json.loads(out.read_text())
-    progress = data["progress"]
-    for mode in ("wall", "gil"):
-        if mode in result and Path(result[mode]["raw"]).exists():
-            w = result[mode]
-            nodes = nodes_between(progress, w["t0"], w["t1"])
-            w["nodes"] = nodes
-            w["nodes_per_s"] = nodes / (w["t1"] - w["t0"])
-            w["threads"] = summarise(w.pop("raw"), rate, nodes)
-    if "micro" in data:
-        result["micro_ns"] = data["micro"]
-    result["machine"] = data.get("machine")
-    span = progress[-1][0] - progress[0][0]
-    result["unprofiled_nodes_per_s"] = progress[-1][1] / span if span else 0.0
+    result: dict = {"workload": kind, "unprofiled_us_per_node": data["unprofiled_us_per_node"],
+                    "cprofile": data["cprofile"], "machine": data["machine"]}
+    if "micro_ns" in data:
+        result["micro_ns"] = data["micro_ns"]
+    for mode, w in windows.items():
+        if not w["raw"].exists():
+            result[mode] = {"error": w["error"] or "py-spy wrote nothing"}
+            continue
+        nodes = nodes_between(data["progress"], w["t0"], w["t1"])
+        result[mode] = {
+            "nodes": nodes,
+            "nodes_per_s": nodes / (w["t1"] - w["t0"]),
+            "threads": summarise_samples(str(w["raw"]), rate, nodes, data["threads"]),
+        }
     return result
 
 
-def print_profile(res: dict, rate: int) -> None:
-    for mode, title in (("wall", "wall time per thread (idle included)"), ("gil", "GIL held")):
+def print_profile(res: dict) -> None:
+    cp = res["cprofile"]
+    print(f"\n[{res['workload']}] unprofiled {res['unprofiled_us_per_node']:.1f} µs per node; under cProfile "
+          f"{cp['us_per_node']:.1f} µs per node ({cp['nodes']} nodes in {cp['seconds']:.1f} s)")
+    print(f"  {'thread':<14} {'where (cProfile, own time)':<48} {'µs/node':>9} {'share':>7}")
+    for thread, d in cp["threads"].items():
+        for group, us_ in d["us_per_node"].items():
+            if d["share"][group] >= 0.005:
+                print(f"  {thread:<14} {group:<48} {us_:>9.2f} {d['share'][group]:>7.1%}")
+    for thread, d in cp["threads"].items():
+        print(f"  {thread}: most own time in")
+        for f in d["top"][:5]:
+            print(f"    {f['us_per_node']:8.2f} µs/node  {f['function']}")
+    for mode, title in (("wall", "py-spy, wall time (idle included)"), ("gil", "py-spy, GIL held")):
         w = res.get(mode)
         if not w:
             continue
-        print(f"\n[{res['workload']}] {title}: {w['nodes']} nodes in {w['t1'] - w['t0']:.1f} s "
-              f"({w['nodes_per_s']:,.0f} nodes/s under the profiler)")
-        for r, d in w["threads"].items():
-            tot = sum(c["us_per_node"] for c in d["categories"].values())
-            print(f"  {r} ({d['samples']} samples, {tot:.1f} µs per node)")
-            for c, v in d["categories"].items():
-                if v["share"] >= 0.005:
-                    print(f"    {c:<48} {v['share']:6.1%} {v['us_per_node']:8.2f} µs/node")
+        if "error" in w:
+            print(f"  {title}: {w['error']}")
+            continue
+        print(f"  {title}: {w['nodes']} nodes, {w['nodes_per_s']:,.0f} nodes/s under the profiler")
+        for thread, d in w["threads"].items():
+            for group, us_ in d["us_per_node"].items():
+                if d["share"][group] >= 0.01:
+                    print(f"    {thread:<14} {group:<46} {us_:>9.2f} µs/node {d['share'][group]:>7.1%}")
 
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--seconds", type=int, default=5, help="py-spy window, per mode")
-    ap.add_argument("--rate", type=int, default=500, help="samples per second")
+    ap.add_argument("--k", type=int, default=128, help="nodes per chain")
+    ap.add_argument("--seconds", type=float, default=5.0, help="each window: unprofiled, cProfile, py-spy per mode")
+    ap.add_argument("--rate", type=int, default=500, help="py-spy samples per second")
     ap.add_argument("--workloads", default="chained,opbyop")
     ap.add_argument("--json", default=None)
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--worker-seconds", type=float, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--worker-out", default=None, help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
+    args = common.parse_args(ap, argv, {"k": 16, "seconds": 0.5})
     if args.worker:
-        worker(args.worker, args.worker_seconds, args.worker_out)
+        worker(args.worker, args.k, args.seconds, args.worker_out)
         return {}
 
-    # The parent never starts JAX: on a GPU the worker must be the only process holding the device.
     py_spy = find_py_spy()
     result: dict = {
-        "benchmark": "profile_overhead", "machine": None, "k": K, "rate": args.rate,
+        "benchmark": "profile_overhead", "machine": None, "k": args.k, "rate": args.rate,
         "seconds": args.seconds, "py_spy": py_spy or "not installed", "workloads": {},
     }
-    print(f"profile_overhead: py-spy {'at ' + py_spy if py_spy else 'not installed'}, load {common.loadavg()}")
+    print(f"profile_overhead: K = {args.k}, {args.seconds:g} s windows; cProfile per thread; py-spy "
+          f"{'at ' + py_spy if py_spy else 'not installed (pip install py-spy): no sampled profile'}; "
+          f"load {common.loadavg()}")
     with tempfile.TemporaryDirectory() as tmp:
         for kind in args.workloads.split(","):
-            res = profile(kind, py_spy, args.seconds, args.rate, Path(tmp))
+            res = profile(kind, args.k, py_spy, args.seconds, args.rate, Path(tmp))
             result["machine"] = result["machine"] or res.pop("machine", None)
             res.pop("machine", None)
             result["workloads"][kind] = res
-            print_profile(res, args.rate)
+            print_profile(res)
     micro_ns = result["workloads"].get("chained", {}).get("micro_ns")
     if micro_ns:
-        print("\nper-call cost of the pieces, timed alone (ns):")
+        print("\npublic calls timed alone (ns per call, best of 5):")
         for name, ns in micro_ns.items():
             print(f"  {name:<24} {ns:10.0f}")
     if result["machine"]:

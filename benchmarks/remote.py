@@ -1,7 +1,7 @@
 """Remote islands on a local Ray cluster: per-node dispatch cost and cross-island transfer bandwidth,
 against local islands, in one process run.
 
-    python benchmarks/remote.py [--k 64] [--json out.json]
+    python benchmarks/remote.py [--k 32] [--sizes 1,16,64] [--json out.json] [--quick]
 
 Two Ray actors, each a process with 4 simulated CPU devices, are remote islands; the controller's own
 8 devices are the local reference.
@@ -10,15 +10,14 @@ Two Ray actors, each a process with 4 simulated CPU devices, are remote islands;
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import time
 
 import pw_kernel as pw  # noqa: I001 - configures simulated CPU devices before JAX starts
-import jax
 import jax.numpy as jnp
 import numpy as np
+
+import common
 
 
 def chain_cost(s, k: int, repeats: int) -> float:
@@ -59,13 +58,18 @@ def transfer_rate(src, dst, nbytes: int, repeats: int) -> float:
 
 
 def main(argv=None) -> dict:
-    import ray
-
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--k", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--sizes", default="1,16,64", help="transfer sizes in MiB")
+    ap.add_argument("--transfer-repeats", type=int, default=3)
     ap.add_argument("--json", default=None)
-    args = ap.parse_args(argv)
+    args = common.parse_args(ap, argv, {"k": 4, "repeats": 1, "sizes": "1", "transfer_repeats": 1})
+    why = common.missing("ray")
+    if why:
+        return common.skipped(args.json, "remote", f"needs Ray for remote islands: {why}")
+    import ray
+
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     pw.init()
     r0, r1 = pw.add_ray_islands(count=2, devices_per_island=4)
@@ -75,14 +79,16 @@ def main(argv=None) -> dict:
         "local": chain_cost(local_a, args.k, args.repeats),
         "remote": chain_cost(remote_a, args.k, args.repeats),
     }
-    sizes = [1 << 20, 16 << 20, 64 << 20]
+    sizes = [int(float(m) * (1 << 20)) for m in args.sizes.split(",")]
     pairs = {
         "local -> local (device to device)": (local_a, local_b),
         "local -> remote": (local_a, remote_a),
         "remote -> remote (actor to actor)": (remote_a, remote_b),
         "remote -> local": (remote_a, local_a),
     }
-    bandwidth = {name: {n: transfer_rate(a, b, n, 3) for n in sizes} for name, (a, b) in pairs.items()}
+    bandwidth = {
+        name: {n: transfer_rate(a, b, n, args.transfer_repeats) for n in sizes} for name, (a, b) in pairs.items()
+    }
     print(f"remote islands: 2 Ray actors x 4 CPU devices; chain of {args.k} tiny nodes")
     print(f"per-node cost: local {per_node['local']:.1f} µs, remote {per_node['remote']:.1f} µs "
           f"({per_node['remote'] / per_node['local']:.1f}x)")
@@ -90,13 +96,11 @@ def main(argv=None) -> dict:
     for name, row in bandwidth.items():
         print(f"{name:<36}" + "".join(f"{row[n]:>12.2f}" for n in sizes))
     result = {
-        "benchmark": "remote", "jax": jax.__version__, "ray": ray.__version__, "python": platform.python_version(),
-        "date": time.strftime("%Y-%m-%d"), "per_node_us": per_node,
+        "benchmark": "remote", "machine": common.machine(), "ray": ray.__version__,
+        "per_node_us": per_node,
         "bandwidth_gib_s": {k: {str(n): v for n, v in row.items()} for k, row in bandwidth.items()},
     }
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(result, fh, indent=2)
+    common.write_json(args.json, result)
     pw.shutdown()
     ray.shutdown()
     return result

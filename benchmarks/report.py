@@ -6,16 +6,6 @@ import json
 import re
 from pathlib import Path
 
-#: extra arguments of each benchmark for ``run_all.py --quick``
-QUICK: dict[str, list[str]] = {
-    "dispatch": ["--repeats", "8", "--budget", "10", "--peer-repeats", "3", "--peer-budget", "15"],
-    "parity": ["--repeats", "3", "--sizes", "30,300,3000"],
-    "utilization": ["--repeats", "3"],
-    "profile_overhead": ["--seconds", "2"],
-    "pipeline": ["--steps", "1"],
-    "timeline_redraw": ["--repeats", "10"],
-}
-
 SYSTEMS = {
     "jax": "raw JAX",
     "pw": "pw_kernel",
@@ -196,41 +186,47 @@ def utilization_table(u: dict) -> tuple[list[str], list[dict]]:
 
 def profile_tables(pr: dict) -> list[str]:
     out = [
-        f"#### Host overhead profile (py-spy {pr['rate']} Hz, {pr['seconds']} s per mode; K = {pr['k']} tiny nodes)",
+        f"#### Host overhead profile (profile_overhead.py): where the µs per node go, K = {pr['k']} tiny nodes",
         "",
     ]
     if pr.get("py_spy") == "not installed":
-        out += ["py-spy is not installed here: no sampled profile (the micro timings below still ran).", ""]
+        out += ["py-spy is not installed here: no sampled profile (cProfile per thread and the public calls below ran).",
+                ""]
     workloads = (("chained", "pw chained (one program of K nodes)"), ("opbyop", "pw OpByOp (K one-node programs)"))
     for kind, title in workloads:
         w = pr["workloads"].get(kind)
-        if not w or "gil" not in w or "wall" not in w:
+        if not w:
             continue
-        gil, wall = w["gil"], w["wall"]
-        out.append(
-            f"{title}: {gil['nodes_per_s']:,.0f} nodes/s under the profiler "
-            f"({w['unprofiled_nodes_per_s']:,.0f} over the "
-            f"whole run). GIL µs per node by what the thread was doing, and the share of the thread's wall time:"
-        )
+        cp = w["cprofile"]
+        out.append(f"{title}: {w['unprofiled_us_per_node']:.1f} µs per node unprofiled, {cp['us_per_node']:.1f} under "
+                   f"cProfile. Own time per thread by where it is spent (share of the thread's time):")
         out.append("")
-        out.append("| thread | what | GIL held, µs/node | share of thread's wall time |")
+        out.append("| thread | where | µs/node | share |")
         out.append("|---|---|---|---|")
-        rows = []
-        for role in ("caller", "dispatcher", "watcher", "other"):
-            g = gil["threads"].get(role, {}).get("categories", {})
-            a = wall["threads"].get(role, {}).get("categories", {})
-            for c in sorted(set(g) | set(a), key=lambda c: -(g.get(c, {}).get("us_per_node", 0))):
-                gu = g.get(c, {}).get("us_per_node", 0.0)
-                sh = a.get(c, {}).get("share", 0.0)
-                if gu >= 0.05 or sh >= 0.01:
-                    rows.append(f"| {role} | {c} | {gu:.2f} | {sh:.1%} |")
-        total = sum(c["us_per_node"] for t in gil["threads"].values() for c in t["categories"].values())
-        out += rows
-        out.append(f"| all | **GIL held in all** | **{total:.2f}** | |")
+        for thread, d in cp["threads"].items():
+            for group, v in d["us_per_node"].items():
+                if d["share"][group] >= 0.01:
+                    out.append(f"| {thread} | {group} | {v:.2f} | {d['share'][group]:.1%} |")
         out.append("")
+        tops = [(f["us_per_node"], thread, f["function"]) for thread, d in cp["threads"].items() for f in d["top"]
+                if not f["where"].startswith("waiting")]
+        out.append("Functions with the most own time (waits left out): " + "; ".join(
+            f"{fn} on {thread} {v:.2f} µs" for v, thread, fn in sorted(tops, reverse=True)[:6]) + ".")
+        out.append("")
+        gil = w.get("gil")
+        if gil and "threads" in gil:
+            out.append(f"py-spy, GIL held ({gil['nodes_per_s']:,.0f} nodes/s under the profiler):")
+            out.append("")
+            out.append("| thread | where | GIL µs/node | share |")
+            out.append("|---|---|---|---|")
+            for thread, d in gil["threads"].items():
+                for group, v in d["us_per_node"].items():
+                    if d["share"][group] >= 0.02:
+                        out.append(f"| {thread} | {group} | {v:.2f} | {d['share'][group]:.1%} |")
+            out.append("")
     micro = pr["workloads"].get("chained", {}).get("micro_ns")
     if micro:
-        out.append("Pieces of the per-node path timed alone (ns per call, best of 5):")
+        out.append("Public calls timed alone (ns per call, best of 5):")
         out.append("")
         out.append("| " + " | ".join(micro) + " |")
         out.append("|" + "---|" * len(micro))
@@ -294,7 +290,7 @@ def timeline_table(tl: dict) -> tuple[list[str], list[dict]]:
     for view, r in tl["redraw"].items():
         out.append(f"| {view} | {r['median_ms']:.1f} | {r['p95_ms']:.1f} | {r['max_ms']:.1f} |")
         if view in ("zoom", "pan"):
-            t.append({"name": f"timeline: {view} redraw p95, 100k events", "value": r["p95_ms"], "limit": 50,
+            t.append({"name": f"timeline: {view} redraw p95, {tl['events']:,} events", "value": r["p95_ms"], "limit": 50,
                       "below": True, "unit": " ms", "met": r["p95_ms"] < 50, "note": ""})
     out.append("")
     return out, t
@@ -336,7 +332,7 @@ def render(platform: str, results: Path, status: dict | None) -> str:
     loaded = {n: _load(results, n, platform) for n in
               ("dispatch", "parity", "utilization", "profile_overhead", "multitenancy", "pipeline", "timeline_redraw",
                "remote")}
-    first = next((v for v in loaded.values() if v and "machine" in v), None)
+    first = next((v for v in loaded.values() if v and isinstance(v.get("machine"), dict)), None)
     lines = header(platform, status, first)
     lines.append("")
     targets: list[dict] = []
@@ -350,6 +346,9 @@ def render(platform: str, results: Path, status: dict | None) -> str:
     )
     for name, fn, where in renderers:
         if not loaded[name]:
+            continue
+        if "skipped" in loaded[name]:  # the benchmark could not run here (an optional package is missing)
+            where += [f"{name}: skipped: {loaded[name]['skipped']}", ""]
             continue
         try:
             md, t = fn(loaded[name])

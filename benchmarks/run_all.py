@@ -3,6 +3,7 @@
     python benchmarks/run_all.py                 # everything (~5 minutes on a 2-core CPU machine)
     python benchmarks/run_all.py --only dispatch,parity
     python benchmarks/run_all.py --render-only   # README tables from the JSON already in results/
+    python benchmarks/run_all.py --quick         # every script's --quick mode: a smoke test of about a minute
 
 Each benchmark runs in its own process (a fresh controller and JAX runtime;
 on a GPU, one process holds the device at a time) with this Python, so the
@@ -11,7 +12,10 @@ machine whose Python has only jax and numpy (``PYTHONPATH=.``): peers,
 py-spy and Chromium are optional and reported as missing. Results go to
 ``benchmarks/results/<name>_<platform>.json``; the tables go between the
 ``run_all:<platform>`` markers of benchmarks/README.md (one block per
-platform, so a CPU run and a GPU run sit side by side).
+platform, so a CPU run and a GPU run sit side by side). ``--quick`` runs
+each script's own ``--quick`` mode (tiny sizes, few rounds): its figures
+only show that everything runs, so its results go to a temporary folder
+(or ``--results``) and the README is left alone.
 """
 
 from __future__ import annotations
@@ -21,7 +25,9 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import common
 import report
@@ -53,14 +59,15 @@ def detect_platform(env: dict) -> str:
     return out.stdout.strip().splitlines()[-1]
 
 
-def run_step(name: str, platform: str, env: dict, quick: bool) -> dict:
+def run_step(name: str, platform: str, env: dict, quick: bool, results: Path) -> dict:
     script, extra, timeout = STEPS[name]
-    path = common.RESULTS / f"{name}_{platform}.json"
+    path = results / f"{name}_{platform}.json"
     if path.exists():
         path.unlink()  # never render a stale result as this run's
     args = [sys.executable, str(BENCH / script), "--json", str(path), *extra]
     if quick:
-        args += report.QUICK.get(name, [])
+        args.append("--quick")
+        timeout = min(timeout, 180)
     print(f"\n=== {name}: {' '.join(args[1:])}", flush=True)
     t = time.perf_counter()
     try:
@@ -74,7 +81,7 @@ def run_step(name: str, platform: str, env: dict, quick: bool) -> dict:
         sys.stderr.write(err[-4000:])
     status = {"name": name, "wall_s": round(wall, 1), "rc": rc}
     if rc == 0 and path.exists():
-        status["json"] = str(path.relative_to(common.ROOT))
+        status["json"] = str(path.relative_to(common.ROOT) if path.is_relative_to(common.ROOT) else path)
     else:
         lines = [ln for ln in (err or "").strip().splitlines() if ln.strip()]
         status["error"] = lines[-1][:300] if lines else f"exit {rc}"
@@ -90,7 +97,10 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--only", default=None, help="comma-separated subset of: " + ", ".join(STEPS))
     ap.add_argument("--skip", default="", help="comma-separated steps to leave out")
-    ap.add_argument("--quick", action="store_true", help="fewer repeats (a smoke test; figures are noisier)")
+    ap.add_argument("--quick", action="store_true",
+                    help="each script's --quick mode: tiny sizes, few rounds (a smoke test); leaves the README alone")
+    ap.add_argument("--results", default=None,
+                    help="folder for the JSON results (default: benchmarks/results; with --quick a temporary one)")
     ap.add_argument("--render-only", action="store_true", help="only rebuild the README tables from results/")
     ap.add_argument("--no-readme", action="store_true", help="do not touch benchmarks/README.md")
     ap.add_argument("--platform", default=None, help="with --render-only: which results to render (default: all)")
@@ -99,16 +109,22 @@ def main(argv=None) -> None:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(common.ROOT), str(BENCH), env.get("PYTHONPATH")) if p)
     env.setdefault("PYTHONUNBUFFERED", "1")
-    common.RESULTS.mkdir(parents=True, exist_ok=True)
+    if args.results:
+        results = Path(args.results)
+    elif args.quick and not args.render_only:
+        results = Path(tempfile.mkdtemp(prefix="pw-bench-quick-"))
+    else:
+        results = common.RESULTS
+    results.mkdir(parents=True, exist_ok=True)
 
     if args.render_only:
         platforms = [args.platform] if args.platform else sorted(
-            {p.stem.rsplit("_", 1)[-1] for p in common.RESULTS.glob("*_*.json") if not p.stem.startswith("run_all")}
+            {p.stem.rsplit("_", 1)[-1] for p in results.glob("*_*.json") if not p.stem.startswith("run_all")}
         )
         for platform in platforms:
-            status_path = common.RESULTS / f"run_all_{platform}.json"
+            status_path = results / f"run_all_{platform}.json"
             status = json.loads(status_path.read_text()) if status_path.exists() else None
-            report.update_readme(README, platform, report.render(platform, common.RESULTS, status))
+            report.update_readme(README, platform, report.render(platform, results, status))
             print(f"rendered {platform} tables into {README.relative_to(common.ROOT)}")
         return
 
@@ -126,17 +142,20 @@ def main(argv=None) -> None:
         "quick": args.quick,
         "steps": {},
     }
-    print(f"run_all: platform {platform}, load average {status['loadavg_start']}, python {sys.executable}")
+    print(f"run_all: platform {platform}, load average {status['loadavg_start']}, python {sys.executable}, "
+          f"results in {results}")
     for name in names:
         if name in skip:
             continue
-        status["steps"][name] = run_step(name, platform, env, args.quick)
+        status["steps"][name] = run_step(name, platform, env, args.quick, results)
     status["loadavg_end"] = common.loadavg()
     status["wall_s"] = round(time.time() - started, 1)
-    common.write_json(common.RESULTS / f"run_all_{platform}.json", status)
-    md = report.render(platform, common.RESULTS, status)
+    common.write_json(results / f"run_all_{platform}.json", status)
+    md = report.render(platform, results, status)
     print("\n" + md)
-    if not args.no_readme:
+    if args.quick:
+        print(f"\nrun_all --quick: smoke-test figures, README left alone ({status['wall_s']:.0f} s in all)")
+    elif not args.no_readme:
         report.update_readme(README, platform, md)
         print(f"\nrun_all: tables written to {README.relative_to(common.ROOT)} ({status['wall_s']:.0f} s in all)")
 

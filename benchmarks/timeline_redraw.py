@@ -1,27 +1,26 @@
 """Timeline widget redraw time in Chromium for 100,000 node events (zoom, pan, full view).
 
-    python benchmarks/timeline_redraw.py [--events 100000] [--repeats 40] [--json out.json] [--screenshot out.png]
+    python benchmarks/timeline_redraw.py [--events 100000] [--repeats 40] [--json out.json] [--screenshot out.png] [--quick]
 
-The widget's own front-end (``pw_kernel/widgets/static/timeline.js``) runs in
+The widget's own front-end (its ``_esm``, ``pw_kernel/widgets/static/timeline.js``) runs in
 headless Chromium (``/usr/bin/chromium`` through Playwright) against a small
-stand-in for the ipywidgets model; its data is the very encoding the Python
-side produces (`EventEncoder`) for synthetic events shaped like a real
+stand-in for the ipywidgets model, with the very trait state a `TimelineWidget`
+built from synthetic events syncs to a front-end (`get_state()`); the events are shaped like a real
 multi-program workload: 8 devices in two islands, slices of 2 and 4 devices,
 10% transfers (half of them across islands), 1,000 runs. We time synchronous
 redraws (`root.pwTimeline.redraw()`) of: the full view (every bar in view),
 wheel zooms around random points, and drag pans, and report median / p95 /
 max milliseconds. The target: a zoom or pan redraws in under 50 ms.
-Also reported: Python-side encoding cost per event and the static HTML time.
+Also reported: the Python side's cost per event (building the widget: encoding
+and packing) and the time of its static HTML. Without Playwright, anywidget or
+Chromium the benchmark says so and exits cleanly.
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
-import json
 import math
-import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -30,16 +29,13 @@ from pathlib import Path
 
 import numpy as np
 
+import pw_kernel as pw  # noqa: I001 - configures simulated CPU devices before JAX starts
+
+import common
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from pw_kernel.runtime.events import NodeEvent  # noqa: E402
-from pw_kernel.widgets import _html  # noqa: E402
-from pw_kernel.widgets.timeline_widget import EventEncoder, timeline_html  # noqa: E402
-
-STATIC = ROOT / "pw_kernel" / "widgets" / "static"
 sys.path.insert(0, str(ROOT / "tests"))
-from chromium import CHROMIUM, CHROMIUM_ARGS  # noqa: E402 - the flags the browser tests use
+import chromium  # noqa: E402 - the browser and flags the browser tests use
 
 # A stand-in for the anywidget model: get / set / on / off / send / save_changes.
 FAKE_MODEL = """
@@ -60,7 +56,7 @@ window.b64 = (s) => { const bin = atob(s); const u = new Uint8Array(bin.length);
 """
 
 
-def synthetic_events(n: int = 100_000, runs: int = 1000, seed: int = 0) -> list[NodeEvent]:
+def synthetic_events(n: int = 100_000, runs: int = 1000, seed: int = 0) -> list[pw.NodeEvent]:
     """Events like a multi-program workload on 8 devices in two islands."""
     rng = np.random.default_rng(seed)
     slices = [(0, 1, 2, 3), (4, 5, 6, 7), (0, 1), (2, 3), (4, 5), (6, 7)]
@@ -85,7 +81,7 @@ def synthetic_events(n: int = 100_000, runs: int = 1000, seed: int = 0) -> list[
         start = max(free[list(devs)]) + rng.exponential(20_000)
         end = start + dur
         free[list(devs)] = end
-        ev = NodeEvent(
+        ev = pw.NodeEvent(
             k,
             run,
             f"train_step_{run % 7}",
@@ -110,50 +106,45 @@ def main(argv=None) -> dict:
     ap.add_argument("--repeats", type=int, default=40)
     ap.add_argument("--json", default=None, help="write results here")
     ap.add_argument("--screenshot", default=None, help="save a PNG of the widget here")
-    args = ap.parse_args(argv)
+    args = common.parse_args(ap, argv, {"events": 2000, "repeats": 3})
+    why = common.missing("playwright") or common.missing("anywidget")
+    if why is None and not chromium.available():
+        why = f"no Chromium at {chromium.CHROMIUM} (set PW_CHROMIUM)"
+    if why:
+        return common.skipped(args.json, "timeline_redraw", f"needs Playwright, anywidget and Chromium: {why}")
     from playwright.sync_api import sync_playwright
 
+    from pw_kernel.widgets import TimelineWidget
+
     events = synthetic_events(args.events)
-    devices = [(d, f"cpu:{d}", 0 if d < 4 else 1) for d in range(8)]
-    enc = EventEncoder(devices)
+    c = pw.init(islands=2)  # the widget's device lanes: 8 devices in two islands
     t = time.perf_counter()
-    enc.encode(events)
+    widget = TimelineWidget(controller=c, events=events, live=False, title=f"{args.events:,} synthetic events")
     encode_s = time.perf_counter() - t
-    meta, (f64, u32, bars) = enc.pack(0)
-    runs = [{"id": r, "name": f"train_step_{r % 7}", "tenant": f"tenant{r % 3}", "state": "done"} for r in range(1000)]
     t = time.perf_counter()
-    f64a, u32a, barsa, strings = enc.arrays()
-    static = timeline_html("bench", enc.lanes, runs, list(_html.RUN_PALETTE), "run", f64a, u32a, barsa, strings)
+    static = widget.static_html()
     static_s = time.perf_counter() - t
-    state = {
-        "title": f"{args.events:,} synthetic events",
-        "lanes": enc.lanes,
-        "runs": runs,
-        "palette": list(_html.RUN_PALETTE),
-        "color_by": "run",
-        "live": False,
-        "n_events": enc.n_events,
-        "n_chunks": 1,
-        "uid": "bench",
-    }
-    base = {
-        **meta,
-        "f64": base64.b64encode(f64).decode(),
-        "u32": base64.b64encode(u32).decode(),
-        "bars": base64.b64encode(bars).decode(),
-    }
+    # What the front-end receives: the synced traits, the event columns in `_base` as binary buffers.
+    state = widget.get_state()
+    base, src, css = state.pop("_base"), state.pop("_esm"), state.pop("_css")
+    state = {k: v for k, v in state.items() if not k.startswith("_") and k not in ("layout",)}
+    for k in ("f64", "u32", "bars"):
+        base[k] = base64.b64encode(base[k]).decode()
+    n_events, n_bars, n_lanes = widget.n_events, base["n_bars"], len(widget.lanes)
+    widget.close()
+    pw.shutdown()
 
     with tempfile.TemporaryDirectory() as profile, sync_playwright() as p:
         ctx = p.chromium.launch_persistent_context(
             profile,
-            executable_path=CHROMIUM,
+            executable_path=chromium.CHROMIUM,
             headless=True,
-            args=CHROMIUM_ARGS,
+            args=chromium.CHROMIUM_ARGS,
             viewport={"width": 1200, "height": 800},
         )
         page = ctx.new_page()
         page.set_content(
-            f"<html><head><style>{(STATIC / 'widgets.css').read_text()}</style></head>"
+            f"<html><head><style>{css}</style></head>"
             f"<body style='margin:8px;width:1100px'><div id='host'></div></body></html>"
         )
         page.add_script_tag(content=FAKE_MODEL)
@@ -165,9 +156,9 @@ def main(argv=None) -> dict:
                 window.model = makeModel(state);
                 window.cleanup = mod.render({model: window.model, el: document.getElementById('host')});
             }""",
-            [(STATIC / "timeline.js").read_text(), state, base],
+            [src, state, base],
         )
-        page.wait_for_selector(f".pw-timeline[data-events='{enc.n_events}']")
+        page.wait_for_selector(f".pw-timeline[data-events='{n_events}']")
         timings = page.evaluate(
             """(repeats) => {
                 const root = document.querySelector('.pw-timeline');
@@ -222,13 +213,13 @@ def main(argv=None) -> dict:
         return {"median_ms": statistics.median(xs), "p95_ms": xs[int(0.95 * (len(xs) - 1))], "max_ms": xs[-1]}
 
     result = {
-        "events": enc.n_events,
-        "bars": enc.n_bars,
-        "lanes": len(enc.lanes),
+        "benchmark": "timeline_redraw",
+        "events": n_events,
+        "bars": n_bars,
+        "lanes": n_lanes,
         "chromium": version,
-        "machine": platform.platform(),
-        "cpus": os.cpu_count(),
-        "python_encode_us_per_event": 1e6 * encode_s / max(enc.n_events, 1),
+        "machine": common.machine(),
+        "python_encode_us_per_event": 1e6 * encode_s / max(n_events, 1),
         "python_static_html_s": static_s,
         "static_html_kb": len(static) / 1024,
         "redraw": {k: summary(timings[k]) for k in ("full", "zoom", "zoom_deep", "pan")},
@@ -241,12 +232,10 @@ def main(argv=None) -> dict:
     for k, v in result["redraw"].items():
         print(f"  {k:10s} median {v['median_ms']:6.2f} ms   p95 {v['p95_ms']:6.2f} ms   max {v['max_ms']:6.2f} ms")
     print(
-        f"  python: encode {result['python_encode_us_per_event']:.2f} µs/event, "
+        f"  python: widget built in {result['python_encode_us_per_event']:.2f} µs/event, "
         f"static html {static_s * 1e3:.0f} ms ({result['static_html_kb']:.0f} KiB)"
     )
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2))
+    common.write_json(args.json, result)
     return result
 
 

@@ -1,6 +1,6 @@
 """Utilization: device busy time over wall time for chains of 100 µs and 1 ms computations.
 
-    python benchmarks/utilization.py [--sizes 100,1000] [--n 128] [--json out.json]
+    python benchmarks/utilization.py [--sizes 100,1000] [--n 128] [--json out.json] [--quick]
 
 Device busy time is the time of the fused reference: a hand-written
 `jax.jit` of the same N computations unrolled into one executable, in
@@ -125,7 +125,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--budget", type=float, default=12.0, help="seconds of timing per size, at most")
     ap.add_argument("--json", default=None)
-    args = ap.parse_args(argv)
+    args = common.parse_args(ap, argv, {"sizes": "100", "n": 16, "repeats": 2, "budget": 0.5})
 
     pw.init()
     result: dict = {"benchmark": "utilization", "machine": common.machine(), "rows": []}

@@ -12,7 +12,7 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import cells
@@ -173,7 +173,7 @@ def gated(kernel):
 
 
 @pytest.fixture
-def open_gate(gated, tmp_path) -> Callable[[], None]:
+def open_gate(gated, tmp_path) -> Iterator[Callable[[], None]]:
     """Opens the kernel's `gate` from this process, through a named pipe: also while the kernel is idle or busy."""
     pipe = tmp_path / "gate"
     os.mkfifo(pipe)

@@ -1,0 +1,182 @@
+"""Every benchmark runs end to end in its --quick mode, so none can rot unnoticed.
+
+Each script runs in its own process as `run_all.py` runs it (the repository and
+benchmarks/ on PYTHONPATH, validation off), with tiny sizes and few rounds: the
+figures mean nothing here, the test checks that the script exits 0 and printed
+its table. A benchmark whose optional package is missing must say so and exit 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import chromium
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "benchmarks"
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def bench(script: str, *args: str, hide: tuple[str, ...] = (), timeout: float = 240) -> str:
+    """Run ``benchmarks/<script> --quick *args``; its stdout. ``hide``: packages to run as if not installed."""
+    env = {k: v for k, v in os.environ.items() if k != "PW_VALIDATE"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(BENCH)])
+    path = str(BENCH / script)
+    argv = [path, "--quick", *args]
+    if hide:  # a None in sys.modules makes `import name` raise ModuleNotFoundError, as when it is not installed
+        code = (
+            f"import runpy, sys; sys.modules.update(dict.fromkeys({list(hide)!r})); sys.argv = {argv!r}; "
+            f"runpy.run_path({path!r}, run_name='__main__')"
+        )
+        cmd = [sys.executable, "-c", code]
+    else:
+        cmd = [sys.executable, *argv]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout)
+    assert proc.returncode == 0, f"{script} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    return proc.stdout
+
+
+def has_table(out: str, *lines: str) -> None:
+    """Each regular expression in ``lines`` matches a whole line of ``out``."""
+    for line in lines:
+        assert re.search(line, out, re.M), f"no line matching {line!r} in:\n{out}"
+
+
+NUM = r"[\d,.]+"
+
+#: script, extra arguments, packages hidden, lines of its table (regular expressions)
+QUICK = {
+    "dispatch": (
+        "dispatch.py",
+        ["--peers", "ray_tasks,ray_cg,dask"],
+        ("ray", "distributed", "dask"),  # the peers are optional: each says it is missing, the rest runs
+        [
+            r"^tiny: µs per computation \(medians of .*\)$",
+            rf"^  pw\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}$",
+            r"^allreduce: µs per computation",
+            r"^  tiny: pw chained / JAX op-by-op\s+",
+            r"^  Ray tasks: not installed \(ray\)$",
+            r"^  Dask futures: not installed \(distributed\)$",
+        ],
+    ),
+    "parity": (
+        "parity.py",
+        [],
+        (),
+        [r"^ target µs  device µs    K     JAX /s      pw /s  pw/JAX$", rf"^\s+300\s+{NUM}\s+\d+\s+{NUM}\s+{NUM}\s+{NUM}"],
+    ),
+    "utilization": (
+        "utilization.py",
+        [],
+        (),
+        [rf"^  pw_chained\s+{NUM}%$", rf"^  event log, chained\s+busy/span\s+{NUM}%", r"^  utilization at 100 µs"],
+    ),
+    "profile_overhead": (
+        "profile_overhead.py",
+        [],
+        (),
+        [
+            rf"^\[chained\] unprofiled {NUM} µs per node; under cProfile {NUM} µs per node",
+            rf"^\[opbyop\] unprofiled {NUM} µs per node",
+            rf"^  caller\s+pw_kernel/runtime/\S+\.py\s+{NUM}\s+{NUM}%$",  # the thread that submits
+            rf"^  pw-dispatcher\s+.*\s+{NUM}\s+{NUM}%$",  # and the controller's own threads
+            rf"^  pw-watcher\s+.*\s+{NUM}\s+{NUM}%$",
+            rf"^  one_node_round_trip\s+{NUM}$",
+        ],
+    ),
+    "multitenancy": (
+        "multitenancy.py",
+        [],
+        (),
+        [rf"^\s+8\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}$", rf"^  w8: {NUM} \(ideal 0.533\)$"],
+    ),
+    "pipeline": (
+        "pipeline.py",
+        [],
+        (),
+        [rf"^\s+gpipe\s+4\s+{NUM}\s+{NUM}\s+\[4, 4\]", rf"^\s+1f1b\s+4\s+{NUM}\s+{NUM}\s+\[2, 1\]", r"^SPMD data-parallel"],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(QUICK))
+def test_a_benchmark_runs_end_to_end_in_its_quick_mode(name, tmp_path):
+    script, args, hide, lines = QUICK[name]
+    out = bench(script, *args, "--json", str(tmp_path / "result.json"), hide=hide)
+    has_table(out, *lines)
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["benchmark"] == name and "skipped" not in result
+
+
+def test_the_timeline_redraw_benchmark_runs_in_chromium(tmp_path):
+    pytest.importorskip("playwright", reason="the timeline benchmark drives Chromium through Playwright")
+    pytest.importorskip("anywidget")
+    if not chromium.available():
+        pytest.skip(f"no Chromium at {chromium.CHROMIUM}")
+    out = bench("timeline_redraw.py", "--json", str(tmp_path / "result.json"))
+    has_table(
+        out,
+        r"^timeline redraw, 2,000 events \([\d,]+ bars, \d+ lanes\), Chromium [\d.]+:$",
+        *(rf"^  {view}\s+median\s+{NUM} ms\s+p95\s+{NUM} ms" for view in ("full", "zoom", "zoom_deep", "pan")),
+        rf"^  python: widget built in {NUM} µs/event",
+    )
+    assert json.loads((tmp_path / "result.json").read_text())["redraw"]["pan"]["median_ms"] > 0
+
+
+@pytest.mark.parametrize(
+    "script, hide, note",
+    [
+        ("remote.py", ("ray",), "remote: skipped: needs Ray for remote islands: ray is not installed"),
+        ("timeline_redraw.py", ("playwright",), "timeline_redraw: skipped: needs Playwright, anywidget and Chromium: "
+                                                "playwright is not installed"),
+    ],
+)
+def test_a_benchmark_whose_optional_package_is_missing_says_so_and_exits_0(script, hide, note, tmp_path):
+    out = bench(script, "--json", str(tmp_path / "result.json"), hide=hide)
+    assert note in out
+    assert "is not installed" in json.loads((tmp_path / "result.json").read_text())["skipped"]
+
+
+def test_run_all_quick_runs_the_scripts_quick_modes_and_leaves_the_readme_alone(tmp_path):
+    readme = (BENCH / "README.md").read_text()
+    env = {k: v for k, v in os.environ.items() if k != "PW_VALIDATE"}
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "run_all.py"), "--quick", "--only", "multitenancy", "--results", str(tmp_path)],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    assert re.search(r"^=== multitenancy: .*multitenancy\.py --json \S+ --quick$", proc.stdout, re.M), proc.stdout
+    assert re.search(r"^=== multitenancy: ok \(\d+ s\)$", proc.stdout, re.M), proc.stdout
+    has_table(proc.stdout, r"^#### Multi-tenancy \(multitenancy\.py\)$", rf"^\| 8 \| {NUM} \| {NUM} \| {NUM} \| {NUM} \|$")
+    assert "README left alone" in proc.stdout and (BENCH / "README.md").read_text() == readme
+    status = json.loads(next(tmp_path.glob("run_all_*.json")).read_text())
+    assert status["quick"] is True and status["steps"]["multitenancy"]["rc"] == 0
+
+
+# ----------------------------------------------------------- needs Ray
+@pytest.mark.ray
+@pytest.mark.slow
+def test_the_dispatch_benchmark_times_its_ray_peers(tmp_path):
+    pytest.importorskip("ray", reason="the Ray peers need Ray (pip install ray)")
+    out = bench("dispatch.py", "--peers", "ray_tasks,ray_cg", "--json", str(tmp_path / "result.json"))
+    has_table(out, r"^peers, tiny chain: µs per computation", rf"^  ray_tasks\s+{NUM}\s+", rf"^  ray_cg\s+-\s+{NUM}")
+    assert json.loads((tmp_path / "result.json").read_text())["peers"]["status"] == {"ray_tasks": "ok", "ray_cg": "ok"}
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_the_remote_islands_benchmark_runs_on_a_local_ray_cluster(tmp_path):
+    pytest.importorskip("ray", reason="remote islands are Ray actors (pip install ray)")
+    out = bench("remote.py", "--json", str(tmp_path / "result.json"))
+    has_table(
+        out,
+        rf"^per-node cost: local {NUM} µs, remote {NUM} µs \({NUM}x\)$",
+        *(rf"^{re.escape(pair)}\s+{NUM}$" for pair in ("local -> remote", "remote -> remote (actor to actor)")),
+    )
