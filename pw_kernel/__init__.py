@@ -15,11 +15,8 @@ Example::
 
 from __future__ import annotations
 
-from .runtime.config import configure_cpu_devices
-
-configure_cpu_devices()  # 8 simulated CPU devices unless JAX already started or the user chose
-
-from .runtime import (  # noqa: E402
+# Importing the runtime starts no JAX backend, so the device count can still be chosen after it.
+from .runtime import (
     FIFO,
     AdmissionError,
     ArgumentError,
@@ -59,6 +56,7 @@ from .runtime import (  # noqa: E402
     VirtualSlice,
     add_ray_islands,
     compiled,
+    configure_cpu_devices,
     controller,
     get,
     init,
@@ -67,6 +65,8 @@ from .runtime import (  # noqa: E402
     schedule_ops,
     shutdown,
 )
+
+configure_cpu_devices()  # 8 simulated CPU devices unless JAX already started or the user chose
 
 __version__ = "0.1.0"
 

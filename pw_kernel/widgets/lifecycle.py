@@ -11,9 +11,8 @@ import sys
 from pathlib import Path
 
 from ..runtime import FINAL, transition_edges
+from ._html import state_colour
 from .graph import _q, dot_to_svg
-
-_STATE_COLOUR = {"queued": "#d9d9d9", "running": "#8ecae6", "done": "#90be6d", "failed": "#f4a3c0", "cancelled": "#ffb703"}
 
 
 def lifecycle_dot() -> str:
@@ -33,7 +32,7 @@ def lifecycle_dot() -> str:
     ]
     for s in states:
         shape = ", peripheries=2" if s in FINAL else ""
-        out.append(f"  {_q(s)} [fillcolor={_q(_STATE_COLOUR.get(s, '#ffffff'))}{shape}];")
+        out.append(f"  {_q(s)} [fillcolor={_q(state_colour(s))}, fontcolor=\"#ffffff\"{shape}];")
     for a, event, b in edges:
         style = ', style=dashed, color="#999999", fontcolor="#777777"' if a in FINAL else ""
         out.append(f"  {_q(a)} -> {_q(b)} [label={_q(event)}{style}];")
