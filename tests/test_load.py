@@ -62,7 +62,7 @@ def test_a_ten_thousand_node_program(ctl):
     run = long.submit(x, mode="chained")
     assert run.nodes_total == 10_000
     np.testing.assert_array_equal(np.asarray(run.outputs.result(timeout=300)), [10_000.0] * 4)
-    assert len(run.events) == 10_000
+    assert sum(e.kind != "compile" for e in run.events) == 10_000
 
 
 def test_a_hundred_runs_each_reading_the_previous_runs_futures(ctl):

@@ -25,8 +25,8 @@ def chain_program(s, n, name):
 
 
 def dispatch_order(runs):
-    """Run ids in the order their nodes were dispatched."""
-    evs = sorted((e for r in runs for e in r.events), key=lambda e: e.seq)
+    """Run ids in the order their nodes were dispatched (compiles are not nodes)."""
+    evs = sorted((e for r in runs for e in r.events if e.kind != "compile"), key=lambda e: e.seq)
     return [e.run_id for e in evs]
 
 
