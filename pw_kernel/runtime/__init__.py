@@ -154,12 +154,15 @@ def pipeline(stages: Sequence[Callable], slices: Sequence[VirtualSlice], microba
     return _pipeline(stages, slices, microbatches, *args, controller=controller, **kwargs)
 
 
-@functools.wraps(start_ray_islands)
-def add_ray_islands(*args, **kwargs) -> list[Island]:
-    return controller().add_remote_islands(start_ray_islands(*args, **kwargs))
-
-
-add_ray_islands.__doc__ = """Make Ray actors the controller's remote islands; returns the new islands.
+def add_ray_islands(
+    address: str | None = None,
+    *,
+    count: int | None = None,
+    devices_per_island: int | None = None,
+    platform: str = "cpu",
+    env: dict[str, str] | None = None,
+) -> list[Island]:
+    """Make Ray actors the controller's remote islands; returns the new islands.
 
     With ``count``, start that many actors (e.g. on one machine, for testing);
     otherwise one per alive Ray node. On CPU each actor simulates
@@ -171,6 +174,10 @@ add_ray_islands.__doc__ = """Make Ray actors the controller's remote islands; re
         islands = pw.add_ray_islands(count=2, devices_per_island=4)
         s = pw.slice(4, island=islands[0].id)
     """
+    remotes = start_ray_islands(
+        address, count=count, devices_per_island=devices_per_island, platform=platform, env=env
+    )
+    return controller().add_remote_islands(remotes)
 
 
 __all__ = [

@@ -312,18 +312,7 @@ def start_ray_islands(
     platform: str = "cpu",
     env: dict[str, str] | None = None,
 ) -> list[RemoteIsland]:
-    """Start (or attach) the Ray actors that will run remote islands; `pw.add_ray_islands` registers them.
-
-    With ``count``, start that many actors (e.g. on one machine, for testing);
-    otherwise one per alive Ray node. On CPU each actor simulates
-    ``devices_per_island`` devices. Slices go there with ``pw.slice(n, island=i)``.
-
-    Example::
-
-        ray.init(address="auto")            # or let this call start a local Ray
-        islands = pw.add_ray_islands(count=2, devices_per_island=4)
-        s = pw.slice(4, island=islands[0].id)
-    """
+    """Start (or attach) the Ray actors of remote islands; `pw.add_ray_islands` (documented there) registers them."""
     try:
         import ray
     except ImportError:
