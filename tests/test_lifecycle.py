@@ -101,11 +101,14 @@ def test_a_failed_producer_fails_its_queued_readers():
     producer = record(0, make_plan(1))
     life.submit(producer)
     life.next_work(0.0)
-    cell = producer.cells[0]  # what a future of the producer holds
-    effects = life.handle(producer, "cancel", 1.0)
-    assert kinds(effects) == ["Emit", "Reject", "Finish", "Wake"] and effects[1].cancelled
-    reader = record(1, make_plan(1, n_inputs=1), inputs=[cell])
+    reader = record(1, make_plan(1, n_inputs=1), inputs=[producer.cells[0]])  # what a future of it holds
     life.submit(reader)
+    life.policy = FairShare()  # looks at every run, so the reader is tried too
+    work, _ = life.next_work(0.0)
+    assert work.rec is producer and reader.waiting_for == "input" and life.blocked
+    effects = life.handle(producer, "cancel", 1.0)
+    # A run waits on this one: its end wakes the dispatcher (and only then does an end wake it).
+    assert kinds(effects) == ["Emit", "Reject", "Finish", "Wake"] and effects[1].cancelled
     work, effects = life.next_work(2.0)
     assert work is None and reader.state == "failed"
     reject = next(e for e in effects if isinstance(e, Reject))
@@ -148,7 +151,7 @@ def test_a_cancelled_run_drains_the_steps_it_had_in_flight():
     life.next_work(0.0)
     life.handle(rec, "dispatched", 0.0, 2, ((0, 2),), [])
     effects = life.handle(rec, "cancel", 1.0)
-    assert rec.state == "cancelled" and kinds(effects) == ["Emit", "Reject", "Finish", "Wake"]
+    assert rec.state == "cancelled" and kinds(effects) == ["Emit", "Reject", "Finish"]  # nobody waits on it
     assert life.inflight == [2]  # the device still runs them
     # The dispatcher was mid-burst: it reports one more step, then both complete.
     life.handle(rec, "dispatched", 1.0, 3, ((0, 1),), [(0, "late")])

@@ -189,11 +189,8 @@ class Controller:
             # thread is woken only if this thread does not dispatch the run itself (it would contend).
             effects = self.lifecycle.submit(rec)
             self._apply([e for e in effects if type(e) is not Wake])
-            inline = self.dispatcher.claim_inline() if may_inline else None
-            if inline is None:
+            if not (may_inline and self.dispatcher.dispatch_inline()):
                 self.dispatcher.wake()
-        if inline is not None:
-            self.dispatcher.execute(inline)
         return run
 
     def add_remote_islands(self, remotes) -> list[Island]:

@@ -25,9 +25,9 @@ if TYPE_CHECKING:
 
 _BATCH = 256  # nodes per hand-off to the watcher
 _INLINE_STEPS = 64  # steps a submitting thread dispatches itself before the dispatcher thread takes over
-_FLUSH_NS = 1_000_000
-_POLL_S = 0.001  # a watcher with recent work looks for new batches this often (the timeline's resolution)
-_POLL_IDLE_S = 0.05  # ... and sleeps until woken after this long without any  # or sooner: no node waits more than 1 ms to be watched (the timeline's resolution)
+_FLUSH_NS = 1_000_000  # or sooner: no node waits more than 1 ms to be watched (the timeline's resolution)
+_POLL_S = 0.001  # a watcher with recent work looks for new batches this often (the same resolution)
+_POLL_IDLE_S = 1.0  # ... and sleeps until woken after this long without any (a notify costs the caller)
 
 
 class Dispatcher:
@@ -41,11 +41,11 @@ class Dispatcher:
 
     def __init__(self, controller: Controller, lock: threading.RLock):
         self.controller = controller
+        self.lock = lock  # the controller's: plain `with self.lock` where nobody waits (cheaper than cond)
         self.cond = threading.Condition(lock)
-        # Dispatched batches not yet completed, in dispatch order. Whoever completes them holds the
-        # `completing` token (the watcher thread, or a thread waiting on a future: see `help`).
-        self._mu = threading.Lock()
-        self._watch = threading.Condition(self._mu)
+        # Dispatched batches not yet completed, in dispatch order (under the lock). Whoever completes
+        # them holds the `completing` token: the watcher thread, or a thread waiting on a future (`help`).
+        self._watch = threading.Condition(lock)
         self._pending: collections.deque = collections.deque()
         self._completing = False
         self._watcher_asleep = False  # waiting without a timeout: a new batch must wake it
@@ -101,33 +101,38 @@ class Dispatcher:
             del dead  # free finished nodes' buffers here, between bursts (see _watch_loop)
             self.execute(work)
 
-    def claim_inline(self) -> Work | None:
-        """For a submitting thread: the next work, if no thread is dispatching now (lock held).
+    def dispatch_inline(self) -> bool:
+        """On a submitting thread, holding the lock: dispatch the next work here if no thread is dispatching.
 
         Dispatching a small run on the thread that submitted it saves two thread
-        hand-offs (the latency of a lone interactive call); one dispatching
-        thread at a time (``busy``) keeps one consistent order per island.
+        hand-offs (the latency of a lone interactive call). The lock is held
+        throughout, so no other thread can start dispatching meanwhile: one
+        order per island, as gang scheduling needs. Returns False (nothing done)
+        when the dispatcher thread is at work or there is nothing to dispatch.
         """
-        if self.busy or self._stopping or threading.current_thread() in self._threads:
-            return None
+        if self.busy or self._stopping or not _INLINE_STEPS or threading.current_thread() in self._threads:
+            return False
         work = self.controller.next_work()
         if work is None:
-            return None
-        self.busy = True
-        return Work(work.rec, min(work.quantum, _INLINE_STEPS), inline=True)
+            return False
+        try:
+            self._dispatch(work.rec, min(work.quantum, _INLINE_STEPS), inline=True)
+        except BaseException as e:  # a bug of ours: fail the run, keep the controller alive
+            self.controller.on_step_failed(work.rec, None, e)
+        if self.controller.lifecycle.has_work():
+            self.cond.notify()  # what the inline dispatch left is the dispatcher thread's
+        return True
 
     def execute(self, work: Work) -> None:
-        """Dispatch ``work`` (this thread holds ``busy``), then let the next dispatcher in."""
+        """The dispatcher thread: dispatch ``work`` without the lock (``busy`` is ours), then give it back."""
         try:
-            self._dispatch(work.rec, work.quantum, work.inline)
+            self._dispatch(work.rec, work.quantum)
         except BaseException as e:  # a bug of ours: fail the run, keep the controller alive
-            with self.cond:
+            with self.lock:
                 self.controller.on_step_failed(work.rec, None, e)
         finally:
-            with self.cond:
+            with self.lock:
                 self.busy = False
-                if threading.current_thread() is not self._threads[0] and self.controller.lifecycle.has_work():
-                    self.cond.notify()  # what the inline dispatch left is the dispatcher thread's
 
     def _dispatch(self, rec: RunRecord, quantum: int, inline: bool = False) -> None:
         """Dispatch up to ``quantum`` of ``rec``'s next steps; no lock held around JAX calls."""
@@ -197,7 +202,7 @@ class Dispatcher:
         if batch or k != rec.cursor:
             self._hand_over(rec, k, sent_on, published, cost, batch)
         if failed is not None:
-            with self.cond:
+            with self.lock:
                 c.on_step_failed(rec, *failed)
 
     def _compile(self, rec: RunRecord, st, args: list) -> None:
@@ -227,10 +232,9 @@ class Dispatcher:
 
     def _hand_over(self, rec: RunRecord, cursor: int, sent_on: dict, published: list, cost: int, batch: list) -> None:
         """Report steps dispatched, then give them to the watcher (in that order: credit is counted first)."""
-        with self.cond:
+        with self.lock:
             self.controller.on_dispatched(rec, cursor, tuple(sent_on.items()), published, cost)
-        if batch:
-            with self._watch:
+            if batch:
                 self._pending.append(batch)
                 # A polling watcher finds the batch within _POLL_S; waking it per batch would make it
                 # fight the submitting thread for the GIL on every interactive call.
@@ -244,37 +248,44 @@ class Dispatcher:
         A thread about to wait for a future whose value is ready completes the
         batches itself instead of waiting for the watcher thread to be scheduled.
         """
-        return self._drain()
-
-    def _drain(self) -> bool:
-        with self._mu:
+        with self.lock:
             if self._completing or not self._pending:
                 return False
-            self._completing = True
-            batches = list(self._pending)
-            self._pending.clear()
-        try:
-            for batch in batches:
-                progress = [0]  # items of the batch already reported
-                try:
-                    self._complete(batch, progress)
-                except BaseException as e:  # a bug of ours: fail those runs, keep watching
-                    self._fail_rest(batch, progress[0], e)
-                with self.cond:  # the dispatcher reads `_idle` and empties the graveyard under this lock
-                    if not self._idle:
-                        self.graveyard.append(batch)
-            batch = batches = None  # drop our references: an idle dispatcher frees nothing for us
-        finally:
-            with self._watch:
+            batches = self._take()
+        self._finish(batches)
+        return True
+
+    def _take(self) -> list:
+        """Claim every pending batch (lock held)."""
+        self._completing = True
+        batches = list(self._pending)
+        self._pending.clear()
+        return batches
+
+    def _finish(self, batches: list) -> None:
+        """Wait for ``batches`` and time them (no lock), then report them all at once (one lock)."""
+        reports: list = []
+        for batch in batches:
+            try:
+                self._complete(batch, reports)
+            except BaseException as e:  # a bug of ours: those runs fail, the watcher goes on
+                reports += self._segments(batch, {0: e}, stamped=False, first_only=True)
+        with self.lock:
+            try:
+                on_completed = self.controller.on_completed
+                for report in reports:
+                    on_completed(*report)
+            finally:
+                if not self._idle:  # the dispatcher frees these between its bursts (see __init__)
+                    self.graveyard.extend(batches)
                 self._completing = False
                 if self._pending:
                     self._watch.notify()
-        return True
 
     def _watch_loop(self) -> None:
         quiet_since = None
         while True:
-            with self._watch:
+            with self.lock:
                 while not self._pending or self._completing:
                     if self._stopping and not self._pending:
                         return
@@ -288,19 +299,13 @@ class Dispatcher:
                         if quiet_since is None:
                             quiet_since = time.monotonic()
                         self._watch.wait(_POLL_S)
+                batches = self._take()
             quiet_since = None
-            self._drain()
+            self._finish(batches)
+            batches = None  # drop our references: an idle dispatcher frees nothing for us
 
-    def _fail_rest(self, batch: list, start: int, exc: BaseException) -> None:
-        """Report the items from ``start`` on as completed, each run failing at its first one."""
-        lo = start
-        for i in range(start, len(batch)):
-            if i + 1 == len(batch) or batch[i + 1][0] is not batch[i][0]:
-                self._report(batch, lo, i + 1, {lo: exc}, stamped=False)
-                lo = i + 1
-
-    def _complete(self, batch: list, progress: list[int]) -> None:
-        """Wait for a batch of nodes in dispatch order, stamp their times, emit events, report per run.
+    def _complete(self, batch: list, reports: list) -> None:
+        """Wait for a batch of nodes in dispatch order, stamp their times, emit their events; add reports.
 
         All per-node work here holds the GIL that the dispatcher needs, so it is
         kept to a few attribute writes: `is_ready` before blocking (tiny nodes are
@@ -351,34 +356,36 @@ class Dispatcher:
                         failed[i] = e
                         seen.add(rec.id)
         emit = log.emit_node
-        # One report per run of consecutive items (a batch is usually one run's steps).
-        seg_start = 0
-        n = len(batch)
-        for i, (rec, st, ev, outs) in enumerate(batch):
+        for i, (rec, _, ev, _) in enumerate(batch):
             err = failed.get(i) if failed else None
             if err is not None:
                 ev.error = f"{type(err).__name__}: {err}"
             rec.events.append(ev)
             emit(ev)
-            if i + 1 == n or batch[i + 1][0] is not rec:
-                self._report(batch, seg_start, i + 1, failed)
-                seg_start = progress[0] = i + 1
+        reports += self._segments(batch, failed)
 
-    def _report(self, batch: list, lo: int, hi: int, failed: dict[int, BaseException], stamped: bool = True) -> None:
-        rec = batch[lo][0]
-        per_island: dict[int, int] = {}
-        published = []
-        failure = None
-        for i in range(lo, hi):
-            _, st, _, outs = batch[i]
-            per_island[st.island] = per_island.get(st.island, 0) + 1
-            if failure is None:
-                err = failed.get(i) if failed else None
-                if err is not None:
-                    failure = (st, err)
-                for j, pos in st.publishes:
-                    published.append((j, outs[pos]))
-        with self.cond:
-            self.controller.on_completed(
-                rec, tuple(per_island.items()), published, failure, [batch[i][2] for i in range(lo, hi)] if stamped else []
-            )
+    @staticmethod
+    def _segments(batch: list, failed: dict, stamped: bool = True, first_only: bool = False) -> list:
+        """One `on_completed` report per run of consecutive items of one run (a batch is usually one)."""
+        out = []
+        lo, n = 0, len(batch)
+        for hi in range(1, n + 1):
+            if hi < n and batch[hi][0] is batch[lo][0]:
+                continue
+            rec = batch[lo][0]
+            per_island: dict[int, int] = {}
+            published = []
+            failure = None
+            for i in range(lo, hi):
+                _, st, _, outs = batch[i]
+                per_island[st.island] = per_island.get(st.island, 0) + 1
+                if failure is None:
+                    err = failed.get(0 if first_only else i)
+                    if err is not None:
+                        failure = (st, err)
+                    for j, pos in st.publishes:
+                        published.append((j, outs[pos]))
+            events = [batch[i][2] for i in range(lo, hi)] if stamped else []
+            out.append((rec, tuple(per_island.items()), published, failure, events))
+            lo = hi
+        return out

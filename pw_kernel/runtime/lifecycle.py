@@ -239,7 +239,10 @@ class Lifecycle:
         self.queue: dict[int, RunRecord] = {}  # runs not yet final, in submission order
         self.policy: Policy = policy or FIFO()
         self.validate = validate
-        self.credit_wanted = False  # a run waits for in-flight credit: completions should wake
+        # What the last `next_work` found runs waiting for: the events that can unblock them wake
+        # the dispatcher (credit: a completion; memory or input: a run ending), and nothing else does.
+        self.credit_wanted = False
+        self.blocked = False  # a queued run waits for memory or for an input
         self._last_end: dict[int, int] = {}  # validation: device -> end of its last node event
 
     # ---------------------------------------------------------------- events
@@ -274,6 +277,7 @@ class Lifecycle:
         inflight = self.inflight
         first_wins = self.policy.first_runnable_wins
         self.credit_wanted = False
+        self.blocked = False
         for rec in list(self.queue.values()):
             steps = rec.plan.steps
             if rec.cursor < len(steps) and inflight[steps[rec.cursor].island] >= limit:
@@ -287,6 +291,7 @@ class Lifecycle:
                     continue
                 if blocked is not None:
                     rec.waiting_for = blocked
+                    self.blocked = True
                     continue
                 effects += self.handle(rec, "start", now)
                 if rec.state != "running" or rec.cursor >= len(steps):
@@ -382,7 +387,9 @@ class Lifecycle:
             for j in pending:
                 rec.resolved[j] = True
             effects.append(Reject(rec, pending, error, cancelled=state == "cancelled"))
-        effects += [Finish(rec), WAKE]
+        effects.append(Finish(rec))
+        if self.blocked or self.credit_wanted:
+            effects.append(WAKE)
         return effects
 
     def _finish_if_complete(self, rec: RunRecord, now: float, published: Sequence[tuple[int, Any]] = ()) -> list:
@@ -397,7 +404,6 @@ class Lifecycle:
         self.queue.pop(rec.id, None)
         for d, n in rec.reserved.items():
             self.reserved[d] -= n
-        had_memory = bool(rec.reserved)
         rec.reserved = {}
         slots, plan = rec.slots, rec.plan
         rec.slots = None
@@ -411,7 +417,7 @@ class Lifecycle:
         if res is not None:
             effects.append(res)
         effects.append(Finish(rec))
-        if had_memory:
+        if self.blocked:  # its memory may let a queued run start
             effects.append(WAKE)
         return effects
 
