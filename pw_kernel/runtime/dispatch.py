@@ -112,6 +112,11 @@ class Dispatcher:
         """
         if self.busy or self._stopping or not _INLINE_STEPS or threading.current_thread() in self._threads:
             return False
+        if len(self.controller.lifecycle.queue) > 1:
+            # Other runs are in flight (a stream of calls, each fed the last one's future): the
+            # dispatcher thread then overlaps dispatch with the caller's next submit, which pays
+            # more than the hand-off saves. Inline is for the lone interactive call.
+            return False
         work = self.controller.next_work()
         if work is None:
             return False

@@ -237,6 +237,9 @@ class Lifecycle:
         self.capacity: dict[int, int] = dict(capacity or {})  # device id -> bytes runs may reserve
         self.reserved: dict[int, int] = {}
         self.queue: dict[int, RunRecord] = {}  # runs not yet final, in submission order
+        # ... of which those with steps left to dispatch: the only ones `next_work` looks at (runs
+        # that wait for completions only are off it, so a deep queue of those costs nothing).
+        self.dispatchable: dict[int, RunRecord] = {}
         self.policy: Policy = policy or FIFO()
         self.validate = validate
         # What the last `next_work` found runs waiting for: the events that can unblock them wake
@@ -261,6 +264,7 @@ class Lifecycle:
     def submit(self, rec: RunRecord) -> list:
         """A new run joins the queue (it is born queued)."""
         self.queue[rec.id] = rec
+        self.dispatchable[rec.id] = rec
         if self.validate:
             self.check(rec)
         return [Emit(rec, "queued"), WAKE]
@@ -278,7 +282,7 @@ class Lifecycle:
         first_wins = self.policy.first_runnable_wins
         self.credit_wanted = False
         self.blocked = False
-        for rec in list(self.queue.values()):
+        for rec in list(self.dispatchable.values()):
             steps = rec.plan.steps
             if rec.cursor < len(steps) and inflight[steps[rec.cursor].island] >= limit:
                 rec.waiting_for = "credit"
@@ -308,10 +312,7 @@ class Lifecycle:
 
     def has_work(self) -> bool:
         """Whether some run is queued or has steps left to dispatch (what `next_work` might pick)."""
-        for rec in self.queue.values():
-            if rec.state == "queued" or rec.cursor < rec.total:
-                return True
-        return False
+        return bool(self.dispatchable)
 
     def check_events(self, events: Sequence[Any]) -> None:
         """Validation: node events of one device never overlap (end >= start >= dispatch)."""
@@ -339,6 +340,8 @@ class Lifecycle:
                 assert all(r.resolved), f"final {r}: outputs {r.resolved} not all resolved"
             else:
                 assert r.id in self.queue, f"{r} is not final but left the queue"
+                want = r.state == "queued" or r.cursor < r.total
+                assert (r.id in self.dispatchable) == want, f"{r}: dispatchable should be {want}"
             if r.state == "done":
                 assert r.done == r.total and r.error is None, r
             if r.state in ("failed", "cancelled"):
@@ -378,6 +381,7 @@ class Lifecycle:
         rec.cells = ()  # the futures (and readers) keep theirs; a retained record holds no arrays
         rec.waiting_for = None
         self.queue.pop(rec.id, None)
+        self.dispatchable.pop(rec.id, None)
         for d, n in rec.reserved.items():
             self.reserved[d] -= n
         rec.reserved = {}
@@ -402,6 +406,7 @@ class Lifecycle:
         rec.state = "done"
         rec.finished_at = now
         self.queue.pop(rec.id, None)
+        self.dispatchable.pop(rec.id, None)
         for d, n in rec.reserved.items():
             self.reserved[d] -= n
         rec.reserved = {}
@@ -464,6 +469,8 @@ def _start(life: Lifecycle, rec: RunRecord, now: float) -> list:
     for j, k in enumerate(plan.output_step):
         if k < 0:  # an output that is an input or a constant: dispatched from the start
             rec.cells[j].value = slots[plan.output_slots[j]]
+    if rec.total == 0:
+        life.dispatchable.pop(rec.id, None)
     return [Emit(rec, "running"), *life._finish_if_complete(rec, now)]
 
 
@@ -499,6 +506,8 @@ def _dispatched(
     rec.dispatched += n
     if rec.state == "running":
         rec.cursor = cursor
+        if cursor >= rec.total:
+            life.dispatchable.pop(rec.id, None)  # all sent: it only waits for completions now
         cells = rec.cells
         for j, value in published:
             cells[j].value = value
