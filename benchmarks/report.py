@@ -136,6 +136,23 @@ def dispatch_tables(d: dict) -> tuple[list[str], list[dict]]:
     return out, d.get("targets", [])
 
 
+def interactive_table(it: dict) -> tuple[list[str], list[dict]]:
+    rep = it["repeats"]
+    out = [
+        "#### Interactive latency (interactive.py): waited calls on a float32[16] vector, µs per call",
+        "",
+        "| row | pw_kernel | plain JAX | pw / JAX | target |",
+        "|---|---|---|---|---|",
+    ]
+    for r in it["rows"].values():
+        tgt = f"≤ {r['limit']:g}x" if r["limit"] is not None else "reported"
+        out.append(f"| {r['label']} | {us(r['pw_us'])} | {us(r['jax_us'])} | {r['ratio']:.2f} | {tgt} |")
+    out += ["", f"Medians of interleaved rounds ({rep.get('program', '?')} for the program rows, "
+                f"{rep.get('wait_each', '?')} for the wait-each rows); first calls (trace + compile): "
+                f"{it['first_call_s']:.1f} s.", ""]
+    return out, it.get("targets", [])
+
+
 def parity_table(p: dict) -> tuple[list[str], list[dict]]:
     out = [
         "#### Minimum computation size for parity: pw chained vs raw JAX op-by-op (computations per second)",
@@ -330,8 +347,8 @@ def targets_table(targets: list[dict]) -> list[str]:
 
 def render(platform: str, results: Path, status: dict | None) -> str:
     loaded = {n: _load(results, n, platform) for n in
-              ("dispatch", "parity", "utilization", "profile_overhead", "multitenancy", "pipeline", "timeline_redraw",
-               "remote")}
+              ("dispatch", "interactive", "parity", "utilization", "profile_overhead", "multitenancy", "pipeline",
+               "timeline_redraw", "remote")}
     first = next((v for v in loaded.values() if v and isinstance(v.get("machine"), dict)), None)
     lines = header(platform, status, first)
     lines.append("")
@@ -339,7 +356,8 @@ def render(platform: str, results: Path, status: dict | None) -> str:
     body: list[str] = []
     tail: list[str] = []
     renderers = (
-        ("dispatch", dispatch_tables, body), ("parity", parity_table, body), ("utilization", utilization_table, body),
+        ("dispatch", dispatch_tables, body), ("interactive", interactive_table, body),
+        ("parity", parity_table, body), ("utilization", utilization_table, body),
         ("profile_overhead", lambda r: (profile_tables(r), []), tail), ("multitenancy", multitenancy_table, tail),
         ("pipeline", pipeline_table, tail), ("timeline_redraw", timeline_table, tail),
         ("remote", remote_table, tail),

@@ -38,6 +38,7 @@ README = BENCH / "README.md"
 #: name -> (script, extra arguments, timeout in seconds)
 STEPS: dict[str, tuple[str, list[str], int]] = {
     "dispatch": ("dispatch.py", [], 420),
+    "interactive": ("interactive.py", [], 180),
     "parity": ("parity.py", [], 240),
     "utilization": ("utilization.py", [], 180),
     "profile_overhead": ("profile_overhead.py", [], 240),

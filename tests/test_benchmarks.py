@@ -66,6 +66,20 @@ QUICK = {
             r"^  Dask futures: not installed \(distributed\)$",
         ],
     ),
+    "interactive": (
+        "interactive.py",
+        [],
+        (),
+        [
+            r"^µs per call \(medians of \d+ \+ \d+ interleaved rounds; first calls .*\)$",
+            rf"^  1 call, waited\s+{NUM}\s+{NUM}\s+{NUM}  <= 3x$",
+            rf"^  program of 10, fused\s+{NUM}\s+{NUM}\s+{NUM}  <= 2x$",
+            rf"^  program of 10, chained \(vs jax\.jit\)\s+{NUM}\s+{NUM}\s+{NUM}  reported$",
+            rf"^  program of 10, chained \(vs JAX op-by-op\)\s+{NUM}\s+{NUM}\s+{NUM}  <= 1\.5x$",
+            rf"^  \d+ calls, wait each \(per call\)\s+{NUM}\s+{NUM}\s+{NUM}  <= 3x$",
+            r"^  interactive: f\(x\)\.result\(\) / jax\.jit\(f\)\(x\)\s+",
+        ],
+    ),
     "parity": (
         "parity.py",
         [],
