@@ -107,3 +107,4 @@ def test_shutdown_fails_the_running_and_the_queued_runs_then_joins_the_threads(o
     for f in queued:
         assert f.run.state == "failed" and isinstance(f.exception(), pw.ControllerShutdownError)
         assert "was still queued when the controller shut down" in str(f.exception())
+

@@ -10,6 +10,8 @@ each node's end, releases in-flight credit and resolves futures.
 from __future__ import annotations
 
 import collections
+import contextlib
+import signal
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -28,6 +30,30 @@ _INLINE_STEPS = 64  # steps a submitting thread dispatches itself before the dis
 _FLUSH_NS = 1_000_000  # or sooner: no node waits more than 1 ms to be watched (the timeline's resolution)
 _POLL_S = 0.001  # a watcher with recent work looks for new batches this often (the same resolution)
 _POLL_IDLE_S = 1.0  # ... and sleeps until woken after this long without any (a notify costs the caller)
+
+
+@contextlib.contextmanager
+def _interrupts_deferred():
+    """On the main thread, hold a Ctrl-C (SIGINT) back until the block is done, then deliver it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught = []
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        signal.signal(signal.SIGINT, lambda signum, frame: caught.append(frame))
+    except (ValueError, TypeError):  # not installable here: run the block as it is
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught:
+            if callable(previous):
+                previous(signal.SIGINT, caught[0])
+            elif previous != signal.SIG_IGN:
+                raise KeyboardInterrupt
 
 
 class Dispatcher:
@@ -257,7 +283,8 @@ class Dispatcher:
             if self._completing or not self._pending:
                 return False
             batches = self._take()
-        self._finish(batches)
+        with _interrupts_deferred():  # a Ctrl-C in the middle would leave those nodes unreported
+            self._finish(batches)
         return True
 
     def _take(self) -> list:

@@ -34,6 +34,26 @@ def check_timeout(timeout: float | None, api: str) -> float | None:
     return float(timeout)
 
 
+def _wait_ready(value: Any, fut: concurrent.futures.Future) -> None:
+    """Until ``value`` is computed (or ``fut`` is resolved by someone else): short sleeps, so Ctrl-C works.
+
+    ``block_until_ready`` would wait in C, where a KeyboardInterrupt cannot reach
+    the waiting thread until the device is done.
+    """
+    is_ready = getattr(value, "is_ready", None)
+    if is_ready is None:
+        return
+    delay = 1e-5
+    while not fut.done():
+        try:
+            if is_ready():
+                return
+        except Exception:
+            return  # it failed: the run's error, naming the node, is raised by the caller
+        time.sleep(delay)
+        delay = min(delay * 2, 1e-3)
+
+
 class Future(concurrent.futures.Future):
     """A program output that will be a `jax.Array`; shape, dtype and sharding are known now.
 
@@ -86,15 +106,13 @@ class Future(concurrent.futures.Future):
         if timeout is None and not self.done():
             value = self._cell.value
             if value is not None:
-                # Dispatched: wait on the device here, as a jax.Array does, rather than for the
-                # watcher to notice first; the watcher then only has to report it.
+                # Dispatched: watch the device here, as a jax.Array does, rather than wait for the
+                # watcher thread to notice first; then complete the node on this thread.
                 try:
-                    value.block_until_ready()
+                    _wait_ready(value, self)
                 except KeyboardInterrupt:
                     self.run.cancel()
                     raise
-                except Exception:
-                    pass  # the run fails; its error (naming the node) is raised below
                 self.run.help_complete()
         try:
             value = super().result(timeout)
