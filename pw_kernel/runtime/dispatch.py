@@ -146,10 +146,12 @@ class Dispatcher:
         work = self.controller.next_work()
         if work is None:
             return False
-        try:
-            self._dispatch(work.rec, min(work.quantum, _INLINE_STEPS), inline=True)
-        except BaseException as e:  # a bug of ours: fail the run, keep the controller alive
-            self.controller.on_step_failed(work.rec, None, e)
+        # A Ctrl-C in the middle would leave steps dispatched but unreported: it waits until they are.
+        with _interrupts_deferred():
+            try:
+                self._dispatch(work.rec, min(work.quantum, _INLINE_STEPS), inline=True)
+            except Exception as e:  # a bug of ours: fail the run, keep the controller alive
+                self.controller.on_step_failed(work.rec, None, e)
         if self.controller.lifecycle.has_work():
             self.cond.notify()  # what the inline dispatch left is the dispatcher thread's
         return True
