@@ -110,10 +110,10 @@ class Future(concurrent.futures.Future):
                 # watcher thread to notice first; then complete the node on this thread.
                 try:
                     _wait_ready(value, self)
+                    self.run.help_complete()  # a Ctrl-C held back in there comes out at its end
                 except KeyboardInterrupt:
                     self.run.cancel()
                     raise
-                self.run.help_complete()
         try:
             value = super().result(timeout)
             if hasattr(value, "fetch"):  # on a remote island: bring it here now, once
