@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 import os
+import signal
+
+# A run started as a background job (`cmd &` in a script) inherits SIGINT ignored, so Python installs
+# no KeyboardInterrupt handler and Ctrl-C (`pthread_kill`, `_thread.interrupt_main`) does nothing;
+# the Ctrl-C tests need the handler a terminal or a notebook kernel has.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 os.environ.setdefault("PW_VALIDATE", "1")
 os.environ.setdefault("PW_NUM_CPU_DEVICES", "8")
