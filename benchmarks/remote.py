@@ -1,7 +1,7 @@
 """Remote islands on a local Ray cluster: per-node dispatch cost and cross-island transfer bandwidth,
 against local islands, in one process run.
 
-    python benchmarks/remote.py [--k 32] [--sizes 1,16,64] [--json out.json] [--quick]
+    python benchmarks/remote.py [--k 128] [--sizes 1,16,64] [--json out.json] [--quick]
 
 Two Ray actors, each a process with 4 simulated CPU devices, are remote islands; the controller's own
 8 devices are the local reference.
@@ -20,7 +20,8 @@ import numpy as np
 import common
 
 
-def chain_cost(s, k: int, repeats: int) -> float:
+def chain_time(s, k: int, repeats: int) -> float:
+    """Median seconds from submit to result of a chained program of ``k`` tiny nodes on slice ``s``."""
     fs = [pw.compiled(lambda x, i=i: x * 1.0001 + i, slice=s, name=f"op{i}") for i in range(k)]
 
     @pw.program
@@ -30,13 +31,26 @@ def chain_cost(s, k: int, repeats: int) -> float:
         return v
 
     x = jnp.ones(16)
-    chain.submit(x, mode="chained").result()
+    chain.submit(x, mode="chained").outputs.result()  # ships and compiles every node
     times = []
     for _ in range(repeats):
         t = time.perf_counter()
-        chain.submit(x, mode="chained").result()
+        chain.submit(x, mode="chained").outputs.result()
         times.append(time.perf_counter() - t)
-    return statistics.median(times) / (k + 1) * 1e6  # +1: the input transfer
+    return statistics.median(times)
+
+
+def chain_cost(s, k: int, repeats: int) -> dict:
+    """Per-node cost (µs) of chains on ``s``: the slope between k/8 and k nodes, and the fixed cost per run.
+
+    The slope is what each further node adds; the fixed part (bringing the input there and the
+    result back: two actor round trips on a remote island) is paid once per run.
+    """
+    short = max(1, k // 8)
+    t_short, t_long = chain_time(s, short, repeats), chain_time(s, k, repeats)
+    slope = (t_long - t_short) / (k - short)
+    return {"per_node_us": slope * 1e6, "per_run_ms": (t_short - slope * short) * 1e3,
+            "whole_chain_us": t_long / k * 1e6}
 
 
 def transfer_rate(src, dst, nbytes: int, repeats: int) -> float:
@@ -59,12 +73,12 @@ def transfer_rate(src, dst, nbytes: int, repeats: int) -> float:
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--k", type=int, default=32)
+    ap.add_argument("--k", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--sizes", default="1,16,64", help="transfer sizes in MiB")
     ap.add_argument("--transfer-repeats", type=int, default=3)
     ap.add_argument("--json", default=None)
-    args = common.parse_args(ap, argv, {"k": 4, "repeats": 1, "sizes": "1", "transfer_repeats": 1})
+    args = common.parse_args(ap, argv, {"k": 16, "repeats": 1, "sizes": "1", "transfer_repeats": 1})
     why = common.missing("ray")
     if why:
         return common.skipped(args.json, "remote", f"needs Ray for remote islands: {why}")
@@ -89,9 +103,11 @@ def main(argv=None) -> dict:
     bandwidth = {
         name: {n: transfer_rate(a, b, n, args.transfer_repeats) for n in sizes} for name, (a, b) in pairs.items()
     }
-    print(f"remote islands: 2 Ray actors x 4 CPU devices; chain of {args.k} tiny nodes")
-    print(f"per-node cost: local {per_node['local']:.1f} µs, remote {per_node['remote']:.1f} µs "
-          f"({per_node['remote'] / per_node['local']:.1f}x)")
+    print(f"remote islands: 2 Ray actors x 4 CPU devices; chains of {args.k // 8} and {args.k} tiny nodes")
+    for where, c in per_node.items():
+        print(f"  {where:<7} each further node {c['per_node_us']:8.1f} µs, fixed per run {c['per_run_ms']:6.2f} ms, "
+              f"whole chain of {args.k} {c['whole_chain_us']:8.1f} µs per node")
+    print(f"  remote / local per node: {per_node['remote']['per_node_us'] / per_node['local']['per_node_us']:.1f}x")
     print(f"{'transfer':<36}" + "".join(f"{n >> 20:>8} MiB" for n in sizes) + "   (GiB/s)")
     for name, row in bandwidth.items():
         print(f"{name:<36}" + "".join(f"{row[n]:>12.2f}" for n in sizes))

@@ -315,13 +315,22 @@ def timeline_table(tl: dict) -> tuple[list[str], list[dict]]:
 
 def remote_table(rm: dict) -> tuple[list[str], list[dict]]:
     pn = rm["per_node_us"]
+    lo, re_ = pn["local"], pn["remote"]
+    ratio = re_["per_node_us"] / lo["per_node_us"]
     out = [
         "#### Remote islands on a local Ray cluster (remote.py)",
         "",
-        f"Per-node cost of a chain of tiny nodes: local {us(pn['local'])} µs, remote {us(pn['remote'])} µs "
-        f"({pn['remote'] / pn['local']:.1f}x).",
+        "Chains of tiny nodes on one slice, chained mode: what each further node adds (the slope between "
+        "a short and a long chain), the fixed cost of a run, and the whole long chain per node.",
         "",
+        "| island | each further node | fixed per run | whole chain, per node |",
+        "|---|---|---|---|",
     ]
+    for name, c in (("local", lo), ("remote (Ray actor)", re_)):
+        out.append(f"| {name} | {us(c['per_node_us'])} µs | {c['per_run_ms']:.2f} ms | {us(c['whole_chain_us'])} µs |")
+    out += ["", f"Remote / local per further node: {ratio:.1f}x.", ""]
+    targets = [{"name": "remote: per further node / local", "value": ratio, "limit": 5, "below": True, "unit": "x",
+                "met": ratio <= 5, "note": ""}]
     bw = rm["bandwidth_gib_s"]
     sizes = list(next(iter(bw.values())))
     out.append("| transfer | " + " | ".join(f"{int(n) >> 20} MiB" for n in sizes) + " |")
@@ -329,7 +338,7 @@ def remote_table(rm: dict) -> tuple[list[str], list[dict]]:
     for name, row in bw.items():
         out.append(f"| {name} | " + " | ".join(f"{row[n]:.2f} GiB/s" for n in sizes) + " |")
     out.append("")
-    return out, []
+    return out, targets
 
 
 def targets_table(targets: list[dict]) -> list[str]:

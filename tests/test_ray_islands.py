@@ -124,3 +124,54 @@ def test_a_dead_actor_fails_only_its_runs_and_the_island_can_be_added_again(remo
     g = pw.compiled(lambda x: x - 1, slice=pw.slice(2, island=again.id), name="g")
     np.testing.assert_array_equal(np.asarray(g(jnp.ones(2)).result(timeout=120)), [0.0, 0.0])
     ray.kill(again.remote.actor)
+
+
+def run_calls(island) -> int:
+    return ray.get(island.remote.actor.stats.remote())["run_calls"]
+
+
+def test_consecutive_nodes_of_a_run_on_one_island_travel_in_one_actor_call(remote):
+    i0, _ = remote
+    s = pw.slice(2, island=i0.id)
+    fs = [pw.compiled(lambda x, i=i: x * 2 + i, slice=s, name=f"op{i}") for i in range(6)]
+
+    @pw.program
+    def chain(v):
+        for f in fs:
+            v = f(v)
+        return v
+
+    want = np.ones(2, np.float32)
+    for i in range(6):
+        want = want * 2 + i
+    chain.submit(jnp.ones(2), mode="chained").wait(120)  # ships the six executables; the actor compiles them
+    before = run_calls(i0)
+    run = chain.submit(jnp.ones(2), mode="chained")
+    np.testing.assert_array_equal(np.asarray(run.outputs.result(timeout=120)), want)
+    assert run_calls(i0) == before + 1  # six nodes, one actor call
+    nodes = [e for e in run.events if e.kind == "compute"]
+    assert len(nodes) == 6
+    for a, b in zip(nodes, nodes[1:]):  # each node still has its own times, from the actor's clock
+        assert a.end <= b.start and b.end >= b.start
+
+
+def test_a_transfer_to_a_remote_island_does_not_hold_up_local_dispatch(remote):
+    i0, _ = remote
+    local_a, local_b = pw.slice(2), pw.slice(2)
+    far = pw.slice(2, island=i0.id)
+    slow = pw.compiled(lambda x: jax.lax.fori_loop(0, 300, lambda i, a: jnp.tanh(a @ a), x), slice=local_a, name="slow")
+    use = pw.compiled(lambda x: x[:1, :1] + 1, slice=far, name="use")
+    quick = pw.compiled(lambda x: x + 1, slice=local_b, name="quick")
+    big = jnp.full((512, 512), 1e-3)
+    ship = pw.program(lambda x: use(slow(x)), name="ship")
+    pw.get(ship(big), timeout=120), quick(jnp.ones(2)).result(timeout=60)  # compile and load first
+
+    shipped = ship.submit(big, mode="chained")  # the transfer needs `slow`'s value: ~0.5 s away
+    done = quick(jnp.ones(2))
+    done.result(timeout=60)
+    shipped.wait(120)
+    (slow_ev,) = [e for e in shipped.events if e.node == "slow"]
+    (quick_ev,) = [e for e in done.run.events if e.node == "quick"]
+    # Dispatching the transfer waited for nothing: the quick call behind it was dispatched during
+    # `slow` (the transfer's wait for `slow`'s value and its serialising are the island mailbox's).
+    assert quick_ev.dispatch < slow_ev.end, (quick_ev, slow_ev)

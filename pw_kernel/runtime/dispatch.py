@@ -20,6 +20,7 @@ import jax
 
 from .events import NodeEvent
 from .lifecycle import FINAL, Work
+from .remote import bursting, flush_remote
 
 if TYPE_CHECKING:
     from .controller import Controller
@@ -263,6 +264,8 @@ class Dispatcher:
                 flush_at = t + _FLUSH_NS
         if batch or k != rec.cursor:
             self._hand_over(rec, k, sent_on, published, cost, batch)
+        elif bursting:
+            flush_remote()  # a failed first step may have buffered its executable's load
         if failed is not None:
             with self.lock:
                 c.on_step_failed(rec, *failed)
@@ -294,6 +297,8 @@ class Dispatcher:
 
     def _hand_over(self, rec: RunRecord, cursor: int, sent_on: dict, published: list, cost: int, batch: list) -> None:
         """Report steps dispatched, then give them to the watcher (in that order: credit is counted first)."""
+        if bursting:
+            flush_remote()  # the remote steps among them go to their islands' mailboxes now
         with self.lock:
             self.controller.on_dispatched(rec, cursor, tuple(sent_on.items()), published, cost)
             if batch:

@@ -31,9 +31,10 @@ from __future__ import annotations
 
 import itertools
 import os
+import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -42,6 +43,9 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from .devices import Island
 from .errors import IslandLostError, PathwaysError
+
+
+_MISSING = object()
 
 
 def _spec_tuple(sharding) -> tuple:
@@ -58,6 +62,8 @@ class _IslandActor:
         self.devices = _jax.devices()
         self.buffers: dict[int, Any] = {}
         self.executables: dict[str, Any] = {}
+        self.freed: set[int] = set()  # handles freed before the node making them ran
+        self.calls = 0  # run_many calls, for tests and benchmarks
 
     def describe(self) -> dict:
         import socket
@@ -85,39 +91,107 @@ class _IslandActor:
         out_sh = tuple(self._sharding(*layout, s) for s in out_specs)
         self.executables[key] = self.jax.jit(exported.call, in_shardings=in_sh, out_shardings=out_sh)
 
-    def run(self, key: str, in_ids: list[int], out_ids: list[int]) -> tuple[int, int]:
-        fn = self.executables[key]
-        start = time.perf_counter_ns()
-        outs = fn(*[self.buffers[i] for i in in_ids])
-        for i, o in zip(out_ids, outs):
-            self.buffers[i] = o
-        self.jax.block_until_ready(outs)  # the actor's mailbox is the island's ordered queue
-        return start, time.perf_counter_ns()
+    def run_many(self, ops: list) -> tuple[list, tuple | None]:
+        """Run consecutive nodes of one dispatch burst, in order: one actor call for all of them.
 
-    def put(self, handle: int, value: np.ndarray, layout: tuple, spec: tuple) -> tuple[int, int]:
-        start = time.perf_counter_ns()
-        out = self.jax.device_put(value, self._sharding(*layout, spec))
-        self.buffers[handle] = out.block_until_ready()
-        return start, time.perf_counter_ns()
+        Returns each node's (start, end) on this process's clock, and (index, message) of
+        the node that raised (the nodes after it are not run), or None.
+        """
+        self.calls += 1
+        times: list = []
+        for key, in_ids, out_ids in ops:
+            start = time.perf_counter_ns()
+            try:
+                outs = self.executables[key](*[self.buffers[i] for i in in_ids])
+                self.jax.block_until_ready(outs)  # the actor's mailbox is the island's ordered queue
+            except Exception as e:
+                return times, (len(times), f"{type(e).__name__}: {e}")
+            for i, o in zip(out_ids, outs):
+                self._store(i, o)
+            times.append((start, time.perf_counter_ns()))
+        return times, None
 
-    def reshard(self, src: int, handle: int, layout: tuple, spec: tuple) -> tuple[int, int]:
+    def _store(self, handle: int, value) -> None:
+        if handle in self.freed:  # freed before it was made (its last reference died first)
+            self.freed.discard(handle)
+        else:
+            self.buffers[handle] = value
+
+    def put(self, handle: int, value: np.ndarray, layout: tuple, spec: tuple) -> tuple[list, None]:
         start = time.perf_counter_ns()
-        self.buffers[handle] = self.jax.device_put(self.buffers[src], self._sharding(*layout, spec)).block_until_ready()
-        return start, time.perf_counter_ns()
+        self._store(handle, self.jax.device_put(value, self._sharding(*layout, spec)).block_until_ready())
+        return [(start, time.perf_counter_ns())], None
+
+    def reshard(self, src: int, handle: int, layout: tuple, spec: tuple) -> tuple[list, None]:
+        start = time.perf_counter_ns()
+        out = self.jax.device_put(self.buffers[src], self._sharding(*layout, spec)).block_until_ready()
+        self._store(handle, out)
+        return [(start, time.perf_counter_ns())], None
 
     def get(self, handle: int) -> np.ndarray:
         return np.asarray(self.buffers[handle])
 
     def free(self, handles: list[int]) -> None:
         for h in handles:
-            self.buffers.pop(h, None)
+            if self.buffers.pop(h, _MISSING) is _MISSING:
+                self.freed.add(h)
 
     def stats(self) -> dict:
-        return {"buffers": len(self.buffers), "executables": len(self.executables)}
+        return {"buffers": len(self.buffers), "executables": len(self.executables), "run_calls": self.calls}
+
+
+class _Ticket:
+    """One actor call that an island's mailbox thread makes: its ref once sent, its result once read."""
+
+    __slots__ = ("island", "ref", "error", "sent", "_result")
+
+    def __init__(self, island: RemoteIsland):
+        self.island = island
+        self.ref = None
+        self.error: BaseException | None = None
+        self.sent = threading.Event()
+        self._result: Any = _MISSING
+
+    def wait_ref(self):
+        self.sent.wait()
+        if self.error is not None:
+            raise self.error
+        return self.ref
+
+    def ready(self) -> bool:
+        if self._result is not _MISSING:
+            return True
+        if not self.sent.is_set():
+            return False
+        if self.error is not None:
+            return True
+        import ray
+
+        done, _ = ray.wait([self.ref], timeout=0)
+        return bool(done)
+
+    def result(self) -> Any:
+        """What the actor returned (read once, then kept: every output of the call shares it)."""
+        if self._result is _MISSING:
+            import ray
+
+            try:
+                self._result = ray.get(self.wait_ref())
+            except ray.exceptions.RayActorError as e:
+                raise self.island.lost(e) from None
+        return self._result
 
 
 class RemoteIsland:
-    """The controller's side of one remote island: its actor, clock offset and handle counter."""
+    """The controller's side of one remote island: its actor, clock offset, handles and mailbox.
+
+    Every call to the actor that must keep dispatch order goes through the
+    island's mailbox: a thread of its own sends them in order, so a transfer
+    that waits for a local value (``np.asarray``) or serialises bytes never
+    holds up the dispatcher. Steps dispatched in one burst are buffered and
+    handed to the mailbox together (`flush_remote`), and consecutive nodes
+    among them travel in one ``run_many`` call.
+    """
 
     def __init__(self, actor, info: dict, offset_ns: int):
         self.actor = actor
@@ -129,6 +203,11 @@ class RemoteIsland:
         self._handles = itertools.count(1)
         self._lock = threading.Lock()
         self.island: Island | None = None
+        # Ops of the current dispatch burst (only the dispatching thread touches it), then the
+        # mailbox: a SimpleQueue, whose put is safe from __del__ on any thread (frees).
+        self._burst: list = []
+        self._mailbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._sender: threading.Thread | None = None
 
     def new_handle(self) -> int:
         return next(self._handles)
@@ -151,20 +230,105 @@ class RemoteIsland:
     def _where(self) -> str:
         return f"Ray actor on {self.info['host']}, pid {self.info['pid']}"
 
-    def free(self, handle: int) -> None:
-        if not self.alive:
-            return
-        try:
-            import ray
+    # ------------------------------------------------------------ mailbox
+    def run(self, key: str, args: list, out_ids: list[int]) -> tuple[_Ticket, int]:
+        """Buffer a node; consecutive nodes of a burst share one call (returns its ticket and our index)."""
+        burst = self._burst
+        if burst and burst[-1][0] == "run":
+            ticket, index = burst[-1][4], burst[-1][5] + 1
+        else:
+            ticket, index = _Ticket(self), 0
+        self._open()
+        burst.append(("run", key, args, out_ids, ticket, index))
+        return ticket, index
 
-            if ray.is_initialized():  # else the call would start a new Ray (its auto-init)
-                self.actor.free.remote([handle])
-        except Exception:  # interpreter shutdown or a dead actor: nothing to free
-            pass
+    def call(self, send: Callable[[], Any]) -> _Ticket:
+        """Buffer an actor call; ``send()`` runs on the mailbox thread, in order, and returns its ref."""
+        ticket = _Ticket(self)
+        self._open()
+        self._burst.append(("call", send, ticket))
+        return ticket
+
+    def _open(self) -> None:
+        if not self._burst:
+            bursting.append(self)
+
+    def flush(self) -> None:
+        """Hand the burst's ops to the mailbox thread (started on first use)."""
+        if self._burst:
+            burst, self._burst = self._burst, []
+            self.post(burst)
+
+    def post(self, ops: list) -> None:
+        """Queue ``ops`` for the mailbox thread (started on first use), after everything queued before."""
+        if self._sender is None:
+            with self._lock:
+                if self._sender is None:
+                    self._sender = threading.Thread(
+                        target=self._send_loop, name=f"pw-mailbox-{self.info['pid']}", daemon=True
+                    )
+                    self._sender.start()
+        self._mailbox.put(ops)
+
+    def free(self, handle: int) -> None:
+        if self.alive:
+            self._mailbox.put(handle)  # sent after what is queued (the actor forgives a free that comes first)
+
+    def _send_loop(self) -> None:
+        import ray
+
+        box = self._mailbox
+        while True:
+            items = [box.get()]
+            while not box.empty():
+                items.append(box.get())
+            frees = [h for h in items if isinstance(h, int)]
+            for burst in items:
+                if isinstance(burst, list):
+                    self._send(burst)
+            if frees and self.alive and ray.is_initialized():  # else the call would start a new Ray
+                try:
+                    self.actor.free.remote(frees)
+                except Exception:  # interpreter shutdown or a dead actor: nothing to free
+                    pass
+
+    def _send(self, burst: list) -> None:
+        k = 0
+        while k < len(burst):
+            op = burst[k]
+            if op[0] == "run":
+                ticket, ops = op[4], []
+                while k < len(burst) and burst[k][0] == "run" and burst[k][4] is ticket:
+                    _, key, args, out_ids, _, _ = burst[k]
+                    ops.append((key, [a.handle for a in args], out_ids))
+                    k += 1
+                self._deliver(ticket, lambda: self.actor.run_many.remote(ops))
+            else:
+                self._deliver(op[2], op[1])
+                k += 1
+
+    @staticmethod
+    def _deliver(ticket: _Ticket, send: Callable[[], Any]) -> None:
+        try:
+            ticket.ref = send()
+        except BaseException as e:  # a value that failed to compute, a dead actor: its readers see it
+            ticket.error = e
+        finally:
+            ticket.sent.set()
 
     def __repr__(self) -> str:
         state = "" if self.alive else ", lost"
         return f"RemoteIsland({self._where()}, {len(self.info['devices'])} {self.info['platform']} devices{state})"
+
+
+#: islands with a burst not yet handed to their mailbox (only the dispatching thread touches it)
+bursting: list[RemoteIsland] = []
+
+
+def flush_remote() -> None:
+    """Hand every buffered remote op to its island's mailbox (the dispatcher, when it hands steps over)."""
+    while bursting:
+        bursting.pop().flush()
 
 
 def _layout(sharding) -> tuple:
@@ -174,49 +338,51 @@ def _layout(sharding) -> tuple:
 
 
 class RemoteArray:
-    """A handle to a buffer living on a remote island; ``ref`` completes when it is computed."""
+    """A handle to a buffer living on a remote island; ready when its actor call has run."""
 
-    __slots__ = ("island", "handle", "shape", "dtype", "sharding", "ref", "_local", "__weakref__")
+    __slots__ = ("island", "handle", "shape", "dtype", "sharding", "ticket", "index", "_local", "__weakref__")
 
-    def __init__(self, island: RemoteIsland, handle: int, shape, dtype, sharding, ref):
+    def __init__(self, island: RemoteIsland, handle: int, shape, dtype, sharding, ticket: _Ticket, index: int = 0):
         self.island = island
         self.handle = handle
         self.shape = tuple(shape)
         self.dtype = np.dtype(dtype)
         self.sharding = sharding  # on the island's stand-in mesh: shape and spec, not the devices
-        self.ref = ref
+        self.ticket = ticket  # the actor call that makes it (shared by a burst's nodes) ...
+        self.index = index  # ... and which of its nodes
         self._local = None
 
     def is_ready(self) -> bool:
-        import ray
-
-        ready, _ = ray.wait([self.ref], timeout=0)
-        return bool(ready)
+        return self.ticket.ready()
 
     def block_until_ready(self) -> RemoteArray:
-        import ray
-
-        try:
-            ray.get(self.ref)
-        except ray.exceptions.RayActorError as e:
-            raise self.island.lost(e) from None
+        _, failure = self.ticket.result()
+        if failure is not None and self.index >= failure[0]:
+            where = f"island {self.island.island.id if self.island.island else '?'}"
+            if self.index == failure[0]:
+                raise RuntimeError(f"on remote {where}: {failure[1]}")
+            raise RuntimeError(f"not run on remote {where}: an earlier node of the same actor call failed")
         return self
 
     def timing(self) -> tuple[int, int]:
         """(start, end) of the node that made it, on the controller's perf_counter_ns clock."""
-        import ray
-
-        start, end = ray.get(self.ref)
+        start, end = self.ticket.result()[0][self.index]
         return start + self.island.offset_ns, end + self.island.offset_ns
 
     def fetch(self) -> np.ndarray:
         """Bring the value to this process (the only place bytes cross to the notebook)."""
         import ray
 
+        isl = self.island
+        isl.check("fetch")
+        flush_remote()  # no-op off the dispatching thread: what made this value was handed over
+        handle = self.handle
+        ticket = _Ticket(isl)
+        isl.post([("call", lambda: isl.actor.get.remote(handle), ticket)])
         try:
-            return ray.get(self.island.actor.get.remote(self.handle))
+            return ray.get(ticket.wait_ref())
         except ray.exceptions.RayActorError as e:
-            raise self.island.lost(e) from None
+            raise isl.lost(e) from None
 
     def local(self) -> jax.Array:
         if self._local is None:
@@ -252,22 +418,26 @@ class RemoteCall:
             return
         blob = jax.export.export(self.fn)(*_avals(self.in_values)).serialize()
         ref_sh = (self.out_values or self.in_values)[0].sharding
-        isl.actor.load.remote(
+        args = (
             self.key,
             blob,
             _layout(ref_sh),
             [_spec_tuple(v.sharding) for v in self.in_values],
             [_spec_tuple(v.sharding) for v in self.out_values],
         )
-        isl.loaded.add(self.key)  # the actor's mailbox runs load before the run below
+        isl.call(lambda: isl.actor.load.remote(*args))
+        isl.loaded.add(self.key)  # the mailbox sends the load before the run below
 
     def __call__(self, *args):
         isl = self.island
         isl.check("dispatch")
         self._ensure_loaded()
         out_ids = [isl.new_handle() for _ in self.out_values]
-        ref = isl.actor.run.remote(self.key, [a.handle for a in args], out_ids)
-        return [RemoteArray(isl, h, v.shape, v.dtype, v.sharding, ref) for h, v in zip(out_ids, self.out_values)]
+        # The args (RemoteArrays) ride along until sent, so their buffers outlive the call.
+        ticket, index = isl.run(self.key, list(args), out_ids)
+        return [
+            RemoteArray(isl, h, v.shape, v.dtype, v.sharding, ticket, index) for h, v in zip(out_ids, self.out_values)
+        ]
 
 
 class RemoteTransfer:
@@ -284,21 +454,21 @@ class RemoteTransfer:
         import ray
 
         want, v = self.want, self.value
-        if self.dst is None:  # remote -> here: the bytes come to this process now
+        if self.dst is None:  # remote -> here: the bytes come to this process now (the dispatcher waits)
             return [jax.device_put(x.fetch(), want)]
         dst = self.dst
         dst.check("transfer")
         handle = dst.new_handle()
         layout, spec = _layout(want), _spec_tuple(want)
         if isinstance(x, RemoteArray) and x.island is dst:  # a reshard inside the island
-            ref = dst.actor.reshard.remote(x.handle, handle, layout, spec)
-        else:
-            if isinstance(x, RemoteArray):  # island to island: actor to actor through the object store
-                payload = x.island.actor.get.remote(x.handle)
-            else:  # from this process
-                payload = ray.put(np.asarray(x))
-            ref = dst.actor.put.remote(handle, payload, layout, spec)
-        return [RemoteArray(dst, handle, v.shape, v.dtype, want, ref)]
+            ticket = dst.call(lambda: dst.actor.reshard.remote(x.handle, handle, layout, spec))
+        elif isinstance(x, RemoteArray):  # island to island: actor to actor through the object store
+            src = x.island
+            payload = src.call(lambda: src.actor.get.remote(x.handle))  # in the source's order
+            ticket = dst.call(lambda: dst.actor.put.remote(handle, payload.wait_ref(), layout, spec))
+        else:  # from this process: waiting for the value and serialising it is the mailbox's, not ours
+            ticket = dst.call(lambda: dst.actor.put.remote(handle, ray.put(np.asarray(x)), layout, spec))
+        return [RemoteArray(dst, handle, v.shape, v.dtype, want, ticket)]
 
 
 _actor_class = None
