@@ -277,21 +277,24 @@ def multitenancy_table(mt: dict) -> tuple[list[str], list[dict]]:
 
 def pipeline_table(pp: dict) -> tuple[list[str], list[dict]]:
     out = [
-        "#### Pipelines (pipeline.py)",
+        "#### Pipelines (pipeline.py): pw's pipelined step vs the same stages as a plain-JAX asynchronous loop",
         "",
-        "| schedule | M | bubble | (S-1)/(M+S-1) | peak live activations per stage | samples/s | vs SPMD |",
-        "|---|---|---|---|---|---|---|",
+        "Layout SxD: S stages on slices of D devices. Wall ms per SGD step (medians of interleaved rounds); "
+        "bubble = 1 - one stage's compute / wall, for both; pw's own bubble from its event log beside it.",
+        "",
+        "| layout | schedule | M | pw ms | plain JAX ms | pw / JAX | bubble pw | bubble JAX | (S-1)/(M+S-1) "
+        "| pw event log | peak live activations per stage |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     t = []
     for r in pp["rows"]:
-        out.append(f"| {r['schedule']} | {r['M']} | {r['bubble']:.2f} | {r['theory']:.2f} "
-                   f"| {r['live_peak_per_stage']} | "
-                   f"{r['samples_per_s']:,.0f} | {r['samples_per_s'] / pp['spmd_samples_per_s']:.2f} |")
-        if r["schedule"] == "gpipe":
-            rel = abs(r["bubble"] - r["theory"]) / r["theory"]
-            t.append({"name": f"pipeline: GPipe M={r['M']} bubble vs theory", "value": rel, "limit": 0.1, "below": True,
-                      "unit": " (rel. error)", "met": rel <= 0.1, "note": ""})
-    out += ["", f"SPMD data-parallel reference: {pp['spmd_samples_per_s']:,.0f} samples/s.", ""]
+        out.append(f"| {r['layout']} | {r['schedule']} | {r['M']} | {r['wall_ms']['pw']:.1f} | {r['wall_ms']['jax']:.1f} "
+                   f"| {r['pw_over_jax']:.2f} | {r['bubble']['pw']:.2f} | {r['bubble']['jax']:.2f} | {r['theory']:.2f} "
+                   f"| {r['pw_event_log_bubble']:.2f} | {r['live_peak_per_stage']} |")
+        t.append({"name": f"pipeline {r['layout']} {r['schedule']} M={r['M']}: pw / plain-JAX loop", "value": r["pw_over_jax"],
+                  "limit": 1.1, "below": True, "unit": "x", "met": r["pw_over_jax"] <= 1.1, "note": ""})
+    out += ["", f"SPMD data-parallel reference ({pp['spmd_layers']} layers over all devices): "
+                f"{pp['spmd_samples_per_s']:,.0f} samples/s.", ""]
     return out, t
 
 

@@ -115,7 +115,8 @@ QUICK = {
         "pipeline.py",
         [],
         (),
-        [rf"^\s+gpipe\s+4\s+{NUM}\s+{NUM}\s+\[4, 4\]", rf"^\s+1f1b\s+4\s+{NUM}\s+{NUM}\s+\[2, 1\]", r"^SPMD data-parallel"],
+        [rf"^\s+2x1\s+gpipe\s+4(\s+-?{NUM}){{7}}\s+\[4, 4\]$", rf"^\s+2x1\s+1f1b\s+4(\s+-?{NUM}){{7}}\s+\[2, 1\]$",
+         r"^SPMD data-parallel"],
     ),
 }
 
@@ -192,6 +193,6 @@ def test_the_remote_islands_benchmark_runs_on_a_local_ray_cluster(tmp_path):
     has_table(
         out,
         rf"^  local\s+each further node\s+{NUM} µs, fixed per run\s+-?{NUM} ms",
-        rf"^  remote / local per node: {NUM}x$",
+        rf"^  remote / local per node: -?{NUM}x$",
         *(rf"^{re.escape(pair)}\s+{NUM}$" for pair in ("local -> remote", "remote -> remote (actor to actor)")),
     )
