@@ -14,6 +14,7 @@ import signal
 import _signal  # noqa: I001 - see _InterruptsDeferred
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import jax
@@ -309,16 +310,28 @@ class Dispatcher:
                     self._watch.notify()
 
     # --------------------------------------------------------------- watcher
-    def help(self) -> bool:
+    def help(self, wait: Callable[[], None] | None = None) -> bool:
         """Complete what is pending on this thread if no other thread is completing (a waiter's shortcut).
 
-        A thread about to wait for a future whose value is ready completes the
-        batches itself instead of waiting for the watcher thread to be scheduled.
+        A thread about to wait for a future claims the pending batches first (so
+        the watcher thread leaves them alone), runs ``wait`` (its own
+        interruptible wait for the value), then completes them itself: no
+        hand-off between threads on the way to the result. A Ctrl-C in ``wait``
+        gives the batches back to the watcher.
         """
         with self.lock:
             if self._completing or not self._pending:
                 return False
             batches = self._take()
+        if wait is not None:
+            try:
+                wait()
+            except BaseException:
+                with self.lock:
+                    self._pending.extendleft(reversed(batches))
+                    self._completing = False
+                    self._watch.notify()
+                raise
         with _interrupts_deferred:  # a Ctrl-C in the middle would leave those nodes unreported
             self._finish(batches)
         return True

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import math
 import time
 from typing import TYPE_CHECKING, Any
@@ -109,8 +110,9 @@ class Future(concurrent.futures.Future):
                 # Dispatched: watch the device here, as a jax.Array does, rather than wait for the
                 # watcher thread to notice first; then complete the node on this thread.
                 try:
-                    _wait_ready(value, self)
-                    self.run.help_complete()  # a Ctrl-C held back in there comes out at its end
+                    wait = functools.partial(_wait_ready, value, self)
+                    if not self.run.help_complete(wait):  # a Ctrl-C held back in there comes out at its end
+                        wait()  # the watcher thread is completing: it resolves this future
                 except KeyboardInterrupt:
                     self.run.cancel()
                     raise

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -181,9 +182,13 @@ class Run:
         self.wait(timeout)
         return get(self.outputs)
 
-    def help_complete(self) -> None:
-        """Complete dispatched steps on this thread if no other thread is at it (what a waiter does)."""
-        self._owner.dispatcher.help()
+    def help_complete(self, wait: Callable[[], None] | None = None) -> bool:
+        """Complete dispatched steps on this thread if no other thread is at it (what a waiter does).
+
+        ``wait`` (the waiter's own wait for its value) runs once the steps are claimed.
+        Returns False if another thread was completing them or nothing was pending.
+        """
+        return self._owner.dispatcher.help(wait)
 
     def cancel(self) -> bool:
         """Cancel: nodes not yet dispatched are dropped, futures raise CancelledError. False if already final."""
