@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 
 import jax
 import jax.numpy as jnp
@@ -87,6 +88,49 @@ def test_ctrl_c_while_blocking_cancels_the_run(one_slot):
     np.testing.assert_array_equal(np.asarray(other(x).result(timeout=60)), [1.0, 1.0])
     # `hold` held that slot until after the cancel, so neither `inc` was dispatched: both were dropped.
     assert (fut.run.nodes_dispatched, fut.run.nodes_total) == (1, 3)
+
+
+def test_ctrl_c_while_a_lone_call_waits_for_its_value_cancels_it_and_the_controller_goes_on(one_slot):
+    hold, inc, x, started, gate = one_slot
+    fut = hold(x)  # a lone call; `.result()` without a timeout waits on the value itself
+
+    main = threading.main_thread().ident
+    presser = threading.Thread(target=lambda: (started.wait(30), signal.pthread_kill(main, signal.SIGINT)))
+    presser.start()
+    with pytest.raises(KeyboardInterrupt):
+        fut.result()  # Ctrl-C while this thread has claimed the node to complete it itself
+    presser.join()
+    assert fut.cancelled() and fut.run.state == "cancelled"
+    gate.set()
+    # The claimed node went back to the watcher: it is reported, and the island's one slot is free again.
+    np.testing.assert_array_equal(np.asarray(inc(x).result()), [1.0, 1.0])
+    assert fut.run.wait(30).nodes_done == fut.run.nodes_dispatched == 1
+
+
+def test_ctrl_c_while_completing_a_lone_call_on_the_waiting_thread(ctl):
+    # A lone call is dispatched on the calling thread, and `.result()` claims its node to complete it
+    # there: a Ctrl-C while the device computes must hand the node back, not lose it.
+    s = pw.slice(1, name="s")
+    grind = pw.compiled(lambda x: jax.lax.fori_loop(0, 1500, lambda i, a: jnp.tanh(a @ a), x), slice=s, name="grind")
+    x = jax.device_put(jnp.full((512, 512), 1e-3), s.sharding())
+    grind(x).result()  # compile first: the next call is all device time
+    fut = grind(x)
+    assert fut.dispatched and not fut.run.done()
+
+    main = threading.main_thread().ident
+    presser = threading.Timer(0.2, signal.pthread_kill, (main, signal.SIGINT))
+    presser.start()
+    with pytest.raises(KeyboardInterrupt):
+        fut.result()
+    presser.join()
+    assert fut.cancelled() and fut.run.state == "cancelled"
+    # The node went back to the watcher, which reports it once the device is done (a lost node
+    # would hold its island's in-flight credit for ever).
+    deadline = time.monotonic() + 60
+    while fut.run.nodes_done < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert fut.run.nodes_done == fut.run.nodes_dispatched == 1
+    assert set(pw.controller().status().inflight.values()) == {0}
 
 
 def test_shutdown_fails_the_running_and_the_queued_runs_then_joins_the_threads(one_slot):
