@@ -197,6 +197,17 @@ def target(name: str, value: float, limit: float, *, below: bool = True, unit: s
     return {"name": name, "value": value, "limit": limit, "below": below, "unit": unit, "met": met, "note": note}
 
 
+def finish(path: str | os.PathLike | None, result: dict[str, Any]) -> dict[str, Any]:
+    """A benchmark's last step: print its targets, write its JSON, shut the controller down."""
+    import pw_kernel as pw
+
+    print("\ntargets:")
+    print_targets(result["targets"])
+    write_json(path, result)
+    pw.shutdown()
+    return result
+
+
 def print_targets(targets: list[dict]) -> None:
     for t in targets:
         rel = "<=" if t["below"] else ">="

@@ -320,11 +320,7 @@ def main(argv=None) -> dict:
         for name, st in pr["status"].items():
             if st != "ok":
                 print(f"  {name}: {st}")
-    print("\ntargets:")
-    common.print_targets(result["targets"])
-    common.write_json(args.json, result)
-    pw.shutdown()
-    return result
+    return common.finish(args.json, result)
 
 
 if __name__ == "__main__":

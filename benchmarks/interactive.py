@@ -204,11 +204,7 @@ def main(argv=None) -> dict:
         tgt = f"<= {r['limit']:g}x" if r["limit"] is not None else "reported"
         print(f"  {r['label']:<44}{r['pw_us']:>10.1f}{r['jax_us']:>10.1f}{r['ratio']:>9.2f}  {tgt}")
     print(f"  load average at end: {result['machine']['loadavg_end']}")
-    print("\ntargets:")
-    common.print_targets(result["targets"])
-    common.write_json(args.json, result)
-    pw.shutdown()
-    return result
+    return common.finish(args.json, result)
 
 
 if __name__ == "__main__":

@@ -218,13 +218,7 @@ def profile_tables(pr: dict) -> list[str]:
         out.append(f"{title}: {w['unprofiled_us_per_node']:.1f} µs per node unprofiled, {cp['us_per_node']:.1f} under "
                    f"cProfile. Own time per thread by where it is spent (share of the thread's time):")
         out.append("")
-        out.append("| thread | where | µs/node | share |")
-        out.append("|---|---|---|---|")
-        for thread, d in cp["threads"].items():
-            for group, v in d["us_per_node"].items():
-                if d["share"][group] >= 0.01:
-                    out.append(f"| {thread} | {group} | {v:.2f} | {d['share'][group]:.1%} |")
-        out.append("")
+        out += _thread_shares(cp["threads"], "µs/node", 0.01)
         tops = [(f["us_per_node"], thread, f["function"]) for thread, d in cp["threads"].items() for f in d["top"]
                 if not f["where"].startswith("waiting")]
         out.append("Functions with the most own time (waits left out): " + "; ".join(
@@ -234,13 +228,7 @@ def profile_tables(pr: dict) -> list[str]:
         if gil and "threads" in gil:
             out.append(f"py-spy, GIL held ({gil['nodes_per_s']:,.0f} nodes/s under the profiler):")
             out.append("")
-            out.append("| thread | where | GIL µs/node | share |")
-            out.append("|---|---|---|---|")
-            for thread, d in gil["threads"].items():
-                for group, v in d["us_per_node"].items():
-                    if d["share"][group] >= 0.02:
-                        out.append(f"| {thread} | {group} | {v:.2f} | {d['share'][group]:.1%} |")
-            out.append("")
+            out += _thread_shares(gil["threads"], "GIL µs/node", 0.02)
     micro = pr["workloads"].get("chained", {}).get("micro_ns")
     if micro:
         out.append("Public calls timed alone (ns per call, best of 5):")
@@ -273,6 +261,16 @@ def multitenancy_table(mt: dict) -> tuple[list[str], list[dict]]:
     ideal = " / ".join(f"{v:.3f}" for v in mt["ideal_shares"].values())
     out += ["", f"Weighted shares 1:2:4:8: {shares} (ideal {ideal}).", ""]
     return out, t
+
+
+def _thread_shares(threads: dict, unit: str, min_share: float) -> list[str]:
+    """Time per node by thread and where it goes, the groups of at least ``min_share`` of a thread's time."""
+    out = [f"| thread | where | {unit} | share |", "|---|---|---|---|"]
+    for thread, d in threads.items():
+        for group, v in d["us_per_node"].items():
+            if d["share"][group] >= min_share:
+                out.append(f"| {thread} | {group} | {v:.2f} | {d['share'][group]:.1%} |")
+    return out + [""]
 
 
 def pipeline_table(pp: dict) -> tuple[list[str], list[dict]]:

@@ -5,13 +5,12 @@ from __future__ import annotations
 import _thread
 import os
 import re
-import subprocess
-import sys
 import threading
 
 import jax
 import numpy as np
 import cells
+from fresh_python import run_python
 import pytest
 
 import pw_kernel as pw
@@ -131,8 +130,7 @@ def test_loading_outside_ipython_is_a_clear_error():
 
 def test_import_pw_kernel_does_not_import_ipython():
     code = "import sys, pw_kernel, pw_kernel.magics; assert 'IPython' not in sys.modules, 'IPython imported'"
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
+    run_python(code, timeout=60)
 
 
 def test_magic_docstrings_show_the_python_they_expand_to(ip):

@@ -5,8 +5,6 @@ from __future__ import annotations
 import ast
 import pathlib
 import re
-import subprocess
-import sys
 import threading
 
 import jax
@@ -15,6 +13,7 @@ import pytest
 
 import pw_kernel as pw
 from pw_kernel.runtime import FINAL, TRANSITIONS, InvalidTransition, transition_edges
+from fresh_python import run_python
 
 
 def test_transition_table_is_the_documented_state_machine():
@@ -104,9 +103,7 @@ def test_runtime_imports_only_jax_and_numpy():
         "assert not heavy, heavy\n"
         "print(len(pw.devices()))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "8"  # the embedded default: 8 simulated CPU devices
+    assert run_python(code).strip() == "8"  # the embedded default: 8 simulated CPU devices
 
 
 def test_finished_runs_keep_outputs_only_while_referenced_or_recent():

@@ -4,14 +4,13 @@ widget front-ends never evaluate strings from the kernel."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 
 import pw_kernel as pw
+from fresh_python import run_python
 
 HOSTILE = "<img src=x onerror=alert(1)>"
 SCRIPT = "<script>alert('pw')</script>"
@@ -40,8 +39,7 @@ print(before, after, len(remote))
 assert after == before == [], (before, after)
 assert remote == [], remote
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
-    assert out.returncode == 0, out.stderr[-3000:]
+    run_python(code, timeout=180)
 
 
 def hostile_run(ctl):

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 import time
 
 import jax
@@ -37,6 +35,7 @@ from pw_kernel.widgets import (  # noqa: E402
 from pw_kernel.widgets import graph as graph_mod  # noqa: E402
 from pw_kernel.widgets._base import Ticker  # noqa: E402
 from pw_kernel.widgets.timeline_widget import NONE, EventEncoder, busy_union  # noqa: E402
+from fresh_python import run_python
 
 HOSTILE = "<img src=x onerror=alert(1)>"
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
@@ -79,8 +78,7 @@ def test_runtime_import_does_not_pull_in_the_notebook_stack():
         "from pw_kernel.widgets import TimelineWidget\n"
         "assert 'anywidget' in sys.modules\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
+    run_python(code)
 
 
 def test_the_runtime_draws_its_graph_with_the_notebook_stack_blocked():
@@ -100,8 +98,7 @@ def test_the_runtime_draws_its_graph_with_the_notebook_stack_blocked():
         "assert svg is None or svg.startswith('<svg')\n"
         "rt.shutdown()\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
+    run_python(code)
 
 
 def test_widgets_package_exports_functions_not_modules():
