@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import signal
 import threading
-import time
 
 import jax
 import jax.numpy as jnp
@@ -112,23 +111,27 @@ def test_ctrl_c_while_completing_a_lone_call_on_the_waiting_thread(ctl):
     # there: a Ctrl-C while the device computes must hand the node back, not lose it.
     s = pw.slice(1, name="s")
     grind = pw.compiled(lambda x: jax.lax.fori_loop(0, 1500, lambda i, a: jnp.tanh(a @ a), x), slice=s, name="grind")
+    inc = pw.compiled(lambda v: v + 1, slice=s, name="inc")
     x = jax.device_put(jnp.full((512, 512), 1e-3), s.sharding())
     grind(x).result()  # compile first: the next call is all device time
-    fut = grind(x)
-    assert fut.dispatched and not fut.run.done()
-
-    main = threading.main_thread().ident
-    presser = threading.Timer(0.2, signal.pthread_kill, (main, signal.SIGINT))
+    reported = threading.Event()  # set when the watcher reports the next call's node
+    stop = pw.controller().events.subscribe(lambda e: reported.set() if getattr(e, "node", None) == "grind" else None)
+    # Ctrl-C in 0.2 s, while the device computes (seconds). The presser starts first: starting a
+    # thread between the call and `.result()` would let the watcher thread take the node instead.
+    presser = threading.Timer(0.2, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT))
     presser.start()
+    fut = grind(x)
     with pytest.raises(KeyboardInterrupt):
         fut.result()
     presser.join()
+    assert fut.dispatched
     assert fut.cancelled() and fut.run.state == "cancelled"
     # The node went back to the watcher, which reports it once the device is done (a lost node
-    # would hold its island's in-flight credit for ever).
-    deadline = time.monotonic() + 60
-    while fut.run.nodes_done < 1 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    # would never be reported, and would hold its island's in-flight credit for ever).
+    assert reported.wait(60)
+    stop()
+    # A later call on the same slice completes after that report is booked (completion is in order).
+    np.testing.assert_array_equal(np.asarray(inc(jnp.zeros(2)).result()), [1.0, 1.0])
     assert fut.run.nodes_done == fut.run.nodes_dispatched == 1
     assert set(pw.controller().status().inflight.values()) == {0}
 
