@@ -40,6 +40,8 @@ from .runtime import (
     PathwaysError,
     Pipeline,
     PipelineError,
+    PipelineState,
+    PipelineStats,
     Policy,
     Priority,
     Program,
@@ -62,8 +64,10 @@ from .runtime import (
     init,
     pipeline,
     program,
+    replay,
     schedule_ops,
     shutdown,
+    theory_bubble,
 )
 
 configure_cpu_devices()  # 8 simulated CPU devices unless JAX already started or the user chose
@@ -168,6 +172,8 @@ __all__ = [
     "PathwaysError",
     "Pipeline",
     "PipelineError",
+    "PipelineState",
+    "PipelineStats",
     "Policy",
     "Priority",
     "Program",
@@ -191,9 +197,11 @@ __all__ = [
     "islands",
     "pipeline",
     "program",
-    "shutdown",
+    "replay",
     "schedule_ops",
     "show_mesh",
+    "shutdown",
     "slice",
+    "theory_bubble",
     "timeline",
 ]

@@ -78,13 +78,15 @@ from .lifecycle import (
     Work,
     transition_edges,
 )
-from .pipeline import Pipeline, Schedule, schedule_ops
+from .pipeline import Pipeline, PipelineState
 from .pipeline import pipeline as _pipeline
+from .pipeline_stats import PipelineStats, SliceStats
 from .plan import Plan, Step, plan_for, shard_bytes
 from .program import Program
 from .remote import start_ray_islands
 from .run import Run
 from .scheduler import FIFO, FairShare, Policy, Priority
+from .schedules import SCHEDULES, Replay, Schedule, replay, schedule_ops, theory_bubble
 
 
 def compiled(
@@ -212,19 +214,24 @@ __all__ = [
     "PathwaysError",
     "Pipeline",
     "PipelineError",
+    "PipelineState",
+    "PipelineStats",
     "Plan",
     "Policy",
     "Priority",
     "Program",
     "ProgramGraph",
     "Reject",
+    "Replay",
     "Resolve",
     "Run",
     "RunSummary",
     "RunEvent",
     "RunRecord",
     "RunState",
+    "SCHEDULES",
     "Schedule",
+    "SliceStats",
     "SliceError",
     "SliceReleasedError",
     "SpecError",
@@ -253,8 +260,10 @@ __all__ = [
     "plan_for",
     "program",
     "remote_device_id",
+    "replay",
     "schedule_ops",
     "shard_bytes",
     "short_error",
     "shutdown",
+    "theory_bubble",
 ]
