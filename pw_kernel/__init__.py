@@ -134,6 +134,19 @@ def timeline(runs=None, live: bool = True, **kwargs):
     return _timeline(runs, live=live, **kwargs)
 
 
+def show_pipeline(stats, **kwargs):
+    """A timeline of pipelined steps with each one's per-slice bubble and live activations beside it.
+
+    Example::
+
+        run = pipe.submit_step(state, x, y, mode="chained").wait()
+        pw.show_pipeline(pipe.stats(run))
+    """
+    from .widgets import show_pipeline as _show_pipeline
+
+    return _show_pipeline(stats, **kwargs)
+
+
 def load_ipython_extension(ipython) -> None:
     """`%load_ext pw_kernel`: register the `%%pathways` / `%pathways` magics (imported lazily)."""
     from .magics import load_ipython_extension as load
@@ -200,6 +213,7 @@ __all__ = [
     "replay",
     "schedule_ops",
     "show_mesh",
+    "show_pipeline",
     "shutdown",
     "slice",
     "theory_bubble",

@@ -653,17 +653,22 @@ class Pipeline:
             )
         batch = {"x": x, "y": y, "w": weights, "fields": dict(fields)}
         B = None
-        for path, leaf in jax.tree_util.tree_leaves_with_path(batch):
-            shape = np.shape(leaf)
-            where = jax.tree_util.keystr(path).replace("['x']", "x", 1).replace("['y']", "y", 1).replace("['w']", "weights", 1)
-            if not shape or shape[0] % self.M:
-                raise PipelineError(
-                    f"`{self.name}.{api}`: {where} has shape {list(shape)}, whose first (batch) axis does not split into "
-                    f"{self.M} equal microbatches. Every leaf of the batch needs a leading batch axis that is a multiple of {self.M}."
-                )
-            if B is not None and shape[0] != B:
-                raise PipelineError(f"`{self.name}.{api}`: {where} has {shape[0]} rows but the batch has {B}; give every leaf the same batch size.")
-            B = shape[0]
+        parts = [("x", x), ("y", y), ("weights", weights)] + [(f"field {n!r}", v) for n, v in fields.items()]
+        for what, tree in parts:
+            for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+                shape = np.shape(leaf)
+                where = what + jax.tree_util.keystr(path)
+                if not shape or shape[0] % self.M:
+                    raise PipelineError(
+                        f"`{self.name}.{api}`: {where} has shape {list(shape)}, whose first (batch) axis does not split "
+                        f"into {self.M} equal microbatches. Every leaf of the batch needs a leading batch axis that is a "
+                        f"multiple of {self.M}."
+                    )
+                if B is not None and shape[0] != B:
+                    raise PipelineError(
+                        f"`{self.name}.{api}`: {where} has {shape[0]} rows but the batch has {B}; give every leaf the same batch size."
+                    )
+                B = shape[0]
         return batch
 
     def check_shapes(self, state_or_params: Any, x, fields: Mapping[str, Any] | None = None) -> None:

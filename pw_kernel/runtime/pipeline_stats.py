@@ -56,6 +56,7 @@ class PipelineStats:
     theory: float  # the paper's bubble formula
     ideal: Replay
     slices: tuple[SliceStats, ...]
+    run: Any = dataclasses.field(default=None, repr=False, compare=False)  # the Run it was read from
 
     @property
     def bubble(self) -> float:
@@ -132,4 +133,5 @@ def pipeline_stats(pipe: Any, run: Any) -> PipelineStats:
         theory=theory,
         ideal=ideal,
         slices=tuple(out),
+        run=run,
     )

@@ -2,6 +2,7 @@
 
 * `show_mesh` / `MeshWidget`: a device mesh with axis names, or where every shard of an array lives.
 * `timeline` / `TimelineWidget`: a lane per device and per transfer path, a bar per node, live.
+* `show_pipeline`: a timeline of pipelined steps with their per-slice bubble and live activations beside it.
 * `RunWidget`: a run's state, nodes done / total, elapsed time, error and a mini timeline, live.
 * `graph_dot` / `graph_svg` / `graph_html`: the program graph as DOT, and laid out by graphviz ``dot``
   (what `ProgramGraph.to_dot` and its reprs return).
@@ -26,6 +27,8 @@ _EXPORTS = {
     "TimelineWidget": ".timeline_widget",
     "timeline": ".timeline_widget",
     "RunWidget": ".run",
+    "show_pipeline": ".pipeline",
+    "stats_html": ".pipeline",
     "GraphvizError": ".graph",
     "graph_dot": ".graph",
     "graph_svg": ".graph",
@@ -37,6 +40,7 @@ _EXPORTS = {
 if TYPE_CHECKING:
     from .graph import GraphvizError, dot_to_svg, graph_dot, graph_html, graph_svg, repr_svg
     from .mesh import MeshWidget, show_mesh
+    from .pipeline import show_pipeline, stats_html
     from .run import RunWidget
     from .timeline_widget import TimelineWidget, timeline
 

@@ -1,0 +1,80 @@
+"""The pipeline view: a timeline of pipelined steps with each one's per-slice bubble and live activations beside it.
+
+It consumes `PipelineStats` (the runtime's data object) and their runs' events;
+the stats never draw themselves.
+
+Example::
+
+    runs = [p.submit_step(state[k], x, y, mode="chained") for k, p in pipes.items()]
+    pw.show_pipeline([p.stats(r.wait()) for p, r in zip(pipes.values(), runs)])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from . import _html
+
+
+def stats_html(stats: Sequence[Any]) -> str:
+    """One table: a row per schedule and slice, measured next to the ideal-device replay and the paper's bubble."""
+    esc = _html.esc
+    head = (
+        "<tr><th>step</th><th>slice</th><th>stages</th><th>bubble measured</th><th>bubble ideal</th>"
+        "<th>bubble theory</th><th>live measured</th><th>live ideal</th><th>live activations</th>"
+        "<th>memory estimate</th></tr>"
+    )
+    rows = []
+    for st in stats:
+        name = st.run.name if st.run is not None else st.pipeline
+        desc = f"{st.schedule}, M={st.microbatches}" + (f", v={st.chunks}" if st.chunks > 1 else "")
+        desc += "" if st.remat else ", no remat"
+        for k, s in enumerate(st.slices):
+            first = (
+                f'<td rowspan="{len(st.slices)}"><b>{esc(name)}</b><br><span style="color:#666">{esc(desc)}</span><br>'
+                f"span {_html.fmt_ns(st.span_ns)}</td>"
+                if k == 0
+                else ""
+            )
+            theory = f'<td rowspan="{len(st.slices)}">{st.theory:.3f}</td>' if k == 0 else ""
+            rows.append(
+                f"<tr>{first}<td>{esc(s.slice)}</td><td>{', '.join(map(str, s.stages))}</td>"
+                f"<td>{s.bubble:.3f}</td><td>{s.ideal_bubble:.3f}</td>{theory}<td>{s.live}</td><td>{s.ideal_live}</td>"
+                f"<td>{_html.fmt_bytes(s.live_bytes)}</td><td>{_html.fmt_bytes(s.reserved_bytes)}</td></tr>"
+            )
+    style = (
+        "<style>.pw-pipe td,.pw-pipe th{padding:2px 8px;border-bottom:1px solid #ddd;text-align:right;"
+        "vertical-align:top}.pw-pipe th{background:#f4f4f4}</style>"
+    )
+    note = (
+        '<div style="color:#666;margin-top:4px">bubble: the fraction of the step a slice idles; ideal: the same '
+        "ops on devices that all run at once (forward 1, backward 2 per chunk); live: the most microbatches a "
+        "slice holds for their backward; memory estimate: what the run reserved per device.</div>"
+    )
+    return _html.page(f'{style}<table class="pw-pipe" style="border-collapse:collapse">{head}{"".join(rows)}</table>{note}', "pw-pipeline")
+
+
+def show_pipeline(stats: Any, title: str | None = None, **timeline_kwargs: Any) -> Any:
+    """A timeline of the stats' runs with their per-slice table beside it (an ipywidgets Box).
+
+    Example::
+
+        pw.show_pipeline([pipe.stats(run) for run in runs])
+    """
+    import ipywidgets
+
+    from .timeline_widget import TimelineWidget
+
+    stats = list(stats) if isinstance(stats, (list, tuple)) else [stats]
+    runs = [s.run for s in stats if s.run is not None]
+    title = title or " · ".join(f"{s.run.name if s.run is not None else s.pipeline}" for s in stats)
+    tl = TimelineWidget(runs, live=False, title=title, **timeline_kwargs)
+    table = ipywidgets.HTML(stats_html(stats))
+    return ipywidgets.Box(
+        [tl, table],
+        layout=ipywidgets.Layout(display="flex", flex_flow="row wrap", align_items="flex-start", gap="12px"),
+    )
+
+
+__all__ = ["show_pipeline", "stats_html"]

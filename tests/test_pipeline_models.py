@@ -1,0 +1,258 @@
+"""A real language model on `pw.pipeline`: token ids, tied embeddings, AdamW, clipping, a weighted loss.
+
+For every schedule, with remat on and off, the pipelined loss and every gradient
+leaf equal `jax.value_and_grad` of the unpipelined model, and 20 optimizer steps
+track the same optax training in plain JAX.
+"""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pw_kernel as pw
+
+optax = pytest.importorskip("optax")
+
+VOCAB, D, T, B = 32, 16, 8, 16
+
+
+# ---------------------------------------------------------------- the model, as a user writes it
+def embed(p, tokens, *, embed, positions):
+    return embed[tokens] + p["pos"][positions]
+
+
+def block(p, h, *, positions):
+    rot = jnp.where(positions[..., None] % 2 == 0, 1.0, -1.0)  # an integer field used inside the block
+    return h + jnp.tanh(h @ p["w1"]) @ p["w2"] * rot
+
+
+def head(p, h, *, embed):
+    return (h * p["g"]) @ embed.T  # output projection tied to the input embedding
+
+
+def xent(logits, targets, weights):
+    nll = -jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], -1)[..., 0]
+    return jnp.sum(weights * nll) / jnp.sum(weights)
+
+
+def model_params(n_blocks, seed=0):
+    rng = np.random.default_rng(seed)
+    mk = lambda *s: (rng.normal(size=s) * 0.3).astype(np.float32)  # noqa: E731
+    stages = [{"pos": mk(T, D)}] + [{"w1": mk(D, D), "w2": mk(D, D)} for _ in range(n_blocks)] + [{"g": np.ones(D, np.float32)}]
+    return stages, {"embed": mk(VOCAB, D)}
+
+
+def batch(seed=1):
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, VOCAB, size=(B, T)).astype(np.int32)
+    targets = rng.integers(0, VOCAB, size=(B, T)).astype(np.int32)
+    weights = (rng.random((B, T)) > 0.3).astype(np.float32)  # padding: unequal counts per microbatch
+    positions = np.broadcast_to(np.arange(T, dtype=np.int32), (B, T)).copy()
+    return tokens, targets, weights, positions
+
+
+def unpipelined(stage_params, shared, tokens, targets, weights, positions):
+    h = embed(stage_params[0], tokens, embed=shared["embed"], positions=positions)
+    for p in stage_params[1:-1]:
+        h = block(p, h, positions=positions)
+    return xent(head(stage_params[-1], h, embed=shared["embed"]), targets, weights)
+
+
+LAYOUTS = {  # schedule -> (slices, stage functions); interleaved puts 2 chunks on each slice
+    "gpipe": (4, 2),
+    "1f1b": (4, 2),
+    "zero_bubble": (4, 2),
+    "interleaved": (2, 2),
+}
+
+
+def make_pipeline(schedule, remat, opt, clip=1.0):
+    n_slices, n_blocks = LAYOUTS[schedule]
+    slices = [pw.slice(2, mesh={"data": 2}) for _ in range(n_slices)]
+    stages = [embed] + [block] * n_blocks + [head]
+    V = len(stages)
+    return pw.pipeline(
+        stages, slices=slices, microbatches=4, schedule=schedule, loss=xent, optimizer=opt, clip_norm=clip,
+        remat=remat, shared={"embed": (0, V - 1)}, fields={"positions": tuple(range(V - 1))},
+    ), n_blocks
+
+
+@pytest.mark.parametrize("remat", [True, False], ids=["remat", "keep"])
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved", "zero_bubble"])
+def test_language_model_equals_unpipelined_and_trains_like_optax(ctl, schedule, remat):
+    opt = optax.adamw(optax.warmup_cosine_decay_schedule(0.0, 1e-2, 5, 20), weight_decay=0.01)
+    pipe, n_blocks = make_pipeline(schedule, remat, opt)
+    stage_params, shared = model_params(n_blocks)
+    tokens, targets, weights, positions = batch()
+    state = pipe.init(stage_params, shared=shared)
+
+    loss, (grads, shared_grads) = pw.get(pipe.grads(state, tokens, targets, weights=weights, positions=positions))
+    ref_loss, (ref_grads, ref_shared) = jax.value_and_grad(unpipelined, argnums=(0, 1))(
+        stage_params, shared, tokens, targets, weights, positions
+    )
+    np.testing.assert_allclose(float(loss), float(ref_loss), rtol=2e-4)
+    for path, g in jax.tree_util.tree_leaves_with_path((grads, shared_grads)):
+        r = ref_grads if path[0].idx == 0 else ref_shared
+        for k in path[1:]:
+            r = r[k.idx if hasattr(k, "idx") else k.key]
+        np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=2e-4, atol=1e-6, err_msg=jax.tree_util.keystr(path))
+
+    # 20 steps, submitted without waiting, against optax on the unpipelined model
+    chain = optax.chain(optax.clip_by_global_norm(1.0), opt)
+    ref = (stage_params, shared)
+    ref_state = chain.init(ref)
+    value_and_grad = jax.jit(jax.value_and_grad(lambda ps: unpipelined(*ps, tokens, targets, weights, positions)))
+    losses, ref_losses = [], []
+    for _ in range(20):
+        state, step_loss = pipe.step(state, tokens, targets, weights=weights, positions=positions)
+        losses.append(step_loss)
+        value, g = value_and_grad(ref)
+        updates, ref_state = chain.update(g, ref_state, ref)
+        ref = optax.apply_updates(ref, updates)
+        ref_losses.append(float(value))
+    losses = [float(v) for v in pw.get(losses)]
+    np.testing.assert_allclose(losses, ref_losses, rtol=2e-4)
+    assert losses[-1] < 0.7 * losses[0]
+    first, last = pw.get(state.shared["embed"])  # the tied copies got the very same updates
+    np.testing.assert_array_equal(np.asarray(first), np.asarray(last))
+    np.testing.assert_allclose(np.asarray(first), np.asarray(ref[1]["embed"]), rtol=1e-3, atol=1e-5)
+
+
+def test_the_step_graph_shows_tied_sums_and_the_global_norm(ctl):
+    pipe, n_blocks = make_pipeline("1f1b", True, optax.adam(1e-3))
+    stage_params, shared = model_params(n_blocks)
+    tokens, targets, weights, positions = batch()
+    state = pipe.init(stage_params, shared=shared)
+    graph = pipe.trace(state, tokens, targets, weights=weights, positions=positions)
+    names = [n.name for n in graph.nodes]
+    assert "tie:embed" in names and "global_norm" in names
+    assert sum(n.startswith("sqnorm") for n in names) == 4 and sum(n.startswith("update") for n in names) == 4
+    tie = next(n for n in graph.nodes if n.name == "tie:embed")
+    feeding = [graph.nodes[graph.values[v].producer].name for v in tie.inputs]
+    assert any(f.startswith("transfer") for f in feeding)  # the last stage's embedding gradient moves to stage 0
+    # the optimizer state lives on each stage's slice, sharded like its params
+    for st, s in zip(pipe.stages, state.opt_state):
+        for leaf in jax.tree_util.tree_leaves(s):
+            assert set(leaf.sharding.device_set) == set(st.slice.devices)
+
+
+@pytest.mark.parametrize("schedule,chunks", [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("interleaved", 4), ("zero_bubble", 1)])
+def test_ideal_replay_equals_the_papers_bubble(schedule, chunks):
+    for S in (2, 4, 8):
+        for M in (S, 2 * S, 4 * S):
+            ops = pw.schedule_ops(schedule, S, M, chunks)
+            # one forward/backward per microbatch and stage, each slice's ops in its paper's order
+            assert len([o for o in ops if o[0] == "F"]) == S * chunks * M
+            r = pw.replay(ops, S, forward=1 / chunks, backward=2 / chunks)
+            theory = pw.theory_bubble(schedule, S, M, chunks)
+            for b in r.bubble:
+                assert b == pytest.approx(theory, abs=1e-9), (S, M, r.bubble, theory)
+    assert pw.theory_bubble("zero_bubble", 4, 8) < pw.theory_bubble("interleaved", 4, 8, 2) < pw.theory_bubble("1f1b", 4, 8)
+    # ZB-H1 keeps 1F1B's activation memory on the first stage; GPipe keeps every microbatch
+    assert pw.replay(pw.schedule_ops("zero_bubble", 4, 8), 4).live[0] == pw.replay(pw.schedule_ops("1f1b", 4, 8), 4).live[0] == 4
+    assert pw.replay(pw.schedule_ops("gpipe", 4, 8), 4).live == (8, 8, 8, 8)
+
+
+def test_stats_of_a_step_run_and_what_remat_costs(ctl):
+    tokens, targets, weights, positions = batch()
+    found = {}
+    for remat in (True, False):
+        pipe, n_blocks = make_pipeline("1f1b", remat, None, clip=None)
+        state = pipe.init(*model_params(n_blocks))
+        pipe.submit_step(state, tokens, targets, weights=weights, positions=positions).wait()  # compile
+        run = pipe.submit_step(state, tokens, targets, weights=weights, positions=positions, mode="chained").wait()
+        found[remat] = st = pipe.stats(run)
+        assert st.theory == pytest.approx(3 / 7) and st.ideal.mean_bubble == pytest.approx(st.theory)
+        assert [s.live for s in st.slices] == [4, 3, 2, 1]  # measured from the run's events
+        assert all(0 <= s.bubble < 1 for s in st.slices) and st.span_ns > 0
+        assert len(st.rows()) == 4 and st.rows()[0]["slice"] == pipe.stages[0].slice.name
+    # keeping residuals holds more per microbatch, and the run's memory estimate shows it
+    keep, recompute = found[False].slices, found[True].slices
+    assert all(k.live_bytes > r.live_bytes for k, r in zip(keep, recompute))
+    assert sum(k.reserved_bytes for k in keep) > sum(r.reserved_bytes for r in recompute)
+    from pw_kernel.widgets import stats_html
+
+    html = stats_html(list(found.values()))
+    assert "bubble ideal" in html and "0.429" in html
+
+
+def test_zero_bubble_splits_the_backward_into_input_and_weight_nodes(ctl):
+    slices = [pw.slice(2, mesh={"data": 2}) for _ in range(4)]
+    layer = lambda p, x: jnp.tanh(x @ p)  # noqa: E731
+    pipe = pw.pipeline([layer] * 4, slices=slices, microbatches=4, schedule="zero_bubble")
+    params = pipe.place([np.eye(8, dtype=np.float32)] * 4)
+    x = np.ones((8, 8), np.float32)
+    run = pipe.submit_step(params, x, x, mode="chained").wait()
+    order = [e.node.split(":")[0] for e in sorted(run.events, key=lambda e: e.seq) if e.kind == "compute"]
+    ops = [f"{k}{s}" for k, s, _ in pw.schedule_ops("zero_bubble", 4, 4) if (k, s) != ("B", 0)]  # stage 0 needs no input gradient
+    assert [n for n in order if re.fullmatch(r"[FBW]\d", n)] == ops
+
+
+def test_learning_rate_changes_take_effect(ctl):
+    slices = [pw.slice(2, mesh={"data": 2}) for _ in range(2)]
+    pipe = pw.pipeline([lambda p, x: x * p] * 2, slices=slices, microbatches=2, learning_rate=0.0)
+    params = pipe.place([np.float32(1.0), np.float32(1.0)])
+    x = np.ones((4, 2), np.float32)
+    same, _ = pipe.step(params, x, 2 * x)
+    np.testing.assert_allclose([float(v) for v in pw.get(same)], [1.0, 1.0])
+    pipe.learning_rate = 0.1  # read at every step, not baked into the first trace
+    moved, _ = pipe.step(params, x, 2 * x)
+    assert all(float(v) > 1.0 for v in pw.get(moved))
+
+
+def test_a_failing_stage_is_named_in_the_error(ctl):
+    slices = [pw.slice(1) for _ in range(3)]  # one device each: a raising host callback must not hang collectives
+
+    def bad(x):
+        raise ValueError("stage 1 saw a bad batch")
+
+    def layer(p, x):
+        return x * p
+
+    def failing(p, x):
+        return x * p + jax.pure_callback(bad, jax.ShapeDtypeStruct(x.shape, x.dtype), jax.lax.stop_gradient(x))
+
+    pipe = pw.pipeline([layer, failing, layer], slices=slices, microbatches=2)
+    params = pipe.place([np.float32(1.0)] * 3)
+    x = np.ones((4, 2), np.float32)
+    loss, grads = pipe.grads(params, x, x)
+    with pytest.raises(pw.NodeError) as info:
+        loss.result(timeout=60)
+    assert info.value.node.split(":")[0] == "F1", str(info.value)
+    assert "stage 1 saw a bad batch" in str(info.value)
+
+
+def test_mistakes_get_errors_that_say_what_to_do(ctl):
+    slices = [pw.slice(2, mesh={"data": 2}) for _ in range(2)]
+    stages = [embed, head]
+    with pytest.raises(pw.PipelineError, match=re.escape("M must be a multiple of the number of slices S; got M=3 for S=2")):
+        pw.pipeline(stages * 2, slices=slices, microbatches=3, schedule="interleaved")
+    with pytest.raises(pw.PipelineError, match=re.escape("pass v * 2 stages for 2 slices")):
+        pw.pipeline(stages, slices=slices, microbatches=4, schedule="interleaved")
+    with pytest.raises(pw.PipelineError, match=re.escape("takes an optax GradientTransformation")):
+        pw.pipeline(stages, slices=slices, microbatches=2, optimizer="adam")
+    with pytest.raises(pw.PipelineError, match=re.escape("'embed' is used by stages [0, 5], but stages are numbered 0..1")):
+        pw.pipeline(stages, slices=slices, microbatches=2, shared={"embed": (0, 5)})
+    with pytest.raises(pw.PipelineError, match=re.escape("must be one of 'gpipe', '1f1b', 'interleaved', 'zero_bubble'; got 'zigzag'")):
+        pw.pipeline(stages, slices=slices, microbatches=2, schedule="zigzag")
+    pipe = pw.pipeline(stages, slices=slices, microbatches=2, shared={"embed": (0, 1)}, fields={"positions": (0,)})
+    stage_params, shared = model_params(0)
+    with pytest.raises(pw.PipelineError, match=re.escape("missing ['embed']")):
+        pipe.init(stage_params)
+    with pytest.raises(pw.PipelineError, match=re.escape("parameter ['step'] is int32; parameters are trained")):
+        pipe.init([{**stage_params[0], "step": np.int32(0)}, stage_params[1]], shared=shared)
+    state = pipe.init(stage_params, shared=shared)
+    tokens, targets, weights, positions = batch()
+    with pytest.raises(pw.PipelineError, match=re.escape("batch fields ['positions'] are declared in `pw.pipeline(fields=...)` but not passed")):
+        pipe.step(state, tokens, targets)
+    with pytest.raises(pw.PipelineError, match=re.escape("`pipeline.step(weights=...)` needs `pw.pipeline(loss=...)`")):
+        pipe.step(state, tokens, targets, weights=weights, positions=positions)
+    with pytest.raises(pw.PipelineError, match=re.escape("pass that PipelineState")):
+        pipe.step(state.params, tokens, targets, positions=positions)
+    with pytest.raises(pw.PipelineError, match=re.escape("x has shape [15, 8], whose first (batch) axis does not split into 2")):
+        pipe.step(state, tokens[:15], targets[:15], positions=positions[:15])
