@@ -58,6 +58,8 @@ def stats_html(stats: Sequence[Any]) -> str:
 def show_pipeline(stats: Any, title: str | None = None, **timeline_kwargs: Any) -> Any:
     """A timeline of the stats' runs with their per-slice table beside it (an ipywidgets Box).
 
+    Its mimebundle also carries a static picture of both, for viewers without widgets.
+
     Example::
 
         pw.show_pipeline([pipe.stats(run) for run in runs])
@@ -66,12 +68,21 @@ def show_pipeline(stats: Any, title: str | None = None, **timeline_kwargs: Any) 
 
     from .timeline_widget import TimelineWidget
 
+    class PipelineView(ipywidgets.Box):
+        def _repr_mimebundle_(self, **kwargs: Any):
+            out = super()._repr_mimebundle_(**kwargs)
+            static = self.children[0].static_html() + self.children[1].value
+            if out is None:
+                return {"text/plain": repr(self), "text/html": static}
+            data, metadata = out if isinstance(out, tuple) else (out, {})
+            return {**data, "text/html": static}, metadata
+
     stats = list(stats) if isinstance(stats, (list, tuple)) else [stats]
     runs = [s.run for s in stats if s.run is not None]
     title = title or " · ".join(f"{s.run.name if s.run is not None else s.pipeline}" for s in stats)
     tl = TimelineWidget(runs, live=False, title=title, **timeline_kwargs)
     table = ipywidgets.HTML(stats_html(stats))
-    return ipywidgets.Box(
+    return PipelineView(
         [tl, table],
         layout=ipywidgets.Layout(display="flex", flex_flow="row wrap", align_items="flex-start", gap="12px"),
     )
