@@ -256,3 +256,19 @@ def test_mistakes_get_errors_that_say_what_to_do(ctl):
         pipe.step(state.params, tokens, targets, positions=positions)
     with pytest.raises(pw.PipelineError, match=re.escape("x has shape [15, 8], whose first (batch) axis does not split into 2")):
         pipe.step(state, tokens[:15], targets[:15], positions=positions[:15])
+
+
+def test_forward_gives_the_models_logits_for_a_batch_or_one_prompt(ctl):
+    pipe, n_blocks = make_pipeline("interleaved", True, None, clip=None)
+    stage_params, shared = model_params(n_blocks)
+    state = pipe.init(stage_params, shared=shared)
+    tokens, _, _, positions = batch()
+    h = embed(stage_params[0], tokens, embed=shared["embed"], positions=positions)
+    for p in stage_params[1:-1]:
+        h = block(p, h, positions=positions)
+    logits = head(stage_params[-1], h, embed=shared["embed"])
+    per_microbatch = pw.get(pipe.forward(state, tokens, positions=positions))
+    assert len(per_microbatch) == 4
+    np.testing.assert_allclose(np.concatenate(per_microbatch), logits, rtol=1e-5, atol=1e-6)
+    (one,) = pw.get(pipe.forward(state, tokens[:1], positions=positions[:1]))  # too small to split: run whole
+    np.testing.assert_allclose(np.asarray(one), logits[:1], rtol=1e-5, atol=1e-6)

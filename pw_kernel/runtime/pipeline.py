@@ -525,13 +525,18 @@ class Pipeline:
         outs = []
         n = self._mb_rows(x) or 0
         M = self.M if n and n % self.M == 0 else 1
+        rows = n // M
+        cut = lambda tree, m: jax.tree_util.tree_map(lambda a: a[m * rows : (m + 1) * rows], tree)  # noqa: E731
         for m in range(M):
-            h = jax.tree_util.tree_map(lambda a, m=m: a[m * (n // M) : (m + 1) * (n // M)], x)
+            h = cut(x, m)
             for st in self.stages:
-                fl = {k: jax.tree_util.tree_map(lambda a, m=m: a[m * (n // M) : (m + 1) * (n // M)], fields[k]) for k in st.fields}
-                apply = self._fn(("apply", st.index), lambda st=st: self._cf(
+                fl = {k: cut(fields[k], m) for k in st.fields}
+                # a batch too small to split over the data axis (one prompt, say) runs replicated
+                axis = st.act_spec[0] if len(st.act_spec) else None
+                act = st.act_spec if axis is None or rows % st.slice.mesh.shape[axis] == 0 else P()
+                apply = self._fn(("apply", st.index, act), lambda st=st, act=act: self._cf(
                     st, lambda p, sh, x, fl, fn=st.fn: fn(p, x, **sh, **fl), f"apply{st.index}",
-                    (st.param_spec, None, st.act_spec, st.act_spec), st.act_spec))
+                    (st.param_spec, None, act, act), act))
                 h = apply(state.params[st.index], self._shared_of(state, st), h, fl)
             outs.append(h)
         return outs
