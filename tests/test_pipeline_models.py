@@ -272,3 +272,28 @@ def test_forward_gives_the_models_logits_for_a_batch_or_one_prompt(ctl):
     np.testing.assert_allclose(np.concatenate(per_microbatch), logits, rtol=1e-5, atol=1e-6)
     (one,) = pw.get(pipe.forward(state, tokens[:1], positions=positions[:1]))  # too small to split: run whole
     np.testing.assert_allclose(np.asarray(one), logits[:1], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("schedule,remat", [("1f1b", False), ("zero_bubble", True)])
+def test_integer_leaves_inside_the_activations_flow_through(ctl, schedule, remat):
+    def first(p, tokens):
+        return {"h": p["e"][tokens], "segment": tokens % 3}  # segment ids travel with the activations
+
+    def middle(p, a):
+        return {"h": jnp.tanh(a["h"] @ p["w"]) * (a["segment"][..., None] + 1), "segment": a["segment"]}
+
+    def last(p, a):
+        return (a["h"] @ p["v"]).sum(-1)
+
+    rng = np.random.default_rng(0)
+    params = [{"e": rng.normal(size=(10, 4)).astype(np.float32)}, {"w": rng.normal(size=(4, 4)).astype(np.float32)},
+              {"v": rng.normal(size=(4, 2)).astype(np.float32)}]
+    tokens = rng.integers(0, 10, (8, 5)).astype(np.int32)
+    y = rng.normal(size=(8, 5)).astype(np.float32)
+    slices = [pw.slice(2, mesh={"data": 2}) for _ in range(3)]
+    pipe = pw.pipeline([first, middle, last], slices=slices, microbatches=4, schedule=schedule, remat=remat)
+    loss, grads = pw.get(pipe.grads(pipe.place(params), tokens, y))
+    ref_loss, ref_grads = jax.value_and_grad(lambda ps: jnp.mean((last(ps[2], middle(ps[1], first(ps[0], tokens))) - y) ** 2))(params)
+    np.testing.assert_allclose(float(loss), float(ref_loss), rtol=1e-5)
+    for g, r in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(ref_grads)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=2e-4, atol=1e-6)
