@@ -1,6 +1,6 @@
 """Execute the tutorial notebooks in the "Python 3 (Pathways)" kernel and write them as HTML with widget state.
 
-    .venv/bin/python scripts/run_notebooks.py [NOTEBOOK ...] [--out artifacts/notebooks] [--timeout 120]
+    .venv/bin/python scripts/run_notebooks.py [NOTEBOOK ...] [--out artifacts/notebooks] [--timeout 180]
     .venv/bin/python scripts/run_notebooks.py --clear [NOTEBOOK ...]    # strip outputs in place, before committing
 
 Each notebook runs top to bottom with nbclient (any error fails it); the executed
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("notebooks", nargs="*", type=Path, help="default: notebooks/*.ipynb")
     ap.add_argument("--out", type=Path, default=ROOT / "artifacts" / "notebooks")
-    ap.add_argument("--timeout", type=float, default=120.0, help="seconds per notebook (and per cell)")
+    ap.add_argument("--timeout", type=float, default=180.0, help="seconds per notebook (and per cell)")
     ap.add_argument("--clear", action="store_true", help="strip outputs from the notebooks in place; run nothing")
     args = ap.parse_args(argv)
     paths = args.notebooks or sorted((ROOT / "notebooks").glob("*.ipynb"))

@@ -29,10 +29,12 @@ TUTORIALS = [
     "03_async_dataflow.ipynb",
     "04_pipelines.ipynb",
     "05_multi_tenancy.ipynb",
+    "06_palm_pipeline.ipynb",
 ]
 NOTEBOOK_TIMEOUT_S = 120.0
+BUDGET_S = {"06_palm_pipeline.ipynb": 180.0}  # trains a language model: under 3 minutes on 2 cores
 
-pytestmark = pytest.mark.timeout(240)  # kernel start-up (up to 90 s) plus the notebook's 120 s
+pytestmark = pytest.mark.timeout(300)  # kernel start-up (up to 90 s) plus the notebook's budget
 
 
 @pytest.fixture(scope="module")
@@ -65,19 +67,20 @@ def _execute(path: Path, kernel_dir: Path, tmp_path: Path):
     env["IPYTHONDIR"] = str(tmp_path / "ipython")
     km = KernelManager(kernel_name="pathways", kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(kernel_dir)]))
     deadline: list[float] = []
+    budget = BUDGET_S.get(path.name, NOTEBOOK_TIMEOUT_S)
 
     def time_left(_cell) -> float:
         """Each cell may use what is left of the notebook's budget (the clock starts at the first cell)."""
         if not deadline:
-            deadline.append(time.monotonic() + NOTEBOOK_TIMEOUT_S)
+            deadline.append(time.monotonic() + budget)
         return max(1.0, deadline[0] - time.monotonic())
 
     client = nbclient.NotebookClient(
         nb, km=km, timeout_func=time_left, startup_timeout=90, resources={"metadata": {"path": str(tmp_path)}}
     )
     client.execute(env=env)  # the kernel's environment: the kernelspec must supply the devices
-    elapsed = time.monotonic() - (deadline[0] - NOTEBOOK_TIMEOUT_S)
-    assert elapsed <= NOTEBOOK_TIMEOUT_S, f"{path.name} took {elapsed:.0f} s (limit {NOTEBOOK_TIMEOUT_S:.0f} s)"
+    elapsed = time.monotonic() - (deadline[0] - budget)
+    assert elapsed <= budget, f"{path.name} took {elapsed:.0f} s (limit {budget:.0f} s)"
     return nb
 
 
@@ -164,6 +167,18 @@ def test_pipelines_notebook_matches_the_unpipelined_model(kernel_dir, tmp_path):
     assert text.count("gradients match") == 2
     assert "1f1b" in text and "[4, 3, 2, 1] / [4, 3, 2, 1]" in text  # 1F1B's live activations, measured
     assert "25 steps submitted in" in text
+
+
+def test_palm_notebook_trains_a_language_model_pipelined(kernel_dir, tmp_path):
+    text = "\n".join(by_first_line(execute(NOTEBOOKS / "06_palm_pipeline.ipynb", kernel_dir, tmp_path)).values())
+    assert "all gradients match" in text and "copies equal: True" in text
+    assert "60 steps in" in text and "largest relative difference over 60 steps" in text
+    for name, theory in (("1F1B", "0.429"), ("interleaved v=2", "0.273"), ("ZB-H1", "0.200")):
+        assert re.search(rf"{re.escape(name)}\s+bubble: theory {theory}, ideal devices {theory}", text), name
+    assert "remat=False (keeps residuals)" in text
+    assert "bubble ideal" in text  # the pipeline view's table
+    samples = re.findall(r"^'(Beautiful is|Errors should|Now is better)[^\n]*'$", text, re.M)
+    assert len(samples) == 3, text[-600:]
 
 
 def test_multi_tenancy_notebook_measures_shares(kernel_dir, tmp_path):

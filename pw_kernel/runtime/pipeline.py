@@ -348,6 +348,11 @@ class Pipeline:
 
         return self._fn(key, make)
 
+    def _zeros_node(self, st: _Stage) -> CompiledFunction:
+        spec = (st.param_spec, None)
+        return self._fn(("zeros", st.index), lambda: self._cf(
+            st, lambda p, sh: jax.tree_util.tree_map(jnp.zeros_like, (p, sh)), f"zeros{st.index}", spec, spec))
+
     def _cf(self, st: _Stage, fn: Callable, name: str, ins: Any, outs: Any) -> CompiledFunction:
         return CompiledFunction(fn, slice=st.slice, in_specs=ins, out_specs=outs, name=name)
 
@@ -427,8 +432,9 @@ class Pipeline:
             else:
                 del stored[(j, m)]
                 part = "weight"
-            f = self._backward_node(st, part, acc[j] is None, how)
-            out = f(p, sh, x, fl, lo, res, dy) if acc[j] is None else f(p, sh, x, fl, lo, res, dy, acc[j])
+            if acc[j] is None:  # accumulate from zeros: one backward executable per stage, not two
+                acc[j] = self._zeros_node(st)(p, sh)
+            out = self._backward_node(st, part, False, how)(p, sh, x, fl, lo, res, dy, acc[j])
             if part == "full" and j > 0:
                 acc[j], cots[(j - 1, m)] = out
             else:
@@ -747,6 +753,24 @@ class Pipeline:
         batch = self._batch("submit_step", x, y, weights, fields)
         self._check(st, x, fields)
         return self._step.submit(st, batch, np.float32(self.learning_rate), name=run_name, mode=mode)
+
+    def memory(self, state, x, y, *, weights=None, **fields) -> dict[str, int]:
+        """The memory one training step would reserve, per slice (the most on any of its devices), in bytes.
+
+        Read off the traced step (nothing compiles or runs): the same estimate the
+        controller admits runs by. ``remat=False`` shows here as the residuals kept.
+
+        Example::
+
+            pipe.memory(state, tokens, targets)   # {'slice0': 412160, ...}
+        """
+        from .plan import plan_for
+
+        peak = plan_for(self.trace(state, x, y, weights=weights, **fields), "chained").peak_bytes
+        out: dict[str, int] = {}
+        for st in self.stages:
+            out[st.slice.name] = max(out.get(st.slice.name, 0), max(peak.get(d.id, 0) for d in st.slice.devices))
+        return out
 
     def stats(self, run) -> Any:
         """Bubble, live activations and the ideal-device replay of a finished step run; see `PipelineStats`."""
