@@ -18,6 +18,17 @@ over stages; beside it (S-1)/(M+S-1), and pw's own bubble from its event log.
 Also the most microbatches a stage keeps alive (forward done, backward not).
 Reference: the same model data-parallel (SPMD) over all devices as one
 `jax.jit` of value_and_grad + SGD.
+
+Schedules (the second table): one model of 2S layers on S slices (layout
+``--schedules-layout``), as S stages of two layers for 1F1B and ZB-H1 and as
+2S stages of one layer (v = 2 chunks per slice) for interleaved 1F1B. Per
+schedule: wall ms per waited step, beside one `jax.jit` of the whole model's
+value_and_grad + SGD data-parallel over the same devices (the step a user
+would write without pipelining), timed in the same rounds; the bubble of the
+schedule replayed on ideal devices next to its paper's formula, the bubble
+measured from the step's events (`pipe.stats`), and live activations per
+slice, ideal and measured. On a GPU (`jax.devices()[0].platform == "gpu"`)
+the same script runs as is; there the measured bubble means something.
 """
 
 from __future__ import annotations
@@ -158,9 +169,11 @@ def main(argv=None) -> dict:
     ap.add_argument("--micro", default="4,8")
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--budget", type=float, default=8.0, help="seconds of timed rounds per configuration")
+    ap.add_argument("--schedules-layout", default="4x2", help="SxD for the schedules table")
+    ap.add_argument("--schedules-micro", type=int, default=8, help="M for the schedules table")
     ap.add_argument("--json", default=None)
     args = common.parse_args(ap, argv, {"layouts": "2x1", "width": 64, "batch": 32, "micro": "4", "rounds": 3,
-                                        "budget": 0.5})
+                                        "budget": 0.5, "schedules_layout": "2x1", "schedules_micro": 4})
     W, B = args.width, args.batch
     c = pw.init()
     rng = np.random.default_rng(0)
@@ -241,14 +254,92 @@ def main(argv=None) -> dict:
               f"{r['pw_over_jax']:>7.2f} {r['bubble']['pw']:>9.2f} {r['bubble']['jax']:>6.2f} {r['theory']:>7.2f} "
               f"{r['pw_event_log_bubble']:>9.2f} {str(r['live_peak_per_stage']):>14}")
     print(f"SPMD data-parallel over {len(c.devices)} devices ({S0} layers): {spmd:,.0f} samples/s")
+    sched_rows = schedule_rows(args, x, y, rng)
     result = {
         "benchmark": "pipeline", "platform": jax.devices()[0].platform, "jax": jax.__version__,
         "python": platform.python_version(), "date": time.strftime("%Y-%m-%d"), "machine": common.machine(),
         "width": W, "batch": B, "rows": rows, "spmd_samples_per_s": spmd, "spmd_layers": S0,
+        "schedules": sched_rows,
     }
     common.write_json(args.json, result)
     pw.shutdown()
     return result
+
+
+def two_layers(p, x):
+    return layer(p[1], layer(p[0], x))
+
+
+def schedule_rows(args, x, y, rng) -> list[dict]:
+    """1F1B, interleaved (v=2) and ZB-H1 on one model of 2S layers, beside one plain `jax.jit` training step."""
+    W, B, M = args.width, args.batch, args.schedules_micro
+    S, D = (int(v) for v in args.schedules_layout.split("x"))
+    layers = [{"w": rng.normal(size=(W, W)).astype(np.float32) / np.sqrt(W), "b": np.zeros(W, np.float32)}
+              for _ in range(2 * S)]
+    slices = [pw.slice(D, mesh={"data": D}, name=f"sched:stage{i}") for i in range(S)]
+    pipes = {
+        "1f1b": pw.pipeline([two_layers] * S, slices=slices, microbatches=M, schedule="1f1b", learning_rate=LR, name="1f1b"),
+        "interleaved": pw.pipeline([layer] * (2 * S), slices=slices, microbatches=M, schedule="interleaved",
+                                   learning_rate=LR, name="interleaved"),
+        "zero_bubble": pw.pipeline([two_layers] * S, slices=slices, microbatches=M, schedule="zero_bubble",
+                                   learning_rate=LR, name="zero_bubble"),
+    }
+    paired = [layers[2 * i:2 * i + 2] for i in range(S)]
+    placed = {k: p.place(layers if k == "interleaved" else paired) for k, p in pipes.items()}
+    px = jax.device_put(x, slices[0].sharding("data"))
+    py = jax.device_put(y, slices[-1].sharding("data"))
+    runs: dict[str, list] = {k: [] for k in pipes}
+
+    def pw_step(k):
+        def go():
+            run = pipes[k].submit_step(placed[k], px, py, mode="chained")
+            run.wait()
+            runs[k].append(run)
+        return go
+
+    # the same model as one jit: value_and_grad + SGD, data-parallel over the same devices
+    devs = [d for s in slices for d in s.devices]
+    mesh = Mesh(np.array(devs), ("data",))
+    rep, dat = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
+
+    def loss(ps, x, y):
+        h = x
+        for q in ps:
+            h = layer(q, h)
+        return mse(h, y)
+
+    @jax.jit
+    def sgd(ps, x, y):
+        val, g = jax.value_and_grad(loss)(ps, x, y)
+        return jax.tree_util.tree_map(lambda a, b: a - LR * b, ps, g), val
+
+    jps, jx, jy = jax.device_put(layers, rep), jax.device_put(x, dat), jax.device_put(y, dat)
+    modes = {k: pw_step(k) for k in pipes}
+    modes["jit"] = lambda: jax.block_until_ready(sgd(jps, jx, jy))
+    walls = common.interleaved(modes, args.rounds, budget_s=args.budget)
+    w_jit = statistics.median(walls["jit"])
+    rows = []
+    for k, pipe in pipes.items():
+        stats = [pipe.stats(r) for r in runs[k][2:]]  # after the warm-up calls
+        w = statistics.median(walls[k])
+        rows.append({
+            "layout": args.schedules_layout, "schedule": k, "M": M, "chunks": pipe.chunks,
+            "wall_ms": w * 1e3, "jit_ms": w_jit * 1e3, "pw_over_jit": w / w_jit,
+            "theory": stats[0].theory, "ideal_bubble": stats[0].ideal.mean_bubble,
+            "measured_bubble": statistics.median(s.bubble for s in stats),
+            "live_ideal": list(stats[0].ideal.live),
+            "live_measured": [max(s.slices[d].live for s in stats) for d in range(S)],
+            "rounds": len(walls[k]),
+        })
+    print(f"\nschedules: {2 * S} layers on {S} slices of {D} (v=2 for interleaved), M={M}; "
+          f"one plain jax.jit training step of the same model: {w_jit * 1e3:.2f} ms")
+    print(f"{'schedule':>12} {'pw ms':>8} {'/ jit':>6} {'theory':>7} {'ideal':>6} {'measured':>8} "
+          f"{'live ideal':>14} {'live measured':>14}")
+    for r in rows:
+        print(f"{r['schedule']:>12} {r['wall_ms']:>8.2f} {r['pw_over_jit']:>6.2f} {r['theory']:>7.3f} "
+              f"{r['ideal_bubble']:>6.3f} {r['measured_bubble']:>8.2f} {str(r['live_ideal']):>14} "
+              f"{str(r['live_measured']):>14}")
+    return rows
 
 
 if __name__ == "__main__":

@@ -116,7 +116,9 @@ QUICK = {
         [],
         (),
         [rf"^\s+2x1\s+gpipe\s+4(\s+-?{NUM}){{7}}\s+\[4, 4\]$", rf"^\s+2x1\s+1f1b\s+4(\s+-?{NUM}){{7}}\s+\[2, 1\]$",
-         r"^SPMD data-parallel"],
+         r"^SPMD data-parallel", rf"^\s+1f1b(\s+{NUM}){{2}}\s+0\.200\s+0\.200\s+{NUM}\s+\[2, 1\]\s+\[2, 1\]$",
+         rf"^\s+interleaved(\s+{NUM}){{2}}\s+0\.111\s+0\.111\s+{NUM}\s+\[5, 3\]\s+\[5, 3\]$",
+         rf"^\s+zero_bubble(\s+{NUM}){{2}}\s+0\.077\s+0\.077\s+{NUM}\s+\[2, 2\]\s+\[2, 2\]$"],
     ),
 }
 
