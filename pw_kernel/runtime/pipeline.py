@@ -33,9 +33,9 @@ from jax.sharding import PartitionSpec as P
 
 from .compiled import CompiledFunction
 from .devices import VirtualSlice
-from .errors import PathwaysError, PipelineError, SpecError
+from .errors import PipelineError, SpecError
 from .program import Program
-from .schedules import SCHEDULES, Schedule, check_schedule, schedule_ops
+from .schedules import Schedule, check_schedule, schedule_ops
 
 
 @jax.tree_util.register_dataclass
@@ -846,4 +846,4 @@ def _mse(out, target):
     return jnp.mean((out - target) ** 2)
 
 
-__all__ = ["SCHEDULES", "Pipeline", "PipelineState", "PathwaysError", "pipeline"]
+__all__ = ["Pipeline", "PipelineState", "pipeline"]
