@@ -139,3 +139,16 @@ def test_program_outputs_keep_their_tree(ctl):
     got = pw.get(out)
     np.testing.assert_array_equal(np.asarray(got["pair"][0]), [0.0, 0.0])  # an input passed through
     assert float(got["pair"][1]) == 3.0  # a constant output
+
+
+def test_arithmetic_on_a_future_says_how_to_get_the_array(ctl):
+    s = pw.slice(2, name="s")
+    double = pw.compiled(lambda x: x * 2, slice=s, name="double")
+    y = double(jnp.ones(2))
+    hint = "a future is not an array outside a program. Use `fut.result()` or `pw.get(fut)`"
+    for attempt in (lambda: y * 2, lambda: 1 + y, lambda: y @ y, lambda: -y):
+        with pytest.raises(TypeError, match=re.escape(hint)):
+            attempt()
+    with pytest.raises(TypeError, match=re.escape("indexing on a pw.Future (output 0 of run")):
+        y[0]
+    np.testing.assert_array_equal(np.asarray(y.result() * 2), [4.0, 4.0])  # what the message suggests works

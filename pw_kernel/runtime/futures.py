@@ -156,6 +156,21 @@ class Future(concurrent.futures.Future):
     def __array__(self, dtype=None, copy=None):
         return np.asarray(self.result(), dtype=dtype)
 
+    def _not_an_array(self, *args, what: str = "arithmetic"):
+        """A future is a promise of an array, not one: say how to get the array (or stay asynchronous)."""
+        raise TypeError(
+            f"{what} on a pw.Future ({self._label()}, {self.dtype.name}{list(self.shape)}): a future is not an array "
+            f"outside a program. Use `fut.result()` or `pw.get(fut)` for the jax.Array (this waits), or compute in a "
+            f"`%%pathways` cell or a `@pw.program`, where futures are inputs and nothing waits."
+        )
+
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _not_an_array
+    __truediv__ = __rtruediv__ = __floordiv__ = __rfloordiv__ = __mod__ = __rmod__ = _not_an_array
+    __pow__ = __rpow__ = __matmul__ = __rmatmul__ = __neg__ = __pos__ = __abs__ = _not_an_array
+
+    def __getitem__(self, key):
+        self._not_an_array(what="indexing")
+
     def _label(self) -> str:
         return f"output {self.index} of run {self.run.id} ({self.run.name!r})"
 
