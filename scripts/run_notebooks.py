@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import jinja2
 import nbclient
 import nbformat
+from jupyter_client import KernelManager
 from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
 from nbconvert import HTMLExporter
 
@@ -79,8 +81,11 @@ def execute(path: Path, timeout: float) -> tuple[nbformat.NotebookNode, BaseExce
     """Run ``path`` in the Pathways kernel; returns the executed notebook, the error (if any) and seconds taken."""
     nb = nbformat.read(path, as_version=4)
     nb.cells.append(nbformat.v4.new_code_cell(SYNC_WIDGETS))
+    # Local sockets rather than TCP on localhost: nothing to encrypt, and no warning about it per notebook.
+    km = KernelManager(kernel_name=KERNEL, transport="ipc", ip=str(Path(tempfile.mkdtemp(prefix="pw-kernel-")) / "k"))
     client = nbclient.NotebookClient(
         nb,
+        km=km,
         kernel_name=KERNEL,
         timeout=timeout,
         startup_timeout=90,
@@ -93,6 +98,9 @@ def execute(path: Path, timeout: float) -> tuple[nbformat.NotebookNode, BaseExce
         client.execute()
     except Exception as e:  # CellExecutionError, DeadKernelError, CellTimeoutError, NoSuchKernel
         error = e
+    finally:
+        if km.has_kernel:  # a kernel manager we made is ours to stop
+            km.shutdown_kernel(now=True)
     seconds = time.perf_counter() - start
     if nb.cells and nb.cells[-1].source == SYNC_WIDGETS:
         nb.cells.pop()
