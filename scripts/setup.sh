@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# Set up everything pw_kernel needs on a fresh Debian machine: system packages
-# (when missing), a virtual environment in .venv and the package with its extras.
-# Idempotent: a second run only checks.
+# Set up what pw_kernel needs on a fresh Debian machine: system packages (when
+# missing), a virtual environment in .venv and the package with the extras asked for.
+#
+#   ./scripts/setup.sh [EXTRAS]   EXTRAS: comma-separated, default "notebook" (what run.sh needs);
+#                                 test.sh asks for "notebook,test" (adds Ray, Playwright, pytest)
+#
+# Idempotent: a second run only checks; asking for more extras later installs just those.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+EXTRAS="${1:-notebook}"
 
 log() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 
@@ -39,9 +44,11 @@ if [ -z "$PY" ]; then
 fi
 
 # 2. System packages: graphviz's `dot` renders program graphs; Debian's Chromium runs the browser
-#    tests (driven by the Python playwright package; `playwright install` cannot fetch browsers here).
+#    tests (driven by the Python playwright package, which downloads no browser of its own).
 command -v dot >/dev/null || apt_install graphviz
-[ -x /usr/bin/chromium ] || apt_install chromium
+case ",$EXTRAS," in
+    *,test,*) [ -x /usr/bin/chromium ] || apt_install chromium ;;
+esac
 
 # 3. The virtual environment (Debian's python3 needs python3-venv for ensurepip).
 if [ ! -x .venv/bin/python ]; then
@@ -54,12 +61,12 @@ if [ ! -x .venv/bin/python ]; then
     fi
 fi
 
-# 4. The package and its extras (skipped when pyproject.toml has not changed).
-stamp=.venv/.pw_kernel-installed
+# 4. The package and its extras; one stamp per extras set, skipped while pyproject.toml is unchanged.
+stamp=".venv/.pw_kernel-installed-${EXTRAS//,/-}"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-    log "installing pw_kernel and its test and notebook extras into .venv"
+    log "installing pw_kernel[$EXTRAS] into .venv (first time: a few minutes)"
     .venv/bin/python -m pip install -q --upgrade pip
-    .venv/bin/python -m pip install -q -e ".[test,notebook]"
+    .venv/bin/python -m pip install -q -e ".[$EXTRAS]"
     touch "$stamp"
 fi
 log "ready: $(.venv/bin/python -c 'import jax, pw_kernel; print(f"pw_kernel {pw_kernel.__version__}, jax {jax.__version__}")')"

@@ -2,7 +2,7 @@
 # Set up, then run the whole test suite. Fails if pytest collected no tests.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-./scripts/setup.sh || exit 1
+./scripts/setup.sh notebook,test || exit 1
 .venv/bin/python -m pytest "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then
