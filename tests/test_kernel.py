@@ -201,7 +201,7 @@ def test_install_writes_the_python3_pathways_kernelspec(kernel_dir):
     spec = json.loads((kernel_dir / "pathways" / "kernel.json").read_text())
     assert spec["display_name"] == "Python 3 (Pathways)"
     assert spec["argv"][:3] == [sys.executable, "-m", "ipykernel_launcher"]
-    assert "--ext=pw_kernel" in spec["argv"]
+    assert any("load_ipython_extension" in a for a in spec["argv"])
     assert spec["env"]["PW_NUM_CPU_DEVICES"] == "8" and spec["env"]["JAX_NUM_CPU_DEVICES"] == "8"
 
 
@@ -218,6 +218,9 @@ def test_the_pathways_kernel_has_8_devices_and_the_magics_loaded(kernel):
     kernel.run("import jax.numpy as jnp\nimport pw_kernel as pw\nwide = pw.slice(8, name='wide')")
     reply = kernel.run("%%pathways --block --slice wide\nw = jnp.arange(8.0) * 2\nw.sum()")  # no %load_ext
     assert "Array(56., dtype=float32)" in reply.text
+    # a tutorial's own `%load_ext pw_kernel`, written for any kernel, says nothing here
+    reply = kernel.run("%load_ext pw_kernel")
+    assert reply.text.strip() == "" and "already loaded" not in reply.stdout + reply.stderr
 
 
 def test_a_devices_option_sets_the_simulated_device_count(tmp_path):

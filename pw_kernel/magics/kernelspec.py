@@ -23,16 +23,20 @@ from ..runtime import DEFAULT_CPU_DEVICES
 
 KERNEL_NAME = "pathways"
 DISPLAY_NAME = "Python 3 (Pathways)"
+# Loaded by a startup line, not `--ext`: IPython's extension manager then does not count it as
+# loaded, so a notebook's own `%load_ext pw_kernel` (written to run in any kernel) stays silent
+# instead of printing "already loaded"; the extension itself registers only once per shell.
+LOAD_EXTENSION = "--IPKernelApp.exec_lines=__import__('pw_kernel').load_ipython_extension(get_ipython())"
 
 
 def kernel_spec(
     devices: int = DEFAULT_CPU_DEVICES, python: str | None = None, display_name: str = DISPLAY_NAME
 ) -> dict[str, Any]:
-    """The kernel.json contents: ipykernel on ``python`` with ``--ext=pw_kernel`` and ``devices`` CPU devices."""
+    """The kernel.json contents: ipykernel on ``python`` with the extension loaded and ``devices`` CPU devices."""
     if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
         raise ValueError(f"`--devices` must be a positive number of simulated CPU devices; got {devices!r}.")
     return {
-        "argv": [python or sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}", "--ext=pw_kernel"],
+        "argv": [python or sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}", LOAD_EXTENSION],
         "display_name": display_name,
         "language": "python",
         "env": {"PW_NUM_CPU_DEVICES": str(devices), "JAX_NUM_CPU_DEVICES": str(devices)},
