@@ -106,7 +106,11 @@ def slice(n: int, mesh: dict[str, int] | None = None, name: str | None = None, i
         s = pw.slice(4, mesh={"data": 2, "model": 2}, name="a")
         s.mesh, s.devices, s.sharding("data", None)
     """
-    return controller().slice(n, mesh=mesh, name=name, island=island)
+    try:
+        return controller().slice(n, mesh=mesh, name=name, island=island)
+    except PathwaysError as e:
+        # The message names the call and the fix; the resource manager's frames would only bury it.
+        raise e.with_traceback(None) from None
 
 
 def show_mesh(obj=None, **kwargs):

@@ -38,8 +38,20 @@ def raises(exc, message):
 
 # --------------------------------------------------------------- slices
 def test_slice_larger_than_the_devices(env):
-    with raises(pw.SliceError, "`pw.slice(9)`: no island has 9 devices (island sizes: [8]"):
+    with raises(pw.SliceError, "`pw.slice(9)`: no island has 9 devices (island sizes: [8]") as err:
         pw.slice(9)
+    # more simulated devices need a new process; larger islands cannot help
+    assert "python -m pw_kernel install --user --devices 9" in str(err.value)
+    assert "JAX_NUM_CPU_DEVICES=9" in str(err.value) and "Config(islands" not in str(err.value)
+    # the traceback ends at the call the user made, not in the resource manager
+    assert err.traceback[-1].name == "slice" and err.traceback[-1].path.name == "__init__.py"
+
+
+def test_slice_larger_than_an_island_but_not_than_the_devices(ctl):
+    pw.init(pw.Config(islands=[[0, 1, 2, 3], [4, 5, 6, 7]]))
+    with raises(pw.SliceError, "no island has 6 devices (island sizes: [4, 4]") as err:
+        pw.slice(6)
+    assert "pw.init(pw.Config(islands=...))" in str(err.value)
 
 
 def test_mesh_that_does_not_multiply_to_n(env):

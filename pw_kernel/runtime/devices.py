@@ -295,6 +295,20 @@ class ResourceManager:
             )
         return {str(k): int(v) for k, v in mesh.items()}
 
+    def _more_devices_hint(self, n: int, sizes: list[int]) -> str:
+        """How to get ``n`` devices on one island: larger islands if the devices exist, else more devices."""
+        local = sum(len(i.devices) for i in self.islands if i.remote is None)
+        if local >= n:
+            return "or configure larger islands with `pw.init(pw.Config(islands=...))`."
+        if all(d.platform == "cpu" for i in self.islands for d in i.devices):
+            # Simulated CPU devices are fixed when JAX's backend starts; only a new process changes them.
+            return (
+                f"or simulate more CPU devices, fixed when JAX starts: run `python -m pw_kernel install --user "
+                f"--devices {n}` and restart the \"Python 3 (Pathways)\" kernel, or start Python with "
+                f"JAX_NUM_CPU_DEVICES={n} in its environment."
+            )
+        return f"or add islands from other hosts with `pw.add_ray_islands(...)` (this process has {local} devices)."
+
     def _pick_island(self, n: int, island: int | Island | None) -> Island:
         if island is not None:
             iid = island.id if isinstance(island, Island) else island
@@ -318,7 +332,7 @@ class ResourceManager:
             raise SliceError(
                 f"`pw.slice({n})`: no island has {n} devices (island sizes: {sizes}; all devices: "
                 f"{sum(sizes)}). A slice lives on one island: ask for at most {max(sizes)} devices, "
-                f"or configure larger islands with `pw.init(pw.Config(islands=...))`."
+                + self._more_devices_hint(n, sizes)
             )
 
         def cost(i: Island):
