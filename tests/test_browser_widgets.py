@@ -122,6 +122,20 @@ RunWidget(bad)""",
     "while run.progress[0] < run.progress[1] // 2 and not run.done():\n    time.sleep(0.05)",
     # 11: a timeline made after a run: its data is in its initial state
     "timeline(quick_run, live=False)",
+    # 12-14: the README's pictures, of a finished run and of the paper's example
+    "run.wait(120)\ntimeline(run, live=False)",
+    """pa = pw.compiled(lambda x: x * 2, slice=a, name="a")
+pb = pw.compiled(lambda x: x + 1, slice=a, name="b")
+pc = pw.compiled(lambda x: x / 2, slice=b, name="c")
+
+@pw.program
+def paper(v):
+    x = pa(v)
+    y = pb(x)
+    z = pa(pc(x))
+    return y, z
+
+paper.trace(jnp.arange(8.0))""",
 ]
 
 
@@ -497,6 +511,32 @@ def test_a_timeline_made_after_a_run_shows_it_and_no_static_fallback_is_used(pag
     expect(snap.locator(".pw-tl-legend")).to_contain_text("quick")
     assert page.locator(".pw-static:not(.pw-graph)").count() == 0  # JupyterLab shows the widgets, not fallbacks
     _shot(snap, "timeline_snapshot")
+
+
+#: The README's widget pictures: (README file name, cell, what to shoot in its output), refreshed by each run of
+#: this test from real JupyterLab, so a change to a widget shows up as a changed picture in the repository.
+README_SHOTS = [
+    ("mesh.png", 2, ".pw-mesh"),
+    ("run.png", 6, ".pw-run"),
+    ("timeline.png", 12, ".pw-timeline"),
+    ("graph.png", 13, ".jp-OutputArea-output"),
+]
+SCREENSHOTS = REPO / "docs" / "screenshots"
+
+
+def test_the_readme_pictures_are_taken_from_these_widgets(page):
+    readme = (REPO / "README.md").read_text()
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    expect(_cell_output(page, 6).locator(".pw-run")).to_have_attribute("data-state", "done", timeout=120_000)
+    for name, cell, selector in README_SHOTS:
+        assert f"docs/screenshots/{name}" in readme, f"README.md should show docs/screenshots/{name}"
+        target = _cell_output(page, cell).locator(selector).first
+        expect(target).to_be_visible(timeout=120_000)
+        target.screenshot(path=str(SCREENSHOTS / name))
+    # the timeline shows the whole finished run: 24 compute bars and its transfers
+    tl = _cell_output(page, 12).locator(".pw-timeline")
+    assert int(tl.get_attribute("data-events")) > 48
+    expect(tl.locator(".pw-tl-legend")).to_contain_text("step")
 
 
 def test_no_widget_errors_in_the_console(page):
