@@ -270,6 +270,39 @@ def test_a_run_failing_while_idle_is_reported_once_at_the_next_cell(gated, open_
     assert not RUNTIME_FRAME.search(shown.traceback.split("NodeError:")[0]), shown.traceback
 
 
+def _widget_errors(messages, run_name: str) -> list[str]:
+    """The errors run widgets showed for the run named ``run_name``, from their state updates."""
+    states = [m["content"]["data"].get("state", {}) for m in messages if m["msg_type"] in ("comm_open", "comm_msg")]
+    return [st["error"] for st in states if f"{run_name!r})" in st.get("error", "")]
+
+
+def test_a_failing_cell_shows_its_error_once_and_condensed(gated):
+    k = gated
+    k.run("gate.set()")
+    # a run whose widget shows its failure: the error there is condensed to the user's frames
+    quick = k.run("%%pathways --mode chained --name quick\nx = b(v)\ny = broken(x)\n")
+    if not _widget_errors(quick.messages, "quick"):  # the widget's own sync may follow the reply
+        quick.messages.append(k.wait_for(lambda m: bool(_widget_errors([m], "quick")), timeout=30))
+    error = _widget_errors(quick.messages, "quick")[-1]
+    assert "ValueError: the sensor returned garbage" in error and re.search(r"Cell In\[\d+\], line \d+, in _broken", error)
+    assert not re.search(r"threading\.py|dispatch\.py|callback\.py|CpuCallback", error), error
+    # ... and reported at most once more: after the next cell if it failed after its own cell had ended
+    assert (quick.text + k.run("1 + 1").text + k.run("2 + 2").text).count("'quick' failed after the cell") <= 1
+
+    # with --block the cell raises the traceback; the run widget names the error in one line, JAX logs nothing
+    reply = k.execute("%%pathways --block --mode chained --name once\nx = b(v)\ny = broken(x)\n")
+    assert reply.status == "error" and reply.ename == "NodeError"
+    assert reply.traceback.count("ValueError: the sensor returned garbage") == 1
+    assert "CpuCallback" not in reply.traceback
+    assert "callback failed" not in reply.stderr and "Traceback" not in reply.stderr
+    updates = [m["content"]["data"]["text/plain"] for m in reply.messages if m["msg_type"] == "update_display_data"]
+    assert "the sensor returned garbage (the traceback is below)" in updates[-1], updates
+    if not _widget_errors(reply.messages, "once"):
+        reply.messages.append(k.wait_for(lambda m: bool(_widget_errors([m], "once")), timeout=30))
+    error = _widget_errors(reply.messages, "once")[-1]
+    assert error.endswith("ValueError: the sensor returned garbage (the traceback is below)") and "\n" not in error
+
+
 def test_a_long_blocking_cell_refreshes_its_runs_display(gated, open_gate):
     k = gated
     k.run("import pw_kernel.magics.magics as m\nsaved = m.PROGRESS_AFTER_S, m.PROGRESS_EVERY_S")

@@ -175,6 +175,7 @@ y * 10
     np.testing.assert_allclose(nb.ns["y"], [3.0, 5.0])
     np.testing.assert_allclose(cell.result.result, [30.0, 50.0])
     assert pw.controller().runs[-1].state == "done"
+    assert "y = Array float32[2]" in cell.text and "Future" not in cell.text  # the view says what y is now
 
 
 def test_loops_augmented_assignment_unpacking_helpers_and_print_work_in_a_cell(nb):
@@ -416,7 +417,7 @@ y = broken(x)
     assert "dispatch.py" not in shown.stdout and "in _broken" in shown.stdout
 
 
-def test_a_failure_raised_by_block_is_not_reported_again(nb):
+def test_a_failure_raised_by_block_is_not_reported_again(nb, caplog):
     nb.ns["gate"].set()
     cell = nb.fail(
         """%%pathways --block --mode chained
@@ -428,6 +429,12 @@ y = broken(x)
     assert f"Cell In[{cell.number}], line 3: y = broken(x)" in str(cell.error)
     assert not RUNTIME_FRAME.search(cell.stdout), cell.stdout
     assert "failed after the cell" not in nb.run("1 + 1").text
+    # shown once: the cell's error has the traceback, the run's view only names it, JAX logs nothing
+    assert "failed: a host callback raised: Traceback" in str(cell.error) and "CpuCallback" not in str(cell.error)
+    shown = "\n".join(o.get("text/plain", "") for o in cell.outputs)  # the run's view, not the error
+    assert "ValueError: the sensor returned garbage (the traceback is below)" in shown
+    assert "in _broken" not in shown and "Traceback" not in shown
+    assert "callback failed" not in cell.stderr + caplog.text  # JAX's own log line of the callback's traceback
 
 
 def test_a_failure_in_a_fused_run_points_at_the_cells_lines(nb):

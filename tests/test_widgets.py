@@ -452,7 +452,12 @@ def test_run_widget_follows_a_run_to_done(ctl2):
     _, _, step, x = two_slice_program()
     run = step.submit(x)
     w = RunWidget(run, {"y": run.outputs, "pair": (run.outputs, run.outputs)})
-    assert w.outputs[0] == {"name": "y", "type": "float32[8,8]", "sharding": "P('stage', None) on {'stage': 4}"}
+    assert w.outputs[0] == {
+        "name": "y",
+        "kind": "Future",
+        "type": "float32[8,8]",
+        "sharding": "P('stage', None) on {'stage': 4}",
+    }
     assert w.outputs[1]["type"] == "float32[8,8], float32[8,8]"
     wait_until(lambda: w.state == "done", what="the widget to reach done")
     assert (w.done, w.total) == (run.nodes_total, run.nodes_total)

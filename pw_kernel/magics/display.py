@@ -14,8 +14,8 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from ..runtime import busy_by_device, describe_sharding, short_error
-from ..widgets._html import CROSS_ISLAND, RUN_PALETTE, esc, percent_done, state_colour
+from ..runtime import busy_by_device, short_error
+from ..widgets._html import CROSS_ISLAND, RUN_PALETTE, describe_outputs, esc, percent_done, state_colour
 from ..widgets.graph import graph_html
 
 MAX_TABLE_ROWS = 200
@@ -96,10 +96,6 @@ def _text_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
-def _type_str(fut) -> str:
-    return f"{fut.dtype.name}[{','.join(map(str, fut.shape))}]"
-
-
 _FRAME = re.compile(r'^(\s*)File "([^"]+)", line (\d+), in (.+)$')
 
 
@@ -137,6 +133,23 @@ def condense_frames(
     return text
 
 
+def error_headline(text: str) -> str:
+    """The first line of an error, with a quoted traceback's own last line (its exception) as the cause.
+
+    Example::
+
+        error_headline("NodeError: node 'f' failed: a host callback raised: Traceback (...):\n  ...\nValueError: x")
+        # "NodeError: node 'f' failed: ValueError: x"
+    """
+    lines = text.splitlines()
+    head = lines[0] if lines else ""
+    cause = next((line for line in reversed(lines[1:]) if line and not line[0].isspace()), None)
+    m = re.match(r"(.*?failed: )(?:a host callback raised: )?Traceback \(", head)
+    if m is not None and cause is not None:
+        return m.group(1) + cause
+    return head
+
+
 # ---------------------------------------------------------------------- runs
 def progress_line(run) -> str:
     """One line of progress for a terminal: ``run 3 'In[5]' running 4/10 nodes, 2.3 s``."""
@@ -155,17 +168,13 @@ def run_view(
     error = None if run.error is None else condense(f"{type(run.error).__name__}: {run.error}")
     done, total = run.progress
     outputs = outputs or {}
-    outs = []
-    for name, fut in outputs.items():
-        leaves = fut if isinstance(fut, (list, tuple)) else [fut]
-        desc = ", ".join(f"{_type_str(f)} {describe_sharding(f.sharding)}" for f in leaves if hasattr(f, "shape"))
-        outs.append((name, desc))
+    outs = [(r["name"], f'{r["kind"]} {r["type"]} {r["sharding"]}') for r in describe_outputs(outputs)]
     head = (
         f"run {run.id} {run.name!r}: {run.state}, {done}/{total} nodes, {run.elapsed:.3f} s, "
         f"mode={run.mode}, tenant={run.tenant!r}"
     )
     lines = [head]
-    lines += [f"  {name} = Future {desc}" for name, desc in outs]
+    lines += [f"  {name} = {desc}" for name, desc in outs]
     if run.error is not None and run.state != "cancelled":
         lines.append("  error: " + short_error(error).replace("\n", "\n  "))
     text = "\n".join(lines)
@@ -176,7 +185,7 @@ def run_view(
         f"tenant <code>{esc(run.tenant)}</code></div>"
     ]
     if outs:
-        parts.append(_table(["output", "type, sharding"], [(f"<code>{esc(n)}</code>", esc(d)) for n, d in outs]))
+        parts.append(_table(["output", "bound to, sharding"], [(f"<code>{esc(n)}</code>", esc(d)) for n, d in outs]))
     if run.error is not None and run.state != "cancelled":
         parts.append(f'<div class="pw-err">{esc(short_error(error, 40))}</div>')
     if timeline and run.events:

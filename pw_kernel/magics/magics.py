@@ -429,24 +429,28 @@ class PathwaysMagics(Magics):
         if args.graph:
             ipy_display(graph if widgets else display.graph_view(graph))
 
+        # With --block a failure is raised in this cell with its traceback: the run's view names it in one line.
+        condense = self._headline if args.block else self._condense
         if widgets:
-            run_widget = widgets.RunWidget(run, leaves)
+            run_widget = widgets.RunWidget(run, leaves, condense=condense)
             timeline_widget = widgets.timeline([run]) if args.timeline else None
 
             def render_run():
-                return display.WithText(run_widget, display.run_view(run, leaves, condense=self._condense))
+                return display.WithText(run_widget, display.run_view(run, leaves, condense=condense))
 
             def render_timeline():
                 return timeline_widget
         else:
 
             def render_run():
-                return display.run_view(run, leaves, condense=self._condense)
+                return display.run_view(run, leaves, condense=condense)
 
             def render_timeline():
                 return display.timeline_view(run.events, title=f"run {run.id} {run.name!r}")
 
         renders = [render_run, render_timeline] if args.timeline else [render_run]
+        if live:  # a view that updates itself shows a failure that comes before the cell ends
+            self.reporter.shown_in_cell(run)
         handles = []
         if live or not args.block:  # a terminal can't update a display: there a blocking cell shows it once, at the end
             handles = [(ipy_display(render(), display_id=True), render) for render in renders]
@@ -458,15 +462,20 @@ class PathwaysMagics(Magics):
 
         progress = _Progress(self._in_kernel(), handles[0] if handles else None, self._condense)
         self._wait([run], args.timeout, "%%pathways --block", progress)
+        values = pw.get(outputs) if run.state == "done" else None
+        if values is not None:  # the names are bound to arrays now, and the views say so
+            leaves.update({k: jax.tree_util.tree_leaves(v) for k, v in values.items()})
+            if widgets:
+                run_widget.outputs = display.describe_outputs(leaves)
         if not live:
             for render in renders:
                 ipy_display(render())
         for handle, render in handles:  # the final state, also when the run took less than a refresh
             handle.update(render())
-        if run.state != "done":
+        if values is None:
             self.reporter.mark_reported(run)
             raise self._presentable(run.error)
-        self.shell.user_ns.update(pw.get(outputs))
+        self.shell.user_ns.update(values)
         return pw.get(result) if result is not None else None
 
     # --------------------------------------------------------------- waiting
@@ -661,6 +670,10 @@ class PathwaysMagics(Magics):
 
     def _condense(self, text: str) -> str:
         return display.condense_frames(text, self._is_user_file, self._cell_label)
+
+    def _headline(self, text: str) -> str:
+        """An error in one line, for a view shown above the same error's traceback."""
+        return display.error_headline(self._condense(text)) + " (the traceback is below)"
 
     def _source_map(self, graph) -> dict[str, str]:
         return {n.name: self._where(*n.source) for n in graph.nodes if n.source is not None}

@@ -34,6 +34,7 @@ class FailureReporter:
         self._last_id = -1
         self._pending: dict[int, Any] = {}  # run id -> run, submitted but not final at the last scan
         self._reported: set[int] = set()
+        self._shown_here: list[Any] = []  # runs whose view the current cell displays
         c = current_controller()
         if c is not None:  # failures from before the extension was loaded are history, not news
             self._adopt(c)
@@ -51,6 +52,11 @@ class FailureReporter:
     def mark_reported(self, run) -> None:
         with self._lock:
             self._reported.add(run.id)
+
+    def shown_in_cell(self, run) -> None:
+        """``run``'s view is displayed by the running cell: if it fails before the cell ends, that view shows it."""
+        with self._lock:
+            self._shown_here.append(run)
 
     def _adopt(self, c) -> None:
         self._controller = weakref.ref(c)
@@ -90,6 +96,9 @@ class FailureReporter:
 
     def post_run_cell(self, result=None) -> None:
         shown = getattr(result, "error_in_exec", None) if result is not None else None
+        with self._lock:
+            here, self._shown_here = self._shown_here, []
+            self._reported.update(r.id for r in here if r.done())  # failed in its own cell: shown right above
         try:
             failed = self.collect(shown)
         except Exception:  # a reporting problem must never break the user's cell

@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 
 import jax
 
+from .callback_logs import quiet_while
 from .config import Config, configure_cpu_devices
 from .devices import Island, ResourceManager, VirtualSlice, build_islands, remote_device_id
 from .dispatch import Dispatcher
@@ -107,6 +108,8 @@ class Controller:
         self._ids = itertools.count()
         self._closed = False
         self.dispatcher = Dispatcher(self, self.lock)
+        # A failing host callback fails its node, reported once; JAX's log line would repeat it, raw.
+        self._unquiet = quiet_while(lambda: bool(self._live))
 
     # ------------------------------------------------------------- public API
     def slice(self, n: int, mesh: dict[str, int] | None = None, name: str | None = None, island=None) -> VirtualSlice:
@@ -275,6 +278,7 @@ class Controller:
                 self._apply(self.lifecycle.handle(run._rec, "shutdown", now))
         self.dispatcher.stop(timeout)
         self.resources.release_all()
+        self._unquiet()
 
     @property
     def closed(self) -> bool:

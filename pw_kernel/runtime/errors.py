@@ -6,6 +6,7 @@ Messages name the API in backticks, show what was received and say what to do.
 from __future__ import annotations
 
 import concurrent.futures
+import re
 
 
 class PathwaysError(Exception):
@@ -88,6 +89,26 @@ class GraphvizError(PathwaysError):
 
 class InvalidTransition(AssertionError):
     """An internal bug: a run lifecycle event that its state does not accept."""
+
+
+# XLA's wrapper around an exception raised by a Python host callback (jax.pure_callback, io_callback,
+# jax.debug.callback): "INTERNAL: CpuCallback error calling callback: Traceback ...". The quoted
+# traceback already ends with the user's exception; the wrapper's words only hide it.
+_CALLBACK_WRAPPER = re.compile(r"^(?:[A-Z_]+: )?\w*Callback error(?: calling callback)?: (?=Traceback)", re.S)
+
+
+def describe_cause(exc: BaseException) -> str:
+    """``Type: message`` of a node's exception; for XLA's host-callback wrapper, the callback's own traceback.
+
+    Example::
+
+        describe_cause(ValueError("bad"))  # 'ValueError: bad'
+    """
+    text = str(exc)
+    m = _CALLBACK_WRAPPER.match(text)
+    if m is not None:
+        return "a host callback raised: " + text[m.end() :]
+    return f"{type(exc).__name__}: {text}"
 
 
 def short_error(err: BaseException | str | None, max_lines: int = 12) -> str:

@@ -22,7 +22,14 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from .errors import CancelledError, ControllerShutdownError, InputFailedError, InvalidTransition, NodeError
+from .errors import (
+    CancelledError,
+    ControllerShutdownError,
+    InputFailedError,
+    InvalidTransition,
+    NodeError,
+    describe_cause,
+)
 from .scheduler import FIFO, Policy
 
 if TYPE_CHECKING:
@@ -439,7 +446,7 @@ class Lifecycle:
         step_name = step.name if step is not None else "<dispatcher>"
         err = NodeError(
             f"node {step_name!r} of program {rec.program!r} (run {rec.id}, {rec.name!r}) failed: "
-            f"{type(exc).__name__}: {exc}{src}",
+            f"{describe_cause(exc)}{src}",
             run_id=rec.id,
             program=rec.program,
             node=step_name,

@@ -14,6 +14,10 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
+from ..runtime import Future, describe_sharding
+
 #: Distinct hues first (dark), then their light partners: 8 devices get 8 clearly different colours.
 DEVICE_PALETTE: tuple[str, ...] = (
     "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
@@ -285,7 +289,7 @@ def run_html(s: Mapping[str, Any]) -> str:
             '<table class="pw-run-outputs" style="border-collapse:collapse;margin-top:2px">'
             + "".join(
                 f'<tr><td style="padding:0 8px 0 0"><code>{esc(r["name"])}</code></td>'
-                f'<td style="padding:0 8px 0 0">Future <code>{esc(r["type"])}</code></td>'
+                f'<td style="padding:0 8px 0 0">{esc(r.get("kind", "Future"))} <code>{esc(r["type"])}</code></td>'
                 f'<td style="color:#555">{esc(r["sharding"])}</td></tr>'
                 for r in rows
             )
@@ -310,3 +314,26 @@ def legend_html(entries: Iterable[tuple[str, str]], more: int = 0) -> str:
         f'border:1.5px solid {CROSS_ISLAND};vertical-align:middle"></span> cross-island transfer</span>'
     )
     return f'<div class="pw-legend" style="margin:2px 0 4px">{items}</div>'
+
+
+def describe_outputs(outputs: Mapping[str, Any] | None) -> list[dict[str, str]]:
+    """``{name: value or tuple of values}`` as rows of name, kind, type (``float32[8,8]``) and sharding.
+
+    The kind is what the name is bound to: ``Future`` until ``--block`` binds the arrays.
+
+    Example::
+
+        describe_outputs({"y": fut})  # [{'name': 'y', 'kind': 'Future', 'type': 'float32[8]', 'sharding': ...}]
+    """
+    rows = []
+    for name, value in (outputs or {}).items():
+        leaves = value if isinstance(value, (list, tuple)) else [value]
+        types, shardings, kinds = [], [], set()
+        for f in leaves:
+            if hasattr(f, "shape") and hasattr(f, "dtype"):
+                types.append(f"{np.dtype(f.dtype).name}[{','.join(map(str, f.shape))}]")
+                shardings.append(describe_sharding(getattr(f, "sharding", None)))
+                kinds.add("Future" if isinstance(f, Future) else "Array")
+        kind = kinds.pop() if len(kinds) == 1 else "Future" if kinds else ""
+        rows.append({"name": str(name), "kind": kind, "type": ", ".join(types), "sharding": "; ".join(shardings)})
+    return rows

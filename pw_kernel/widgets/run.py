@@ -5,32 +5,17 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
-import numpy as np
 import traitlets as t
 
-from ..runtime import FINAL, describe_sharding, short_error
+from ..runtime import FINAL, short_error
 from . import _html
 from ._base import STATIC, PwWidget, controller_of, ticker
 from ._devices import slice_devices
 
 MAX_MINI_BARS = 1500
 MINI_PERIOD = 0.25  # seconds between two updates of the mini timeline (the bar and counters go at ~10 Hz)
-
-
-def describe_outputs(outputs: dict[str, Any] | None) -> list[dict[str, str]]:
-    """``{name: future or tuple of futures}`` as rows of name, type (``f32[8,8]``) and sharding."""
-    rows = []
-    for name, value in (outputs or {}).items():
-        leaves = value if isinstance(value, (list, tuple)) else [value]
-        types, shardings = [], []
-        for f in leaves:
-            if hasattr(f, "shape") and hasattr(f, "dtype"):
-                types.append(f"{np.dtype(f.dtype).name}[{','.join(map(str, f.shape))}]")
-                shardings.append(describe_sharding(getattr(f, "sharding", None)))
-        rows.append({"name": str(name), "type": ", ".join(types), "sharding": "; ".join(shardings)})
-    return rows
 
 
 class RunWidget(PwWidget):
@@ -60,9 +45,18 @@ class RunWidget(PwWidget):
     bars = t.List(t.Float()).tag(sync=True)  # flat: lane, start ns, end ns, kind (0 compute, 1 glue, 2 transfer)
     outputs = t.List(t.Dict()).tag(sync=True)  # the names a cell bound: {name, type, sharding}
 
-    def __init__(self, run: Any, outputs: dict[str, Any] | None = None, *, live: bool = True, **kwargs: Any):
+    def __init__(
+        self,
+        run: Any,
+        outputs: dict[str, Any] | None = None,
+        *,
+        live: bool = True,
+        condense: Callable[[str], str] = str,
+        **kwargs: Any,
+    ):
         self.run = run
-        kwargs.setdefault("outputs", describe_outputs(outputs))
+        self._condense = condense  # shortens quoted tracebacks, as the notebook's other error views do
+        kwargs.setdefault("outputs", _html.describe_outputs(outputs))
         self._lock = threading.RLock()
         self._pending: collections.deque[Any] = collections.deque()
         self._dirty = False
@@ -139,7 +133,7 @@ class RunWidget(PwWidget):
             self.program = str(getattr(graph, "name", run.name))
             self.done, self.total = int(done), int(total)
             self.elapsed = float(run.elapsed)
-            self.error = short_error(err)
+            self.error = short_error(None if err is None else self._condense(f"{type(err).__name__}: {err}"))
             self.mode = str(getattr(run, "mode", ""))
             self.tenant = str(getattr(run, "tenant", ""))
             if mini:
@@ -184,4 +178,4 @@ class RunWidget(PwWidget):
         )
 
 
-__all__ = ["RunWidget", "describe_outputs"]
+__all__ = ["RunWidget"]

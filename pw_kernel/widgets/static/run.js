@@ -76,7 +76,7 @@ function render({ model, el }) {
       const name = h("td");
       name.appendChild(h("code", "", row.name));
       const type = h("td");
-      type.append("Future ", h("code", "", row.type));
+      type.append(`${row.kind || "Future"} `, h("code", "", row.type));
       tr.append(name, type, h("td", "pw-sub", row.sharding));
       outputs.appendChild(tr);
     }
