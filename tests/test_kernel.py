@@ -303,6 +303,20 @@ def test_a_failing_cell_shows_its_error_once_and_condensed(gated):
     assert error.endswith("ValueError: the sensor returned garbage (the traceback is below)") and "\n" not in error
 
 
+def test_a_timeline_cell_updates_in_place_and_never_shows_up_in_a_later_cell(gated, open_gate):
+    k = gated
+    first = k.run("%%pathways --timeline --name tl\nx = held(v)\n")
+    assert sum(m["msg_type"] == "display_data" for m in first.messages) == 2  # the run and its timeline
+    later = k.submit("1 + 1")  # the run finishes while this cell is the latest one
+    open_gate()
+    seen = []
+    k.wait_for(lambda m: seen.append(m) or display_update("'tl': done")(m), timeout=30)
+    reply = k.finish(later)
+    settle = k.run("time.sleep(0.5)")  # two refresh periods of the live displays
+    shown_later = [m for m in seen + reply.messages + settle.messages + k.backlog if m["msg_type"] == "display_data"]
+    assert shown_later == [], [m["content"]["data"].get("text/plain") for m in shown_later]
+
+
 def test_a_long_blocking_cell_refreshes_its_runs_display(gated, open_gate):
     k = gated
     k.run("import pw_kernel.magics.magics as m\nsaved = m.PROGRESS_AFTER_S, m.PROGRESS_EVERY_S")

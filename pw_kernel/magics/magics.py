@@ -112,6 +112,22 @@ def _widgets():
     return widgets
 
 
+def _update(handle, obj) -> None:
+    """Replace what ``handle`` shows with ``obj``, in place.
+
+    `DisplayHandle.update` hands an object with ``_ipython_display_`` (our widgets) to that method,
+    which displays it anew in whatever cell is running now; its mimebundle, sent by display id, updates
+    the original display instead.
+    """
+    if hasattr(obj, "_ipython_display_") and hasattr(obj, "_repr_mimebundle_"):
+        bundle = obj._repr_mimebundle_()
+        if bundle is not None:
+            data, metadata = bundle
+            handle.update(data, metadata=metadata, raw=True)
+        return
+    handle.update(obj)
+
+
 class _LiveDisplays:
     """Refreshes the displays of unfinished runs from one background thread (in a kernel only)."""
 
@@ -152,7 +168,7 @@ class _LiveDisplays:
                 key = (run.state, run.nodes_done)
                 if key != last:
                     try:
-                        handle.update(render())
+                        _update(handle, render())
                     except Exception:  # the front-end went away: stop refreshing this one
                         finished.append(item)
                         continue
@@ -183,7 +199,7 @@ class _Progress:
             return
         if self.handle is not None:  # the run's own display: refresh it (elapsed time, nodes done)
             handle, render = self.handle
-            handle.update(render())
+            _update(handle, render())
             return
         view = display.run_view(run, condense=self.condense)
         if self.own is None:
@@ -471,7 +487,7 @@ class PathwaysMagics(Magics):
             for render in renders:
                 ipy_display(render())
         for handle, render in handles:  # the final state, also when the run took less than a refresh
-            handle.update(render())
+            _update(handle, render())
         if values is None:
             self.reporter.mark_reported(run)
             raise self._presentable(run.error)
