@@ -516,6 +516,25 @@ def test_status_shows_islands_slices_and_runs_with_state_and_progress(nb):
     assert "<code>s</code>" in html and re.search(r"</span></span> (\d+)/\1<", html)
 
 
+def test_status_lists_the_recent_runs_and_counts_the_rest(nb):
+    for k in range(14):
+        nb.run(f"%%pathways --block --name quick{k}\ny = a(v)\n")
+    view = nb.ip.run_line_magic("pathways", "status")
+    text, html = repr(view), view._repr_html_()
+    assert "quick13" in text and "quick4" in text and "quick3 " not in text  # the last ten
+    assert "... and 4 earlier finished runs" in text and "... and 4 earlier finished runs" in html
+    assert html.count("<code>quick") == 10
+
+
+def test_status_keeps_every_run_in_flight_however_old():
+    from pw_kernel.runtime.controller import RunSummary, Status
+
+    runs = [RunSummary(0, "slow", "running", 1, 4)] + [RunSummary(i, f"r{i}", "done", 1, 1) for i in range(1, 30)]
+    status = Status(islands=(), slices=(), runs=tuple(runs), inflight={}, policy="fifo")
+    shown, hidden = status.recent_runs(recent=10)
+    assert [r.name for r in shown] == ["slow", *[f"r{i}" for i in range(20, 30)]] and hidden == 19
+
+
 def test_devices_shows_every_device_and_the_slices_on_it(nb):
     view = nb.ip.run_line_magic("pathways", "devices")
     assert "island 0 (cpu, 8 devices)" in repr(view)

@@ -213,6 +213,9 @@ def test_fully_replicated_single_device_future_and_sharding(ctl2):
     fut = step(x)  # a Future: shape and sharding known before anything ran
     mf = show_mesh(fut)
     assert mf.kind == "array" and mf.array["type"] == "f32[8,8]" and mf.axis_names == ["stage"]
+    # labelled with the name the notebook gave it, or neutrally
+    assert (mf.array["name"], m.array["name"], show_mesh(fut, name="y").array["name"]) == ("fut", "one", "y")
+    assert pw.show_mesh(one).array["name"] == "one" and show_mesh(jnp.ones(8)).array["name"] == "array"
     fut.result(30)
     ms = show_mesh(a.sharding("data", "model"), shape=(8, 8))
     assert ms.array["summary"] == "4 shards, one per device"

@@ -326,7 +326,8 @@ def status_view(status, runs: Sequence[Any] = ()) -> View:
     ]
     by_id = {r.id: r for r in runs}
     run_rows = []
-    for summary in status.runs[-MAX_TABLE_ROWS:]:
+    shown, hidden = status.recent_runs()
+    for summary in shown:
         r = by_id.get(summary.id)
         state = summary.state
         elapsed = f"{r.elapsed:.3f} s" if r is not None else ""
@@ -346,6 +347,12 @@ def status_view(status, runs: Sequence[Any] = ()) -> View:
             _table(["run", "name", "state", "progress", "elapsed", "compile", "error"], run_rows)
             if run_rows
             else "<div>no runs</div>"
+        )
+        + (
+            f'<div style="color:#555">... and {hidden} earlier finished runs '
+            "(<code>pw.controller().runs</code> has them all)</div>"
+            if hidden
+            else ""
         )
     )
     return View(text, _page(body))

@@ -55,6 +55,17 @@ class Status:
             out[r.state] = out.get(r.state, 0) + 1
         return out
 
+    def recent_runs(self, recent: int = 10) -> tuple[list[RunSummary], int]:
+        """The runs worth listing: every one not yet final and the last ``recent``; and how many are left out.
+
+        Example::
+
+            shown, hidden = pw.controller().status().recent_runs()
+        """
+        last = {r.id for r in self.runs[-recent:]} if recent > 0 else set()
+        shown = [r for r in self.runs if r.id in last or r.state not in FINAL]
+        return shown, len(self.runs) - len(shown)
+
     def __str__(self) -> str:
         lines = [f"pw_kernel controller: {len(self.islands)} islands, policy {self.policy}"]
         for i in self.islands:
@@ -64,9 +75,12 @@ class Status:
             lines.append(f"  {s!r}")
         counts = ", ".join(f"{v} {k}" for k, v in sorted(self.counts().items())) or "none"
         lines.append(f"runs: {counts}")
-        for r in self.runs[-10:]:
+        shown, hidden = self.recent_runs()
+        for r in shown:
             compiled = f"  compiled in {r.compile_s * 1e3:.0f} ms" if r.compile_s else ""
             lines.append(f"  run {r.id:4d} {r.name:24s} {r.state:9s} {r.done}/{r.total}{compiled}")
+        if hidden:
+            lines.append(f"  ... and {hidden} earlier finished runs (`pw.controller().runs` has them all)")
         return "\n".join(lines)
 
 

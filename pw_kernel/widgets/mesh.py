@@ -11,6 +11,7 @@ facets; meshes above 2-D are faceted the same way.
 from __future__ import annotations
 
 import itertools
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -333,7 +334,7 @@ def model_of(
     )
     if sharding is not None:
         arr = array_layout(
-            shape, dtype if dtype is not None else np.float32, sharding, name or "x", state["device_ids"]
+            shape, dtype if dtype is not None else np.float32, sharding, name or "array", state["device_ids"]
         )
         mesh_desc = "×".join(f"{n}={s}" for n, s in zip(names, grid.shape))
         state.update(kind="array", array=arr, title=f"{arr['type']} {arr['spec']} over mesh {mesh_desc}")
@@ -452,8 +453,28 @@ def show_mesh(obj: Any = None, *, shape=None, dtype=None, name: str | None = Non
         pw.show_mesh(s)         # the slice's mesh
         pw.show_mesh(x)         # where each shard of x lives
         pw.show_mesh()          # every device by island, with the slices placed on it
+
+    The array is labelled ``name``, else the caller's variable that holds it (``z`` for
+    ``pw.show_mesh(z)``), else "array".
     """
+    if name is None and obj is not None:
+        name = _callers_name_for(obj) or "array"
     return MeshWidget(obj, shape=shape, dtype=dtype, name=name)
+
+
+def _callers_name_for(obj: Any) -> str | None:
+    """The name the first caller outside pw_kernel gives ``obj`` (its locals, then its globals), if any."""
+    package = __name__.split(".")[0]
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] == package:
+        frame = frame.f_back
+    if frame is None:
+        return None
+    for scope in (frame.f_locals, frame.f_globals):
+        for key, value in scope.items():
+            if value is obj and not key.startswith("_"):
+                return key
+    return None
 
 
 __all__ = ["MeshWidget", "array_layout", "mesh_facets", "model_of", "show_mesh"]
