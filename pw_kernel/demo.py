@@ -83,7 +83,7 @@ def summary(runs, wall: float) -> str:
         for d in isl.devices:
             mine = [e for e in events if d.id in e.devices]
             slices = ",".join(s.name for s in c.resources.slices if d in s.devices) or "-"
-            mb = sum(e.nbytes for e in mine if e.devices and e.devices[0] == d.id) / 1e6
+            mb = sum(e.nbytes / len(e.devices) for e in mine) / 1e6  # a node's outputs, shared by its devices
             lines.append(
                 f"{str(d):>10} {isl.id:>6} {slices:<18} {len(mine):>6} {busy.get(d.id, 0) / 1e6:>9.2f} "
                 f"{busy.get(d.id, 0) / span:>6.0%} {mb:>8.2f}"
@@ -93,7 +93,8 @@ def summary(runs, wall: float) -> str:
         kinds[e.kind] = kinds.get(e.kind, 0) + 1
     lines.append(
         f"{len(runs)} runs, {len(events)} node executions ({', '.join(f'{v} {k}' for k, v in kinds.items())}); "
-        f"device span {span / 1e6:.1f} ms, wall {wall * 1e3:.1f} ms"
+        f"device span {span / 1e6:.1f} ms, wall {wall * 1e3:.1f} ms; MB out: the bytes of each node's outputs, "
+        f"split evenly over the devices it ran on"
     )
     return "\n".join(lines)
 
