@@ -417,6 +417,23 @@ y = broken(x)
     assert "dispatch.py" not in shown.stdout and "in _broken" in shown.stdout
 
 
+def test_a_program_defined_in_a_cell_that_fails_later_points_at_its_cell(nb):
+    defined = nb.run(
+        """@pw.program
+def sense(v):
+    x = a(v)
+    return broken(x)
+
+out = sense(v)
+"""
+    )
+    nb.ns["gate"].set()
+    assert nb.ns["out"].run.wait(20).state == "failed"
+    report = nb.run("1 + 1")
+    assert f"at Cell In[{defined.number}], line 4" in report.text, report.text
+    assert ".py, line 4" not in report.text  # not the cell's temporary file
+
+
 def test_a_failure_raised_by_block_is_not_reported_again(nb, caplog):
     nb.ns["gate"].set()
     cell = nb.fail(

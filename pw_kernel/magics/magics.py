@@ -685,7 +685,15 @@ class PathwaysMagics(Magics):
         return f"{label}, line {line}" + (f": {text}" if text else "")
 
     def _condense(self, text: str) -> str:
-        return display.condense_frames(text, self._is_user_file, self._cell_label)
+        return self._relabel(display.condense_frames(text, self._is_user_file, self._cell_label))
+
+    def _relabel(self, text: str) -> str:
+        """``text`` with every cell's temporary filename read as ``Cell In[N]`` (frames and "at ..." lines)."""
+        files = {**getattr(self.shell.compile, "_filename_map", {}), **self._cell_files}
+        for fname in files:
+            if fname in text:
+                text = text.replace(fname, self._cell_label(fname) or fname)
+        return text
 
     def _headline(self, text: str) -> str:
         """An error in one line, for a view shown above the same error's traceback."""
@@ -719,12 +727,7 @@ class PathwaysMagics(Magics):
         raised later by ``fut.result()`` shows that cell's line, not the runtime's.
         """
         if relabel and err.args and isinstance(err.args[0], str):
-            msg = err.args[0]
-            files = {**getattr(self.shell.compile, "_filename_map", {}), **self._cell_files}
-            for fname in files:
-                if fname in msg:
-                    msg = msg.replace(fname, self._cell_label(fname) or fname)
-            err.args = (msg, *err.args[1:])
+            err.args = (self._relabel(err.args[0]), *err.args[1:])
         if getattr(err, "_render_traceback_", None) is None:
             err._render_traceback_ = functools.partial(
                 _render_user_traceback, self.shell, err, self._is_user_file, self._condense
