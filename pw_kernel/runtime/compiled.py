@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import re
 import threading
 import weakref
 from collections.abc import Callable
@@ -25,6 +26,27 @@ _uids = itertools.count()
 # Compiled functions called while a program is being traced, held strongly until its graph is
 # built: one created inside the traced function (a temporary) must not vanish from the registry.
 _tracing = threading.local()
+
+
+# Collective ops in an optimized HLO module's text (their async forms end in -start).
+_COLLECTIVE = re.compile(
+    r"\b(?:all-reduce|all-gather|reduce-scatter|all-to-all|ragged-all-to-all|collective-permute|"
+    r"collective-broadcast)(?:-start)?\("
+)
+
+
+def has_collectives(compiled: Any) -> bool:
+    """Whether a `jax.stages.Compiled` executable holds collectives (its devices then wait for each other).
+
+    Example::
+
+        has_collectives(jax.jit(f).lower(x).compile())
+    """
+    try:
+        text = compiled.as_text()
+    except Exception:  # some backends cannot print their executables: assume none
+        return False
+    return bool(text) and _COLLECTIVE.search(text) is not None
 
 
 def lookup(jit_name: str) -> CompiledFunction | None:

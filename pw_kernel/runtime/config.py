@@ -31,6 +31,10 @@ class Config:
     #: Nodes dispatched but not yet finished, per island, before the dispatcher
     #: waits. Bounds host memory held by in-flight work; never waits otherwise.
     max_inflight: int = 256
+    #: Of those, nodes whose executable holds collectives (all-reduce, all-gather, ...), per island.
+    #: None: 1 on CPU islands of several devices, where XLA aborts the process when collective
+    #: executions queued together starve each other of threads; otherwise no extra bound.
+    max_inflight_collectives: int | None = None
     #: Check state-machine invariants on every transition (on in tests).
     validate: bool = dataclasses.field(default_factory=lambda: _env_flag("PW_VALIDATE"))
     #: Completed node events kept in the log (oldest dropped first).

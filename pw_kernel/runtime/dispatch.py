@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import jax
 
+from .compiled import has_collectives
 from .events import NodeEvent
 from .lifecycle import FINAL, Work
 from .remote import bursting, flush_remote
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 
 _BATCH = 256  # nodes per hand-off to the watcher
 _INLINE_STEPS = 64  # steps a submitting thread dispatches itself before the dispatcher thread takes over
+_NONE_SENT = (0, 0)  # an island with nothing sent yet in this burst: [steps, with collectives]
 _FLUSH_NS = 1_000_000  # or sooner: no node waits more than 1 ms to be watched (the timeline's resolution)
 _POLL_S = 0.001  # a watcher with recent work looks for new batches this often (the same resolution)
 _POLL_IDLE_S = 1.0  # ... and sleeps until woken after this long without any (a notify costs the caller)
@@ -212,9 +214,10 @@ class Dispatcher:
         # the two threads from trading the GIL on every tiny node.
         batch: list = []
         flush_at = clock() - epoch + _FLUSH_NS
-        inflight = life.inflight  # read without the lock: only completions lower it meanwhile
+        inflight = life.inflight  # read without the lock: only completions lower them meanwhile
+        coll_inflight, coll_limits = life.collectives_inflight, life.max_collectives
         limit = life.max_inflight
-        sent_on: dict[int, int] = {}  # island -> steps sent in this burst, not yet reported
+        sent_on: dict[int, list[int]] = {}  # island -> [steps, with collectives] sent in this burst, not yet reported
         published: list = []
         k = start = rec.cursor
         n_steps = len(steps)
@@ -223,7 +226,7 @@ class Dispatcher:
         while k < n_steps and k - start < quantum:
             st = steps[k]
             island = st.island
-            if inflight[island] + sent_on.get(island, 0) >= limit or rec.state in FINAL:
+            if inflight[island] + sent_on.get(island, _NONE_SENT)[0] >= limit or rec.state in FINAL:
                 break
             if inline and (st.host_callbacks or st.compile_first):
                 # A callback could hold the submitting thread until it returns, a compile for
@@ -234,6 +237,9 @@ class Dispatcher:
                     self._hand_over(rec, k, sent_on, published, cost, batch)
                     batch, sent_on, published, cost = [], {}, [], 0
                 self._compile(rec, st, [slots[i] for i in st.ins])
+            sent = sent_on.get(island, _NONE_SENT)  # after a compile's hand-over, a new burst's
+            if st.collectives and coll_inflight[island] + sent[1] >= coll_limits[island]:
+                break  # credit comes back as earlier collective steps finish
             t = clock() - epoch
             try:
                 ins = st.ins
@@ -255,7 +261,10 @@ class Dispatcher:
                 self.seq, rec.id, rec.name, rec.tenant, st.name, st.kind, st.devices, island, st.src_island, t,
                 st.nbytes, st.shapes,
             )
-            sent_on[island] = sent_on.get(island, 0) + 1
+            if sent is _NONE_SENT:
+                sent = sent_on[island] = [0, 0]
+            sent[0] += 1
+            sent[1] += st.collectives
             batch.append((rec, st, ev, outs))
             k += 1
             cost += st.cost
@@ -282,9 +291,10 @@ class Dispatcher:
         log = self.controller.events
         t0 = log.now()
         try:
-            st.call.lower(*args).compile()
+            compiled = st.call.lower(*args).compile()
         except Exception:
             return  # the call itself will raise it, attributed to the node
+        st.collectives = has_collectives(compiled)
         t1 = log.now()
         rec.compile_ns += t1 - t0
         self.seq += 1
@@ -301,7 +311,8 @@ class Dispatcher:
         if bursting:
             flush_remote()  # the remote steps among them go to their islands' mailboxes now
         with self.lock:
-            self.controller.on_dispatched(rec, cursor, tuple(sent_on.items()), published, cost)
+            per_island = tuple((island, k, kc) for island, (k, kc) in sent_on.items())
+            self.controller.on_dispatched(rec, cursor, per_island, published, cost)
             if batch:
                 self._pending.append(batch)
                 # A polling watcher finds the batch within _POLL_S; waking it per batch would make it
@@ -454,12 +465,16 @@ class Dispatcher:
             if hi < n and batch[hi][0] is batch[lo][0]:
                 continue
             rec = batch[lo][0]
-            per_island: dict[int, int] = {}
+            per_island: dict[int, list[int]] = {}
             published = []
             failure = None
             for i in range(lo, hi):
                 _, st, _, outs = batch[i]
-                per_island[st.island] = per_island.get(st.island, 0) + 1
+                counts = per_island.get(st.island)
+                if counts is None:
+                    counts = per_island[st.island] = [0, 0]
+                counts[0] += 1
+                counts[1] += st.collectives
                 if failure is None:
                     err = failed.get(0 if first_only else i)
                     if err is not None:
@@ -467,6 +482,6 @@ class Dispatcher:
                     for j, pos in st.publishes:
                         published.append((j, outs[pos]))
             events = [batch[i][2] for i in range(lo, hi)] if stamped else []
-            out.append((rec, tuple(per_island.items()), published, failure, events))
+            out.append((rec, tuple((i, k, kc) for i, (k, kc) in per_island.items()), published, failure, events))
             lo = hi
         return out

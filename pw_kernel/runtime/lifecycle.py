@@ -236,9 +236,14 @@ class Lifecycle:
         capacity: dict[int, int] | None = None,
         policy: Policy | None = None,
         validate: bool = False,
+        max_collectives: Sequence[int] | None = None,
     ):
         self.max_inflight = max_inflight
         self.inflight = [0] * n_islands  # dispatched minus completed steps, per island
+        # ... of which steps whose executable has collectives, and how many of those an island may
+        # queue: XLA:CPU aborts when too many collective executions wait on its simulated devices.
+        self.collectives_inflight = [0] * n_islands
+        self.max_collectives = list(max_collectives) if max_collectives is not None else [max_inflight] * n_islands
         self.dispatched = [0] * n_islands  # totals, for validation
         self.completed = [0] * n_islands
         self.capacity: dict[int, int] = dict(capacity or {})  # device id -> bytes runs may reserve
@@ -276,22 +281,29 @@ class Lifecycle:
             self.check(rec)
         return [Emit(rec, "queued"), WAKE]
 
-    def add_islands(self, n: int) -> None:
-        for counts in (self.inflight, self.dispatched, self.completed):
-            counts.extend([0] * (n - len(counts)))
+    def add_islands(self, n: int, max_collectives: int | None = None) -> None:
+        grow = n - len(self.inflight)
+        for counts in (self.inflight, self.collectives_inflight, self.dispatched, self.completed):
+            counts.extend([0] * grow)
+        self.max_collectives.extend([max_collectives or self.max_inflight] * grow)
+
+    def out_of_credit(self, step: Step) -> bool:
+        """Whether ``step``'s island has no room for it: too many steps, or too many with collectives, queued."""
+        island = step.island
+        if self.inflight[island] >= self.max_inflight:
+            return True
+        return step.collectives and self.collectives_inflight[island] >= self.max_collectives[island]
 
     def next_work(self, now: float) -> tuple[Work | None, list]:
         """The policy's choice among runs that can dispatch now, starting queued runs that can start."""
         effects: list = []
         runnable: list[RunRecord] = []
-        limit = self.max_inflight
-        inflight = self.inflight
         first_wins = self.policy.first_runnable_wins
         self.credit_wanted = False
         self.blocked = False
         for rec in list(self.dispatchable.values()):
             steps = rec.plan.steps
-            if rec.cursor < len(steps) and inflight[steps[rec.cursor].island] >= limit:
+            if rec.cursor < len(steps) and self.out_of_credit(steps[rec.cursor]):
                 rec.waiting_for = "credit"
                 self.credit_wanted = True
                 continue
@@ -335,6 +347,7 @@ class Lifecycle:
         """Assert the invariants (after every transition when ``validate`` is on, as in the tests)."""
         for i, n in enumerate(self.inflight):
             assert n == self.dispatched[i] - self.completed[i] >= 0, (i, n, self.dispatched[i], self.completed[i])
+            assert 0 <= self.collectives_inflight[i] <= n, (i, self.collectives_inflight[i], n)
         for d, n in self.reserved.items():
             assert n >= 0, (d, n)
         for r in [rec] if rec is not None else list(self.queue.values()):
@@ -501,13 +514,17 @@ def _dispatched(
     rec: RunRecord,
     now: float,
     cursor: int,
-    per_island: Sequence[tuple[int, int]],
+    per_island: Sequence[tuple[int, int, int]],
     published: Sequence[tuple[int, Any]],
 ) -> list:
-    """The dispatcher sent steps up to ``cursor`` (a run may have ended meanwhile: they still count)."""
+    """The dispatcher sent steps up to ``cursor`` (a run may have ended meanwhile: they still count).
+
+    ``per_island``: (island, steps, of which with collectives).
+    """
     n = 0
-    for island, k in per_island:
+    for island, k, kc in per_island:
         life.inflight[island] += k
+        life.collectives_inflight[island] += kc
         life.dispatched[island] += k
         n += k
     rec.dispatched += n
@@ -529,14 +546,15 @@ def _completed(
     life: Lifecycle,
     rec: RunRecord,
     now: float,
-    per_island: Sequence[tuple[int, int]],
+    per_island: Sequence[tuple[int, int, int]],
     published: Sequence[tuple[int, Any]],
     failure: tuple[Step, BaseException] | None,
 ) -> list:
     """Steps finished on their devices: give credit back, resolve what they made, fail or finish the run."""
     n = 0
-    for island, k in per_island:
+    for island, k, kc in per_island:
         life.inflight[island] -= k
+        life.collectives_inflight[island] -= kc
         life.completed[island] += k
         n += k
     rec.done += n

@@ -44,6 +44,7 @@ class Step:
     remote: bool = False  # runs on a remote island: the watcher reads its timing from the actor
     host_callbacks: bool = False  # may block the thread that dispatches it (XLA:CPU runs callbacks there)
     compile_first: bool = False  # a jax.jit not yet run by this step: compile it ahead (its own event)
+    collectives: bool = False  # its compiled executable holds collectives (known once compiled)
     cost: int = 1000  # ns of device time, a running mean updated by the watcher
 
 

@@ -1,0 +1,78 @@
+"""A controller that owns dispatch never lets XLA:CPU abort on queued collectives.
+
+With 8 simulated CPU devices on a couple of cores, a few collective executions
+queued together starve each other of XLA's threads and the process aborts
+after 40 s (`rendezvous.cc: Termination timeout for all reduce`). Plain JAX does
+that in a 300-step loop that never waits; pw bounds what it queues per island.
+Each loop runs in its own process, so an abort fails the test instead of the suite.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec as P
+
+import pw_kernel as pw
+from fresh_python import run_python
+from pw_kernel.runtime.compiled import has_collectives
+
+TRAIN = """
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import PartitionSpec as P
+import pw_kernel as pw
+
+s = pw.slice(8, mesh={{"data": 8}}, name="dp")
+
+def sgd(w, x, y):
+    g = jax.grad(lambda w: jnp.mean((x @ w - y) ** 2))(w)  # data-parallel: an all-reduce per step
+    return w - 0.01 * g
+
+step = pw.compiled(sgd, slice=s, in_specs=(P(), P("data"), P("data")), out_specs=P(), name="sgd")
+
+@pw.program(mode="chained")
+def train(w, x, y):
+    for _ in range({steps}):
+        w = step(w, x, y)
+    return w
+
+rng = np.random.default_rng(0)
+w = jnp.zeros((256, 256)); x = jnp.asarray(rng.normal(size=(2048, 256)), jnp.float32); y = x @ jnp.eye(256) * 0.5
+out = np.asarray(train(w, x, y).result(timeout=240))
+want = w
+one = jax.jit(sgd)
+for _ in range({steps}):
+    want = one(want, x, y).block_until_ready()
+np.testing.assert_allclose(out, np.asarray(want), rtol=1e-4, atol=1e-5)
+print("ok", pw.controller().lifecycle.max_collectives)
+"""
+
+
+def test_a_100_step_chained_all_reduce_loop_completes():
+    assert run_python(TRAIN.format(steps=100), timeout=280).startswith("ok [1]")
+
+
+def test_a_300_step_chained_all_reduce_loop_completes():
+    assert run_python(TRAIN.format(steps=300), timeout=280).startswith("ok [1]")
+
+
+def test_only_executables_with_collectives_are_bounded(ctl):
+    s = pw.slice(8, mesh={"d": 8})
+    x = jax.device_put(jnp.ones((8, 4)), s.sharding("d"))
+    elementwise = jax.jit(jnp.sin, out_shardings=s.sharding("d")).lower(x).compile()
+    reduce = jax.jit(jnp.sum, out_shardings=s.sharding()).lower(x).compile()
+    assert not has_collectives(elementwise) and has_collectives(reduce)
+    # a chained program of collective-free steps still queues as many as it likes
+    f = pw.compiled(lambda v: v * 2, slice=s, in_specs=P("d"), out_specs=P("d"), name="double")
+
+    @pw.program(mode="chained")
+    def many(v):
+        for _ in range(40):
+            v = f(v)
+        return v
+
+    run = many.submit(x)
+    run.wait(60)
+    assert not any(st.collectives for st in run._rec.plan.steps)
+    np.testing.assert_allclose(np.asarray(pw.get(run.outputs)), np.ones((8, 4)) * 2**40)
