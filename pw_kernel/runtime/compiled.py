@@ -76,8 +76,12 @@ def _is_spec_leaf(x: Any) -> bool:
     return x is None or isinstance(x, PartitionSpec)
 
 
-def specs_to_shardings(specs: Any, slice_: VirtualSlice, api: str) -> Any:
-    """Turn a pytree (prefix) of PartitionSpecs into NamedShardings on the slice; None replicates."""
+def specs_to_shardings(specs: Any, slice_: VirtualSlice, api: str, *, per_argument: bool = False) -> Any:
+    """Turn a pytree (prefix) of PartitionSpecs into NamedShardings on the slice; None replicates.
+
+    With ``per_argument`` (in_specs) a top-level list is one spec per positional argument, as
+    `jax.jit` reads ``in_shardings``; otherwise (out_specs) a list keeps its structure.
+    """
 
     def one(spec):
         if spec is None:
@@ -90,7 +94,7 @@ def specs_to_shardings(specs: Any, slice_: VirtualSlice, api: str) -> Any:
         check_spec_axes(spec, slice_, api)
         return NamedSharding(slice_.mesh, spec)
 
-    if isinstance(specs, list):
+    if isinstance(specs, list) and per_argument:
         specs = tuple(specs)
     return jax.tree_util.tree_map(one, specs, is_leaf=_is_spec_leaf)
 
@@ -131,7 +135,7 @@ class CompiledFunction:
             self.name = "lambda"
         self.in_specs = in_specs
         self.out_specs = out_specs
-        self.in_shardings = specs_to_shardings(in_specs, slice, "pw.compiled(in_specs=...)")
+        self.in_shardings = specs_to_shardings(in_specs, slice, "pw.compiled(in_specs=...)", per_argument=True)
         self.out_shardings = specs_to_shardings(out_specs, slice, "pw.compiled(out_specs=...)")
         self.uid = next(_uids)
 
