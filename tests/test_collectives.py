@@ -12,11 +12,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+from fresh_python import run_python
 from jax.sharding import PartitionSpec as P
 
 import pw_kernel as pw
-from fresh_python import run_python
-from pw_kernel.runtime.compiled import has_collectives
+from pw_kernel.runtime import has_collectives
 
 TRAIN = """
 import jax, jax.numpy as jnp, numpy as np

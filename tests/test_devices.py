@@ -136,3 +136,14 @@ def test_sharded_value_round_trips(ctl):
     y = jax.device_put(x, s.sharding("data"))
     assert len(y.addressable_shards) == 4
     np.testing.assert_array_equal(np.asarray(y), x)
+
+
+def test_a_device_count_asked_in_xla_flags_but_not_granted_is_explained(ctl, monkeypatch):
+    from pw_kernel.runtime import device_flags_ignored
+
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+    msg = device_flags_ignored(jax.devices())
+    assert "XLA_FLAGS asks for 4 CPU devices, but JAX started with 8" in msg
+    assert "jax.config.update('jax_num_cpu_devices', 4)" in msg and "--devices 4" in msg
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+    assert device_flags_ignored(jax.devices()) is None

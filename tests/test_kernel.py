@@ -233,6 +233,19 @@ def test_a_devices_option_sets_the_simulated_device_count(tmp_path):
         k.shutdown()
 
 
+def test_a_first_cell_may_still_choose_the_device_count(kernel_dir, tmp_path):
+    k = Kernel(kernel_dir, "pathways", kernel_env(tmp_path))  # the extension is loaded; JAX has not started
+    try:
+        reply = k.run("import jax\njax.config.update('jax_num_cpu_devices', 4)\nprint(len(jax.devices()))")
+        assert reply.stdout.strip() == "4"
+        k.run("import pw_kernel as pw\ns = pw.slice(4, name='s')\nv = jax.numpy.arange(4.0)")
+        reply = k.run("%%pathways --block --slice s\ny = v * 2\n")
+        final = [m["content"]["data"]["text/plain"] for m in reply.messages if m["msg_type"] == "update_display_data"]
+        assert "y = Array float32[4]" in final[-1]  # bound to an array now, and the run's view says so
+    finally:
+        k.shutdown()
+
+
 def test_futures_resolve_while_the_kernel_is_idle(gated, open_gate):
     k = gated
     submitted = k.run("%%pathways --name idle\ny = held(v)\n")

@@ -44,7 +44,10 @@ def load_ipython_extension(ip: Any) -> None:
     ip.register_magics(magics)
     magics.reporter.register()
     _loaded[ip] = magics
-    check_devices()
+    from ..runtime import backends_started
+
+    if backends_started():  # else leave JAX unstarted: a first cell may still choose the device count
+        check_devices()
 
 
 def unload_ipython_extension(ip: Any) -> None:

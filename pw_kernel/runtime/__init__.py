@@ -35,8 +35,8 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .compiled import CompiledFunction
-from .config import DEFAULT_CPU_DEVICES, Config, configure_cpu_devices
+from .compiled import CompiledFunction, has_collectives
+from .config import DEFAULT_CPU_DEVICES, Config, backends_started, configure_cpu_devices, device_flags_ignored
 from .controller import Controller, RunSummary, Status, controller, init, shutdown
 from .devices import Island, VirtualSlice, remote_device_id
 from .errors import (
@@ -192,6 +192,9 @@ __all__ = [
     "Controller",
     "ControllerShutdownError",
     "DEFAULT_CPU_DEVICES",
+    "backends_started",
+    "device_flags_ignored",
+    "has_collectives",
     "Edge",
     "Emit",
     "EventLog",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Sequence
 from typing import Literal
 
@@ -51,6 +52,43 @@ class Config:
     keep_outputs: int = 16
     #: Runs kept in `controller().runs` (the oldest finished ones are forgotten first).
     keep_runs: int = 10_000
+
+
+def backends_started() -> bool:
+    """Whether JAX's backends have started (after that the device count is fixed for the process).
+
+    JAX has no public query for it; updating ``jax_num_cpu_devices`` to another value is refused
+    exactly then, so a probe that puts the old value back answers without side effects.
+
+    Example::
+
+        backends_started()  # False right after `import jax`
+    """
+    import jax
+
+    current = jax.config.jax_num_cpu_devices
+    try:
+        jax.config.update("jax_num_cpu_devices", current + 1 if current not in (-1, None) else 1)
+    except RuntimeError:
+        return True
+    jax.config.update("jax_num_cpu_devices", current if current is not None else -1)
+    return False
+
+
+def device_flags_ignored(devices) -> str | None:
+    """A warning when ``XLA_FLAGS`` asks for a number of CPU devices JAX did not start with, else None."""
+    m = re.search(r"--xla_force_host_platform_device_count=(\d+)", os.environ.get("XLA_FLAGS", ""))
+    cpus = [d for d in devices if d.platform == "cpu"]
+    if m is None or not cpus or len(devices) != len(cpus) or int(m.group(1)) == len(cpus):
+        return None
+    return (
+        f"pw_kernel: XLA_FLAGS asks for {m.group(1)} CPU devices, but JAX started with {len(cpus)}: "
+        f"jax_num_cpu_devices (JAX_NUM_CPU_DEVICES={os.environ.get('JAX_NUM_CPU_DEVICES', '?')} in this "
+        f"environment, which the Pathways kernel sets) takes precedence. To choose the count, run "
+        f"`jax.config.update('jax_num_cpu_devices', {m.group(1)})` before any JAX computation (then restart "
+        f"the kernel if JAX already ran), or install the kernel with `python -m pw_kernel install --user "
+        f"--devices {m.group(1)}`."
+    )
 
 
 def configure_cpu_devices(n: int | None = None) -> bool:

@@ -9,12 +9,13 @@ import dataclasses
 import itertools
 import threading
 import time
+import warnings
 from typing import Any, NamedTuple
 
 import jax
 
 from .callback_logs import quiet_while
-from .config import Config, configure_cpu_devices
+from .config import Config, configure_cpu_devices, device_flags_ignored
 from .devices import Island, ResourceManager, VirtualSlice, build_islands, remote_device_id
 from .dispatch import Dispatcher
 from .errors import AdmissionError, ArgumentError, ControllerShutdownError, PathwaysError
@@ -102,6 +103,9 @@ class Controller:
     def __init__(self, config: Config | None = None):
         self.config = config or Config()
         self.devices: tuple[jax.Device, ...] = tuple(jax.devices())
+        ignored = device_flags_ignored(self.devices)
+        if ignored is not None:
+            warnings.warn(ignored, RuntimeWarning, stacklevel=3)
         self.islands = build_islands(self.devices, self.config.islands)
         self.resources = ResourceManager(self.islands)
         self.events = EventLog(self.config.max_events)

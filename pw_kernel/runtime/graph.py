@@ -2,8 +2,10 @@
 
 Nodes are compiled-function calls, glue (plain jnp ops placed on a slice) and
 transfers (values moving between slices). Every value carries shape, dtype and
-sharding; edges are values flowing from a producer to a consumer. The
-pictures (`to_dot`, the SVG and HTML reprs) are drawn by `pw_kernel.widgets.graph`.
+sharding; edges are values flowing from a producer to a consumer; outputs
+carry the names the program returns them as (`ProgramGraph.output_names`).
+The pictures (`to_dot`, the SVG and HTML reprs, the notebook widget) are drawn
+by `pw_kernel.widgets.graph`, imported only when a picture is asked for.
 """
 
 from __future__ import annotations
@@ -162,7 +164,11 @@ class ProgramGraph:
         keys or fields (``('loss', "params['w']")``); anything else
         ``output 0``, ``output 1``, ...
         """
-        return output_names(self.out_tree, len(self.outputs), _returned_expr(self.jaxpr))
+        try:
+            returned = _returned_expr(self.jaxpr)
+        except Exception:  # the source moved or cannot be read: names from the output's structure only
+            returned = None
+        return output_names(self.out_tree, len(self.outputs), returned)
 
     @property
     def edges(self) -> list[Edge]:
@@ -220,6 +226,12 @@ class ProgramGraph:
 
         return graph_html(self)
 
+    def _ipython_display_(self) -> None:
+        """In a notebook: the graph as a widget that zooms, pans and searches (static HTML beside it)."""
+        from ..widgets.graph import display_graph  # anywidget is imported there, only when there is one
+
+        display_graph(self)
+
 
 # ------------------------------------------------------------ output names
 _TRACING = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tracing.py")
@@ -272,8 +284,6 @@ def _names_from_source(paths: Sequence[tuple], returned: ast.expr) -> list[str |
                 return None
             name = _expr_name(elts[path[0].idx])
             out.append(None if name is None else name + jax.tree_util.keystr(path[1:]))
-        if {p[0].idx for p in paths} - set(range(len(elts))) or max(p[0].idx for p in paths) + 1 > len(elts):
-            return None
         return out
     name = _expr_name(returned)
     if name is None:
