@@ -95,19 +95,26 @@ def islands() -> list[Island]:
     return list(controller().islands)
 
 
-def slice(n: int, mesh: dict[str, int] | None = None, name: str | None = None, island=None) -> VirtualSlice:  # noqa: A001
+def slice(  # noqa: A001
+    n: int | None = None, mesh=None, name: str | None = None, island=None, axis_types=None
+) -> VirtualSlice:
     """Ask the resource manager for ``n`` devices arranged as ``mesh`` (a dict axis -> size).
 
     Placement balances load: 1:1 onto free devices while there are some, then
     time-multiplexed. The slice lives on one island (``island=`` to choose).
+    ``axis_types`` (a `jax.sharding.AxisType`, or one per axis) makes Explicit
+    axes; the default is Auto. ``mesh`` may also be a `jax.sharding.Mesh` of the
+    notebook's own (``jax.make_mesh``): the slice is then that very mesh, its
+    devices and axis types, so pw results and the notebook's arrays combine.
 
     Example::
 
         s = pw.slice(4, mesh={"data": 2, "model": 2}, name="a")
         s.mesh, s.devices, s.sharding("data", None)
+        t = pw.slice(mesh=jax.make_mesh((2, 4), ("x", "y")))  # Explicit axes, as jax.make_mesh gives
     """
     try:
-        return controller().slice(n, mesh=mesh, name=name, island=island)
+        return controller().slice(n, mesh=mesh, name=name, island=island, axis_types=axis_types)
     except PathwaysError as e:
         # The message names the call and the fix; the resource manager's frames would only bury it.
         raise e.with_traceback(None) from None

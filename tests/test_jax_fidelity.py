@@ -9,6 +9,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax.sharding import PartitionSpec as P
 
 import pw_kernel as pw
@@ -30,3 +31,27 @@ def test_out_specs_given_as_a_list_like_jit_out_shardings(ctl):
     f = pw.compiled(fn, slice=s, in_specs=[P("d")], out_specs=[P("d"), P()])
     want = jax.jit(fn, in_shardings=[s.sharding("d")], out_shardings=[s.sharding("d"), s.sharding()])(x)
     same(f(x), want)
+
+
+def test_a_slice_made_from_the_notebooks_mesh_combines_with_its_arrays(ctl):
+    mesh = jax.make_mesh((2, 4), ("x", "y"))  # Explicit axes, as jax.make_mesh gives in JAX 0.10
+    s = pw.slice(mesh=mesh, name="nb")
+    assert s.mesh is mesh and s.size == 8 and tuple(s.mesh.axis_types) == tuple(mesh.axis_types)
+    x = jax.device_put(jnp.arange(16.0).reshape(8, 2), jax.sharding.NamedSharding(mesh, P("x")))
+    f = pw.compiled(lambda v: v * 2, slice=s, in_specs=P("x"), out_specs=P("x"), name="double")
+    want = jax.jit(lambda v: v * 2, out_shardings=jax.sharding.NamedSharding(mesh, P("x")))(x)
+    got = f(x)
+    same(got, want)
+    same(pw.get(got) + x, want + x)  # a pw result and a notebook array on the same mesh combine
+
+
+def test_slices_with_explicit_axes(ctl):
+    Explicit = jax.sharding.AxisType.Explicit
+    s = pw.slice(4, mesh={"a": 2, "b": 2}, axis_types=Explicit)
+    assert tuple(s.mesh.axis_types) == (Explicit, Explicit)
+    t = pw.slice(2, mesh={"d": 2})
+    assert tuple(t.mesh.axis_types) == (jax.sharding.AxisType.Auto,)  # the default stays Auto
+    with pytest.raises(pw.SliceError, match="takes a jax.sharding.AxisType, or one per mesh axis"):
+        pw.slice(4, mesh={"a": 2, "b": 2}, axis_types=("Explicit",))
+    with pytest.raises(pw.SliceError, match="a slice made from a Mesh has its devices"):
+        pw.slice(4, mesh=jax.make_mesh((2, 4), ("x", "y")))

@@ -133,9 +133,11 @@ class Controller:
         self._unquiet = quiet_while(lambda: bool(self._live))
 
     # ------------------------------------------------------------- public API
-    def slice(self, n: int, mesh: dict[str, int] | None = None, name: str | None = None, island=None) -> VirtualSlice:
+    def slice(
+        self, n: int | None = None, mesh=None, name: str | None = None, island=None, axis_types=None
+    ) -> VirtualSlice:
         self._check_open("pw.slice")
-        return self.resources.allocate(n, mesh=mesh, name=name, island=island)
+        return self.resources.allocate(n, mesh=mesh, name=name, island=island, axis_types=axis_types)
 
     @property
     def capacity(self) -> dict[int, int]:

@@ -17,7 +17,7 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from .errors import SliceError, SliceReleasedError, SpecError
 
@@ -227,16 +227,20 @@ class ResourceManager:
 
     def allocate(
         self,
-        n: int,
-        mesh: Mapping[str, int] | None = None,
+        n: int | None,
+        mesh: Mapping[str, int] | Mesh | None = None,
         name: str | None = None,
         island: int | Island | None = None,
+        axis_types: Any = None,
     ) -> VirtualSlice:
         """Place a slice of ``n`` devices; see `pw.slice`."""
+        if isinstance(mesh, Mesh):
+            return self._adopt(mesh, n, name, island, axis_types)
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
             raise SliceError(f"`pw.slice(n)` needs a positive int number of devices; got {n!r}.")
         n = int(n)
         axes = self._check_mesh(n, mesh)
+        types = self._check_axis_types(axis_types, tuple(axes))
         with self._lock:
             if name is None:
                 name = f"slice{next(self._names)}"
@@ -256,9 +260,60 @@ class ResourceManager:
             for d in chosen:
                 self._load[(tid, d.id)] += 1
             grid = np.array(chosen, dtype=object).reshape(tuple(axes.values()))
-            s = VirtualSlice(name, Mesh(grid, tuple(axes)), target, self)
+            s = VirtualSlice(name, Mesh(grid, tuple(axes), axis_types=types), target, self)
             self._slices[name] = s
             return s
+
+    def _adopt(self, mesh: Mesh, n, name, island, axis_types) -> VirtualSlice:
+        """A slice that is the user's own `jax.sharding.Mesh`: its devices, axis names and axis types."""
+        if n is not None and n != mesh.size:
+            raise SliceError(
+                f"`pw.slice({n!r}, mesh=<Mesh of {mesh.size} devices>)`: a slice made from a Mesh has its devices; "
+                f"leave n out (pw.slice(mesh=mesh)) or pass n={mesh.size}."
+            )
+        if axis_types is not None:
+            raise SliceError(
+                "`pw.slice(mesh=<Mesh>, axis_types=...)`: a slice made from a Mesh keeps the Mesh's axis types "
+                f"{tuple(mesh.axis_types)}; make the Mesh with the types you want (jax.make_mesh(..., axis_types=...))."
+            )
+        devices = set(mesh.devices.flat)
+        homes = [i for i in self.islands if devices <= set(i.devices)]
+        if not homes or (island is not None and all(i.id != getattr(island, "id", island) for i in homes)):
+            where = {d.id: next((i.id for i in self.islands if d in i.devices), None) for d in mesh.devices.flat}
+            raise SliceError(
+                f"`pw.slice(mesh=<Mesh {dict(mesh.shape)}>)`: a slice lives on one island, but the Mesh's devices "
+                f"are on islands {where} (device id: island). Make the Mesh from one island's devices "
+                f"(`pw.islands()[k].devices`), or configure islands that hold it with `pw.init(pw.Config(islands=...))`."
+            )
+        target = homes[0]
+        with self._lock:
+            if name is None:
+                name = f"slice{next(self._names)}"
+                while name in self._slices:
+                    name = f"slice{next(self._names)}"
+            elif name in self._slices:
+                raise SliceError(
+                    f"`pw.slice(name={name!r})`: a live slice already has that name ({self._slices[name]!r}). "
+                    f"Release it first (`s.release()`) or pick another name."
+                )
+            for d in mesh.devices.flat:
+                self._load[(target.id, d.id)] += 1
+            s = VirtualSlice(name, mesh, target, self)
+            self._slices[name] = s
+            return s
+
+    @staticmethod
+    def _check_axis_types(axis_types: Any, axes: tuple[str, ...]) -> tuple | None:
+        """``axis_types`` as one `jax.sharding.AxisType` per axis (one value applies to all), or None (Auto)."""
+        if axis_types is None:
+            return None
+        types = tuple(axis_types) if isinstance(axis_types, (tuple, list)) else (axis_types,) * len(axes)
+        if len(types) != len(axes) or not all(isinstance(t, AxisType) for t in types):
+            raise SliceError(
+                f"`pw.slice(axis_types=...)` takes a jax.sharding.AxisType, or one per mesh axis {axes}; got "
+                f"{axis_types!r}. For example axis_types=jax.sharding.AxisType.Explicit."
+            )
+        return types
 
     def release(self, s: VirtualSlice) -> None:
         with self._lock:
