@@ -152,14 +152,11 @@ class Future(concurrent.futures.Future):
     def __await__(self):
         return asyncio.wrap_future(self).__await__()
 
-    # Outside programs numpy and JAX's converters read a future as the array it becomes: they wait for
-    # it, as jax.Array waits for its data. (JAX 0.10 converts such objects only in jnp.asarray /
-    # jnp.array and in a jax.Array's operators; `jnp.sin(fut)` asks for `jnp.asarray(fut)`.)
+    # Outside programs numpy reads a future as the array it becomes: it waits, as a jax.Array waits
+    # for its data. No `__jax_array__`: JAX 0.10 refuses such objects wherever it reads shapes
+    # (jax.eval_shape, jit arguments), which futures must pass as ShapeDtypeStruct-likes.
     def __array__(self, dtype=None, copy=None):
         return np.asarray(self.result(), dtype=dtype)
-
-    def __jax_array__(self):
-        return self.result()
 
     def _not_an_array(self, *args, what: str = "arithmetic"):
         """A future is a promise of an array, not one: say how to get the array (or stay asynchronous)."""
