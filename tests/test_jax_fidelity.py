@@ -55,3 +55,44 @@ def test_slices_with_explicit_axes(ctl):
         pw.slice(4, mesh={"a": 2, "b": 2}, axis_types=("Explicit",))
     with pytest.raises(pw.SliceError, match="a slice made from a Mesh has its devices"):
         pw.slice(4, mesh=jax.make_mesh((2, 4), ("x", "y")))
+
+
+# ----------------------------------------------------------------- glue: plain jnp between compiled calls
+def _two_inputs(s):
+    a = pw.compiled(lambda x: x, slice=s, in_specs=P("a", None), out_specs=P("a", None), name="rows")
+    b = pw.compiled(lambda x: x, slice=s, in_specs=P(None, "b"), out_specs=P(None, "b"), name="cols")
+    x, y = jnp.arange(64.0).reshape(8, 8), jnp.ones((8, 8))
+    xs, ys = jax.device_put(x, s.sharding("a", None)), jax.device_put(y, s.sharding(None, "b"))
+    return a, b, x, y, xs, ys
+
+
+def test_glue_outputs_are_sharded_as_jax_propagates(ctl):
+    s = pw.slice(8, mesh={"a": 2, "b": 4})
+    rows, cols, x, y, xs, ys = _two_inputs(s)
+    f = pw.program(lambda x, y: jnp.dot(rows(x), cols(y)))
+    same(f(x, y), jax.jit(jnp.dot)(xs, ys))  # P('a', 'b'), not the first input's P('a', None)
+
+
+def test_a_sharding_constraint_in_glue_is_kept(ctl):
+    s = pw.slice(8, mesh={"a": 2, "b": 4})
+    rows, _, x, _, xs, _ = _two_inputs(s)
+
+    def body(v):
+        return jax.lax.with_sharding_constraint(v * 2, s.sharding("a", "b"))
+
+    same(pw.program(lambda v: body(rows(v)))(x), jax.jit(body)(xs))
+
+
+def test_a_nested_jits_out_shardings_are_kept(ctl):
+    s = pw.slice(8, mesh={"a": 2, "b": 4})
+    rows, _, x, _, xs, _ = _two_inputs(s)
+    inner = jax.jit(lambda v: v + 1, out_shardings=s.sharding(None, "b"))
+    same(pw.program(lambda v: inner(rows(v)))(x), jax.jit(inner)(xs))
+
+
+def test_shard_map_out_specs_are_kept(ctl):
+    s = pw.slice(8, mesh={"a": 2, "b": 4})
+    whole = pw.compiled(lambda x: x, slice=s, in_specs=P(), out_specs=P(), name="whole")
+    x = jnp.arange(64.0).reshape(8, 8)
+    sm = jax.shard_map(lambda v: v * 2, mesh=s.mesh, in_specs=P("a", None), out_specs=P("a", None))
+    same(pw.program(lambda v: sm(whole(v)))(x), jax.jit(sm)(jax.device_put(x, s.sharding())))

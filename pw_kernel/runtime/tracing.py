@@ -10,6 +10,7 @@ between slices (or be resharded) get explicit transfer nodes.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -157,6 +158,7 @@ def make_evaluator(eqns: Sequence[Any], invars: Sequence[Any], outvars: Sequence
 # same shardings, so a chain calling one compiled function K times compiles it once, as JAX would.
 _EXECUTABLES: dict[Any, tuple[Any, Callable]] = {}
 _MAX_EXECUTABLES = 4096
+_OUT_SHARDINGS: dict[Any, tuple[Any, list]] = {}  # glue key and input shardings -> what XLA gives the outputs
 
 
 def _literal_key(v) -> Any:
@@ -193,6 +195,49 @@ def node_executable(eqns, invars, outvars, in_sh, out_sh, key: Any | None = None
             _EXECUTABLES.clear()
         _EXECUTABLES[key] = (eqns, fn)  # eqns keep the jaxprs in the key alive
     return fn
+
+
+def glue_out_shardings(eqns, invars, outvars, in_sh, s: VirtualSlice) -> list[Sharding]:
+    """The shardings JAX gives the glue's outputs: compiled with its inputs' shardings and no
+    out_shardings, so XLA's propagation, `with_sharding_constraint`, a nested jit's out_shardings
+    and shard_map's out_specs all decide, exactly as in a plain `jax.jit` of the same code."""
+    key = (_glue_key(eqns, invars, outvars), tuple(in_sh))
+    hit = _OUT_SHARDINGS.get(key)
+    if hit is not None:
+        return hit[1]
+    fn = jax.jit(make_evaluator(eqns, invars, outvars), in_shardings=tuple(in_sh))
+    args = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype, sharding=sh) for v, sh in zip(invars, in_sh)]
+    if args:
+        out = list(fn.lower(*args).compile().output_shardings)
+    else:  # made from constants only: nothing to propagate from, so on the slice, replicated
+        out = [NamedSharding(s.mesh, PartitionSpec()) for _ in outvars]
+    out = [_on_slice(sh, v.aval.ndim, s) for sh, v in zip(out, outvars)]
+    if len(_OUT_SHARDINGS) >= _MAX_EXECUTABLES:
+        _OUT_SHARDINGS.clear()
+    _OUT_SHARDINGS[key] = (eqns, out)
+    return out
+
+
+def _on_slice(sharding: Sharding, ndim: int, s: VirtualSlice) -> Sharding:
+    """``sharding`` as a NamedSharding on the slice's mesh where XLA gave an equivalent positional one."""
+    if isinstance(sharding, NamedSharding) and sharding.mesh == s.mesh:
+        return sharding
+    for spec in _candidate_specs(s, ndim):
+        named = NamedSharding(s.mesh, spec)
+        if named.is_equivalent_to(sharding, ndim):
+            return named
+    return sharding
+
+
+def _candidate_specs(s: VirtualSlice, ndim: int):
+    """PartitionSpecs of rank ``ndim`` on the slice's axes, each axis used at most once (small meshes only)."""
+    axes = list(s.mesh.axis_names)
+    yield PartitionSpec()
+    choices = [None, *axes]
+    for combo in itertools.product(choices, repeat=ndim):
+        used = [a for a in combo if a is not None]
+        if used and len(used) == len(set(used)):
+            yield PartitionSpec(*combo)
 
 
 def _check_divisible(shape, sharding: Sharding, what: str) -> None:
@@ -452,10 +497,7 @@ def _trace_program(
             want = val.sharding if val.slice is s else _map_sharding(val.sharding, val.shape, s)
             in_ids.append(b.placed(val.id, want, s, source))
             in_sh.append(want)
-        out_sh = []
-        for v in outvars:
-            same = [sh for vv, sh in zip(invars, in_sh) if tuple(vv.aval.shape) == tuple(v.aval.shape)]
-            out_sh.append(same[0] if same else NamedSharding(s.mesh, PartitionSpec()))
+        out_sh = glue_out_shardings(eqns, invars, outvars, in_sh, s)
         prims = tuple(dict.fromkeys(e.primitive.name for e in eqns))
         node_id = len(b.nodes)
         out_ids = [b.new_value(v.aval.shape, v.aval.dtype, sh, "node", node_id, s) for v, sh in zip(outvars, out_sh)]
