@@ -22,6 +22,8 @@ Data path, kept cheap at 100,000 events:
 from __future__ import annotations
 
 import collections
+import itertools
+import math
 import secrets
 import threading
 import time
@@ -45,6 +47,12 @@ ID_FIELDS = ("run", "node", "program", "tenant", "shapes", "error", "kind")  # t
 BASE_WINDOW = 5.0  # seconds during which chunks also go into the `_base` trait until the front-end says hello
 MAX_LEGEND = 12
 FINAL_GRACE = 0.5  # seconds a timeline of given runs keeps listening after they are all final
+#: Pixels a bar must span for a gap to cut it from the next bar of its colour (timeline.js's GAP_MIN).
+GAP_MIN = 4
+#: Compile bars (host lane): a diagonal hatch, as in timeline.js; grey where a viewer drops SVG patterns.
+HATCH = ("#8a8a8a", "#e4e4e4")
+HATCH_CSS = f"repeating-linear-gradient(135deg,{HATCH[0]} 0 1.5px,{HATCH[1]} 1.5px 4px)"
+_UNITS = ((1e9, "s"), (1e6, "ms"), (1e3, "µs"), (1.0, "ns"))
 
 
 class Chunk(NamedTuple):
@@ -114,7 +122,14 @@ class EventEncoder:
             lane = len(self.lanes)
             self._lane_of["host"] = lane
             self.lanes.append(
-                {"key": "host", "label": "host (compile)", "kind": "host", "device": None, "island": None, "cross": False}
+                {
+                    "key": "host",
+                    "label": "host (compile)",
+                    "kind": "host",
+                    "device": None,
+                    "island": None,
+                    "cross": False,
+                }
             )
         return lane
 
@@ -481,13 +496,24 @@ class TimelineWidget(PwWidget):
         return out
 
     def utilization(self) -> dict[str, float]:
-        """Busy fraction of each lane (union of its bars) over the whole time span."""
+        """Busy fraction of each lane (union of its bars) over the whole time span, by lane name.
+
+        The names are the lane labels the widget shows (`lane_names`): devices, transfer paths and the
+        host's compile lane; a label two lanes share gets the lane's key appended.
+
+        Example::
+
+            tl = pw.timeline(live=False)
+            tl.utilization()
+            # {'TFRT_CPU_0': 0.62, ..., 'island 0 → island 1': 0.03, 'host (compile)': 0.41}
+        """
         measures, _, bars, _ = self._enc.arrays()
+        names = lane_names(self._enc.lanes)
         if not len(measures):
-            return {lane["key"]: 0.0 for lane in self._enc.lanes}
+            return dict.fromkeys(names, 0.0)
         t0, t1 = measures[:, 0].min(), measures[:, 1].max()
         span = max(t1 - t0, 1.0)
-        return {lane["key"]: busy_union(measures, bars, k) / span for k, lane in enumerate(self._enc.lanes)}
+        return {name: busy_union(measures, bars, k) / span for k, name in enumerate(names)}
 
     def to_chrome_trace(self) -> dict[str, Any]:
         """The shown events as Chrome trace JSON (a thread per lane), by the runtime's one trace writer."""
@@ -566,6 +592,35 @@ def _drain(q: collections.deque) -> list[Any]:
     return out
 
 
+def lane_names(lanes: Sequence[dict[str, Any]]) -> list[str]:
+    """Each lane's display name: its label, with ``[key]`` appended where two lanes share a label.
+
+    Example::
+
+        lane_names([{"key": "dev:0", "label": "cpu:0"}, {"key": "host", "label": "host (compile)"}])
+        # ['cpu:0', 'host (compile)']
+    """
+    count = collections.Counter(str(lane["label"]) for lane in lanes)
+    return [str(x["label"]) if count[str(x["label"])] == 1 else f"{x['label']} [{x['key']}]" for x in lanes]
+
+
+def axis_labels(values: Sequence[float], step: float) -> list[str]:
+    """Time-axis tick labels for ticks ``step`` ns apart: one unit, as many decimals as ``step`` needs.
+
+    Neighbouring labels always differ, also zoomed far in, and the origin reads ``0 ns``
+    (timeline.js's ``axisLabels`` is the same rule).
+
+    Example::
+
+        axis_labels([0, 5e5, 1e6], 5e5)                     # ['0 ns', '0.5 ms', '1.0 ms']
+        axis_labels([14_100_100, 14_100_200], 100)          # ['14.1001 ms', '14.1002 ms']
+    """
+    big = max([step, *(abs(v) for v in values)])
+    scale, unit = next(((sc, u) for sc, u in _UNITS if big >= sc), _UNITS[-1])
+    dec = min(20, max(0, math.ceil(-math.log10(step / scale) - 1e-9)))
+    return ["0 ns" if v == 0 else f"{v / scale:.{dec}f} {unit}" for v in values]
+
+
 def busy_union(measures: np.ndarray, bars: np.ndarray, lane: int, t0: float = -np.inf, t1: float = np.inf) -> float:
     """Nanoseconds covered by at least one bar of ``lane`` within [t0, t1] (the runtime's `busy_time`)."""
     ev = bars[bars[:, 1] == lane, 0]
@@ -597,7 +652,11 @@ def timeline_html(
     width: int = 760,
     live: bool = False,
 ) -> str:
-    """A static SVG timeline: lanes, merged bars (one rect per run of equal-coloured pixels), axis, legend."""
+    """A static SVG timeline: lanes, bars, axis, a legend for every colour and pattern drawn.
+
+    Bars narrower than a few pixels merge with neighbours of their colour (level of detail); wider ones
+    that run back to back are cut by a 1px gap, so six chained layers read as six bars.
+    """
     esc = _html.esc
     n = len(measures)
     n_dev = sum(1 for x in lanes if x["kind"] == "device")
@@ -622,14 +681,14 @@ def timeline_html(
     y = axis_h
     step = _html.nice_step(span, 6)
     ticks = []
-    v = 0.0
-    while v <= span + 1e-9:
+    values = [k * step for k in range(int(span / step + 1e-9) + 1)]  # multiples of the step: no drift
+    for v, label in zip(values, axis_labels(values, step)):
         x = label_w + v / span * plot_w
         ticks.append(
             f'<line x1="{x:.1f}" y1="{axis_h - 4}" x2="{x:.1f}" y2="{axis_h}" stroke="#888"/>'
-            f'<text x="{x:.1f}" y="{axis_h - 6}" text-anchor="middle" fill="#555">{esc(_html.fmt_ns(v))}</text>'
+            f'<text x="{x:.1f}" y="{axis_h - 6}" text-anchor="middle" fill="#555">{esc(label)}</text>'
         )
-        v += step
+    kind = ids[:, 6]
     for lane in order:
         info = lanes[lane]
         h = 16 if info["kind"] == "device" else 12
@@ -641,20 +700,17 @@ def timeline_html(
             f'<text x="{width - 2}" y="{y + h - 4}" text-anchor="end" fill="#333">{util * 100:.0f}%</text>'
         )
         if len(ev):
-            cover = np.full(plot_w + 1, -1, dtype=np.int64)
-            # later-starting bars paint over earlier ones: sort by start, paint in order (vectorised per bar span)
-            srt = ev[np.argsort(px0[ev], kind="stable")]
-            for e in srt[-20000:].tolist():  # a static picture: the latest 20k bars per lane are plenty
-                cover[px0[e] : px1[e]] = keys[e] if info["kind"] == "device" else -2 - (1 if info["cross"] else 0)
-            change = np.flatnonzero(np.diff(cover) != 0) + 1
-            bounds = np.concatenate(([0], change, [len(cover)]))
-            for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
-                c = int(cover[a])
-                if c == -1 or a >= plot_w:
-                    continue
-                w = min(b, plot_w) - a
+            # colour keys: >= 0 the palette; -2 a transfer (also one on a device lane, as the live view draws
+            # it apart from compute), -3 a cross-island transfer, -4 a compile on the host lane
+            if info["kind"] == "device":
+                colour = np.where(kind[ev] == _KIND["transfer"], -2, keys[ev])
+            else:
+                colour = np.full(len(ev), -4 if info["kind"] == "host" else -3 if info["cross"] else -2)
+            for c, a, w in _lane_rects(colour, ev, px0, px1, plot_w):
                 if c >= 0:
                     fill, stroke = palette[c % len(palette)], ""
+                elif c == -4:
+                    fill, stroke = f"url(#pw-tl-hatch) {HATCH[1]}", ' stroke="#666" stroke-width="1"'
                 else:
                     fill = "#e9e9e9"
                     stroke = f' stroke="{_html.CROSS_ISLAND if c == -3 else "#555"}" stroke-width="1"'
@@ -663,9 +719,17 @@ def timeline_html(
                 )
         y += h
     height = y + 4
+    has_host = any(x["kind"] == "host" for x in lanes)
+    defs = (
+        '<defs><pattern id="pw-tl-hatch" patternUnits="userSpaceOnUse" width="6" height="6">'
+        f'<rect width="6" height="6" fill="{HATCH[1]}"/><path d="M-1,1 l2,-2 M0,6 l6,-6 M5,7 l2,-2" '
+        f'stroke="{HATCH[0]}" stroke-width="1.5"/></pattern></defs>'
+        if has_host
+        else ""
+    )
     svg = (
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'style="font:10px {_html.FONT}">{"".join(ticks)}{"".join(parts)}</svg>'
+        f'style="font:10px {_html.FONT}">{defs}{"".join(ticks)}{"".join(parts)}</svg>'
     )
     if color_by == "run":
         entries = [(palette[k % len(palette)], f"run {r['id']} {r['name']} ({r['state']})") for k, r in enumerate(runs)]
@@ -673,8 +737,67 @@ def timeline_html(
         col = 2 if color_by == "program" else 3
         seen = list(dict.fromkeys(int(x) for x in ids[:, col]))
         entries = [(palette[k % len(palette)], strings[s] if s != NONE else "?") for k, s in enumerate(seen)]
-    legend = _html.legend_html(entries[-MAX_LEGEND:], more=max(0, len(entries) - MAX_LEGEND))
+    legend = _legend_html(entries[-MAX_LEGEND:], max(0, len(entries) - MAX_LEGEND), host=has_host)
     return _html.page(head + legend + svg, "pw-timeline")
+
+
+def _lane_rects(
+    colour: np.ndarray, ev: np.ndarray, px0: np.ndarray, px1: np.ndarray, plot_w: int
+) -> list[tuple[int, int, int]]:
+    """One lane's rects, (colour key, x, width) in plot pixels, for its bars ``ev`` coloured ``colour``.
+
+    Later-starting bars paint over earlier ones; runs of one colour merge into one rect, except where a bar
+    at least `GAP_MIN` px wide ends and the next such bar starts: there the earlier rect ends a pixel early.
+    """
+    n = plot_w + 1
+    cover = np.full(n, -1, dtype=np.int64)
+    owner = np.full(n, -1, dtype=np.int64)
+    o = np.argsort(px0[ev], kind="stable")[-20000:]  # a static picture: the latest 20k bars per lane are plenty
+    for e, c in zip(ev[o].tolist(), colour[o].tolist()):
+        cover[px0[e] : px1[e]] = c
+        owner[px0[e] : px1[e]] = e
+    change = np.flatnonzero((np.diff(cover) != 0) | (np.diff(owner) != 0)) + 1
+    bounds = np.concatenate(([0], change, [n])).tolist()
+    rects: list[tuple[int, int, int]] = []
+    cur: list[int] | None = None  # colour, start, end, owner of the last piece
+    for a, b in itertools.pairwise(bounds):
+        c, e = int(cover[a]), int(owner[a])
+        if cur is not None and c == cur[0] and a == cur[2] and c != -1:
+            prev = cur[3]
+            # bar e starts here and the previous bar ends here (ceil/floor: within a pixel): back to back
+            abut = a == px0[e] and px1[prev] <= a + 1 and e != prev
+            if abut and cur[2] - cur[1] >= GAP_MIN and px1[e] - px0[e] >= GAP_MIN:
+                rects.append((cur[0], cur[1], cur[2] - 1))
+                cur = [c, a, b, e]
+            else:
+                cur[2], cur[3] = b, e
+            continue
+        if cur is not None and cur[0] != -1:
+            rects.append((cur[0], cur[1], cur[2]))
+        cur = [c, a, b, e]
+    if cur is not None and cur[0] != -1:
+        rects.append((cur[0], cur[1], cur[2]))
+    return [(c, a, min(b, plot_w) - a) for c, a, b in rects if a < plot_w and min(b, plot_w) > a]
+
+
+def _legend_html(entries: Sequence[tuple[str, str]], more: int, host: bool) -> str:
+    """The static legend: the colour keys, then the looks that are not colour keys (compile, transfers)."""
+    esc = _html.esc
+
+    def item(swatch: str, label: str) -> str:
+        return (
+            f'<span style="margin-right:10px;white-space:nowrap"><span style="display:inline-block;width:10px;'
+            f'height:10px;border-radius:2px;vertical-align:middle;{swatch}"></span> {esc(label)}</span>'
+        )
+
+    items = [item(f"background:{c}", label) for c, label in entries]
+    if more:
+        items.append(f'<span style="color:#666;margin-right:10px">+{more} more</span>')
+    if host:  # compiles are drawn on the host lane
+        items.append(item(f"background:{HATCH_CSS};border:1px solid #666", "compile (host)"))
+    items.append(item("background:#e9e9e9;border:1.5px solid #555", "transfer"))
+    items.append(item(f"background:#e9e9e9;border:1.5px solid {_html.CROSS_ISLAND}", "cross-island transfer"))
+    return f'<div class="pw-legend" style="margin:2px 0 4px">{"".join(items)}</div>'
 
 
 def timeline(runs: Any = None, live: bool = True, **kwargs: Any) -> TimelineWidget:
@@ -689,4 +812,4 @@ def timeline(runs: Any = None, live: bool = True, **kwargs: Any) -> TimelineWidg
     return TimelineWidget(runs, live=live, **kwargs)
 
 
-__all__ = ["EventEncoder", "TimelineWidget", "busy_union", "timeline", "timeline_html"]
+__all__ = ["EventEncoder", "TimelineWidget", "axis_labels", "busy_union", "lane_names", "timeline", "timeline_html"]

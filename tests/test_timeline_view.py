@@ -1,0 +1,173 @@
+"""What the timeline and the run widget's mini timeline tell a reader, on the Python side.
+
+Lane names in `Timeline.utilization()`, and the static pictures (what a saved notebook, nbconvert or
+GitHub shows): a legend entry for every look a bar can have, back-to-back bars kept apart, a time axis
+that starts at "0 ns" and never repeats a label, a labelled mini timeline. The live front-ends are
+checked in test_browser_timeline_js.py.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import pw_kernel as pw
+from pw_kernel.runtime import NodeEvent
+
+pytest.importorskip("anywidget")
+
+from pw_kernel.widgets import RunWidget, TimelineWidget, _html  # noqa: E402
+
+HOSTILE = "<img src=x onerror=alert(1)>"
+BLUE = _html.RUN_PALETTE[0]  # the first run's colour
+
+
+def node(seq, name, start, end, devices=(0,), kind="compute", run=0, island=0, src=None):
+    """A NodeEvent as the runtime records it: ``name`` ran from ``start`` to ``end`` (ns) on ``devices``."""
+    ev = NodeEvent(seq, run, "p", "default", name, kind, devices, island, src, start, 0, "f32[8]")
+    ev.start, ev.end = start, end
+    return ev
+
+
+def chained_layers(n=6, ms=1.0, devices=(0, 1, 2, 3), t0=5_000_000_000):
+    """``n`` layers that run back to back on ``devices`` (a `--mode chained` loop), ``ms`` each."""
+    d = int(ms * 1e6)
+    return [node(k, "layer", t0 + k * d, t0 + (k + 1) * d, devices) for k in range(n)]
+
+
+def two_island_program():
+    a = pw.slice(4, mesh={"data": 4}, name="a", island=0)
+    b = pw.slice(4, mesh={"data": 4}, name="b", island=1)
+    f = pw.compiled(lambda v: jnp.tanh(v @ v.T), slice=a, in_specs=P("data", None), out_specs=P("data", None), name="f")
+    g = pw.compiled(lambda v: v * 2.0, slice=b, in_specs=P("data", None), out_specs=P("data", None), name="g")
+
+    @pw.program
+    def step(v):
+        return g(f(v) + 1.0)
+
+    return step, jax.device_put(jnp.ones((8, 8)), a.sharding("data", None))
+
+
+def legend_of(page: str) -> str:
+    """The static legend's text."""
+    block = re.search(r'<div class="pw-legend".*?</div>', page, flags=re.S).group(0)
+    return html.unescape(re.sub(r"<[^>]+>", "", block))
+
+
+def axis_of(page: str) -> list[str]:
+    """The static picture's tick labels, left to right."""
+    return [html.unescape(t) for t in re.findall(r'<text [^>]*text-anchor="middle" fill="#555">([^<]*)</text>', page)]
+
+
+# ---------------------------------------------------------------- utilization
+def test_utilization_is_keyed_by_the_lane_names_the_timeline_shows(ctl2):
+    step, x = two_island_program()
+    step.submit(x).wait(30)
+    tl = pw.timeline(live=False)
+    util = tl.utilization()
+    assert set(util) == {lane["label"] for lane in tl.lanes}
+    assert not [k for k in util if k.startswith(("dev:", "xfer:")) or k == "host"], util
+    assert util["cpu:0"] > 0 and util["host (compile)"] > 0  # f ran on device 0; its first call compiled
+    assert "island 0 → island 1" in util
+    busiest = sorted(util.items(), key=lambda kv: -kv[1])[:4]  # the quickstart's cell reads as lane names
+    assert all(not name.startswith("dev:") for name, _ in busiest)
+
+
+def test_lanes_that_share_a_label_are_told_apart():
+    from pw_kernel.widgets.timeline_widget import lane_names
+
+    lanes = [
+        {"key": "dev:0", "label": "gpu"},
+        {"key": "dev:1", "label": "gpu"},
+        {"key": "xfer:0:1", "label": "island 0 → island 1"},
+    ]
+    assert lane_names(lanes) == ["gpu [dev:0]", "gpu [dev:1]", "island 0 → island 1"]
+    tl = TimelineWidget(events=chained_layers(devices=(0, 1)), live=False)
+    assert list(tl.utilization()) == ["device 0", "device 1"]
+    assert TimelineWidget(events=[], live=False).utilization() == {}
+
+
+# ---------------------------------------------------------------- static picture
+def test_static_legend_explains_compile_bars(ctl2):
+    step, x = two_island_program()
+    step.submit(x).wait(30)  # the first call compiles f and g: bars on the host lane
+    page = pw.timeline(live=False).static_html()
+    legend = legend_of(page)
+    assert "compile (host)" in legend and "transfer" in legend and "cross-island transfer" in legend
+    assert 'id="pw-tl-hatch"' in page and "url(#pw-tl-hatch)" in page  # the compile bars' own look
+    # a timeline without compiles does not list them
+    assert "compile" not in legend_of(TimelineWidget(events=chained_layers(), live=False).static_html())
+
+
+def test_static_picture_shows_six_chained_layers_as_six_bars():
+    tl = TimelineWidget(events=chained_layers(6), live=False)
+    page = tl.static_html()
+    rects = re.findall(r'<rect x="(\d+)" y="(\d+)" width="(\d+)" height="\d+" fill="' + BLUE + '"/>', page)
+    rows: dict[str, list[tuple[int, int]]] = {}
+    for x, y, w in rects:
+        rows.setdefault(y, []).append((int(x), int(w)))
+    assert len(rows) == 4 and all(len(bars) == 6 for bars in rows.values()), rows
+    for bars in rows.values():
+        # each ends a pixel before the next begins: a visible gap, not one long bar
+        assert all(x + w + 1 == nx for (x, w), (nx, _) in zip(bars, bars[1:])), bars
+
+
+def test_static_picture_still_merges_bars_thinner_than_a_pixel():
+    tiny = [node(k, "tick", k * 1_000, (k + 1) * 1_000) for k in range(5_000)]  # 5000 back-to-back 1 µs bars
+    page = TimelineWidget(events=tiny, live=False).static_html()
+    assert len(re.findall(f'fill="{BLUE}"', page)) == 1
+
+
+def test_static_axis_starts_at_0_ns_and_never_repeats_a_label():
+    labels = axis_of(TimelineWidget(events=chained_layers(6), live=False).static_html())
+    assert labels[0] == "0 ns" and len(labels) >= 3
+    assert len(set(labels)) == len(labels), labels
+
+
+def test_axis_labels_stay_distinct_zoomed_far_in():
+    from pw_kernel.widgets.timeline_widget import axis_labels
+
+    # a 1 µs window 14.1 ms into a run: ticks 100 ns apart
+    ticks = [14_100_000 + k * 100 for k in range(10)]
+    labels = axis_labels(ticks, 100)
+    assert len(set(labels)) == len(labels), labels
+    assert labels[:2] == ["14.1000 ms", "14.1001 ms"]
+    assert axis_labels([0, 500_000, 1_000_000], 500_000) == ["0 ns", "0.5 ms", "1.0 ms"]
+    assert axis_labels([-2e9, 0, 2e9], 2e9) == ["-2 s", "0 ns", "2 s"]
+
+
+def test_static_picture_keeps_names_as_text():
+    tl = TimelineWidget(events=[node(0, HOSTILE, 0, 1_000)], live=False, title=HOSTILE)
+    page = tl.static_html()
+    assert HOSTILE not in page and html.escape(HOSTILE) in page
+
+
+# ---------------------------------------------------------------- run widget
+def test_run_widget_static_picture_labels_its_mini_timeline(ctl2):
+    step, x = two_island_program()
+    run = step.submit(x)
+    run.wait(30)
+    w = RunWidget(run)
+    page = w.static_html()
+    assert "this run&#x27;s nodes on each device over time:" in page
+    assert "compute" in page
+    labels = [html.unescape(t) for t in re.findall(r'<text class="pw-run-mini-label"[^>]*>([^<]*)</text>', page)]
+    assert labels == list(w.lanes) == [f"cpu:{d}" for d in range(8)]  # a name per device row
+    scale = re.findall(r'<text class="pw-run-mini-scale"[^>]*>([^<]*)</text>', page)
+    assert scale[0] == "0 ns" and re.fullmatch(r"[\d.]+ (ns|µs|ms|s)", scale[1]), scale
+
+
+def test_mini_timeline_names_only_the_ends_when_rows_are_thin():
+    from pw_kernel.widgets.run import mini_timeline_html
+
+    names = [f"dev{k}" for k in range(32)] + [HOSTILE]
+    page = mini_timeline_html(names, [0, 0, 1e6, 0, 32, 5e5, 2e6, 2])
+    labels = [html.unescape(t) for t in re.findall(r'<text class="pw-run-mini-label"[^>]*>([^<]*)</text>', page)]
+    assert labels == ["dev0", HOSTILE] and HOSTILE not in page
+    assert "transfer" in page and "glue" not in page  # the colour key lists what is drawn
+    assert mini_timeline_html([], []) == ""
