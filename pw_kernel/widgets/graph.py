@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import html
 import re
 import shutil
 import threading
@@ -95,6 +96,16 @@ class PipelineRows:
     slices: tuple[Any, ...]
     rows: tuple[tuple[int, ...], ...]
     microbatches: int  # the most calls of one function on one slice
+
+
+@dataclasses.dataclass(frozen=True)
+class Arc:
+    """An edge `graph_svg` draws itself, above a pipeline row: DOT ids of its ends, its tooltip."""
+
+    src: str
+    dst: str
+    tip: str
+    faint: bool  # a parameter read: lighter
 
 
 def pipeline_rows(graph: Any) -> PipelineRows | None:
@@ -164,14 +175,25 @@ def graph_dot(graph: Any) -> str:
 
         print(graph_dot(step.trace(x)))    # digraph "step" { ... }
     """
+    return _dot(graph, pipeline_rows(graph), posts=True)
+
+
+def _dot(graph: Any, grid: PipelineRows | None, posts: bool, arcs: list[Arc] | None = None) -> str:
+    """`graph_dot`'s body.
+
+    In a grid: ``posts`` hints the rows' order with one invisible post per row;
+    a list ``arcs`` takes the edges that stay inside one row without joining
+    neighbours in it (a stage's parameters, activations kept for the backward),
+    which `graph_svg` draws as arcs above the row instead of giving them to dot:
+    routed by dot, they bend the rows out of line.
+    """
     palette = _html.SLICE_PALETTE
     fill = {id(s): palette[k % len(palette)] for k, s in enumerate(graph.slices)}
     values = graph.values
-    grid = pipeline_rows(graph)
     out = [
         f"digraph {_q(graph.name)} {{",
         f'  graph [rankdir={"LR" if grid else "TB"}, bgcolor="#ffffff", nodesep=0.25, ranksep={0.3 if grid else 0.35}, '
-        f'fontname="Helvetica", fontsize={FONT_SIZE}, newrank=true{", concentrate=true" if grid else ""}];',
+        f'fontname="Helvetica", fontsize={FONT_SIZE}, newrank=true];',
         f'  node [fontname="Helvetica", fontsize={FONT_SIZE}, style=filled, penwidth=1, height=0.3, margin="0.1,0.04"];',
         f'  edge [fontname="Helvetica", fontsize={FONT_SIZE - 2}, color="#555555", fontcolor="#333333", arrowsize=0.7];',
     ]
@@ -240,6 +262,7 @@ def graph_dot(graph: Any) -> str:
 
     # the slices' boxes; in a pipeline grid each box is a row: inputs, nodes in dispatch order, outputs
     members: dict[int, list[str]] = {}
+    neighbours: set[tuple[str, str]] = set()  # consecutive in a row
     for key, sid in home.items():
         members.setdefault(sid, []).append(key)
     for k, s in enumerate(slices):
@@ -255,49 +278,61 @@ def graph_dot(graph: Any) -> str:
         out.append(
             f"  subgraph cluster_{k} {{ label={_q(label)}; tooltip={_q(_slice_desc(s))}; labeljust=l; "
             f'style="rounded,filled"; fillcolor={_q(_tint(colour))}; color={_q(colour)}; penwidth=1.5;'
+            + (f" margin={2 * FONT_SIZE};" if grid else "")  # room above the row for its arcs
         )
         out.append(f"    {'; '.join(keys)};")
         if grid:
             row = sorted((key for key in keys if key.startswith("n")), key=lambda key: int(key[1:]))
+            neighbours.update(zip(row, row[1:]))
             if len(row) > 1:  # keeps the row in dispatch order, left to right, on one line
                 out.append(f"    {' -> '.join(row)} [style=invis, weight=8];")
                 out.append("    " + " ".join(f"{key} [group=row{k}];" for key in row))
-            # the row's inputs at its start, its outputs in one column at its end (an invisible edge beside a
-            # real one would hide it: concentrate=true merges the two)
-            first, last = graph.nodes[int(row[0][1:])], graph.nodes[int(row[-1][1:])]
+            # the row's inputs at its start, its outputs in one column at its end
             outs = [key for key in keys if key.startswith("out")]
             for key in keys:
-                if key.startswith("in") and int(key[2:]) not in first.inputs:
+                if key.startswith("in"):
                     out.append(f"    {key} -> {row[0]} [style=invis];")
             for key in outs:
-                if graph.outputs[int(key[3:])] not in last.outputs:
-                    out.append(f"    {row[-1]} -> {key} [style=invis];")
+                out.append(f"    {row[-1]} -> {key} [style=invis];")
             if outs:
                 out.append(f"    {{ rank=same; {'; '.join(outs)}; }}")
+            if posts:  # an invisible post at the row's start, one per row
+                out.append(f'    row{k} [style=invis, shape=point, width=0, height=0, label=""]; row{k} -> {row[0]} [style=invis];')
         out.append("  }")
+    if grid and posts:  # the posts are the out-edges of one invisible root, in stage order (ordering=out)
+        posts = [f"row{k}" for k, s in enumerate(slices) if members.get(id(s))]
+        out.append('  rows [style=invis, shape=point, width=0, height=0, label="", ordering=out];')
+        out.append("  " + " ".join(f"rows -> {p} [style=invis];" for p in posts))
+        out.append(f"  {{ rank=same; {'; '.join(posts)}; }}")
 
-    def edge(src: str, dst: str, v: Any) -> str:
+    def edge(src: str, dst: str, v: Any) -> str | None:
         if not grid:
             return f"  {src} -> {dst} [label={_q(v.type_str)}, tooltip={_q(_value_desc(v))}];"
-        # a stage's own inputs (its parameters) feed most of its row: faint, and left out of the layout
-        if src.startswith("in") and src in home:
+        param = src.startswith("in") and src in home  # a stage's own input (its parameters): feeds most of its row
+        in_row = home.get(src, 0) == home.get(dst, 1) and (src, dst) not in neighbours and not dst.startswith("out")
+        if arcs is not None and (param or in_row):
+            arcs.append(Arc(src, dst, _value_desc(v), faint=param))
+            return None
+        if param:
             how = ', color="#c0c0c0", constraint=false, weight=0'
-        elif home.get(src, 0) == home.get(dst, 1):  # within a row: its line stays straight, the edge bends
+        elif in_row:  # its line stays straight, the edge bends
             how = ", weight=0"
         else:
             how = ""
         return f"  {src} -> {dst} [tooltip={_q(_value_desc(v))}{how}];"
 
+    edges = []
     for node in graph.nodes:
         for vid in node.inputs:
             v = values[vid]
             if v.origin == "const":
                 continue
-            out.append(edge(f"in{vid}" if v.producer is None else f"n{v.producer}", f"n{node.id}", v))
+            edges.append(edge(f"in{vid}" if v.producer is None else f"n{v.producer}", f"n{node.id}", v))
     for k, vid in enumerate(graph.outputs):
         v = values[vid]
         if v.origin != "const":
-            out.append(edge(f"in{vid}" if v.producer is None else f"n{v.producer}", f"out{k}", v))
+            edges.append(edge(f"in{vid}" if v.producer is None else f"n{v.producer}", f"out{k}", v))
+    out += [e for e in edges if e is not None]
     out.append("}")
     return "\n".join(out)
 
@@ -389,12 +424,95 @@ def graph_svg(graph: Any) -> str:
     Raises GraphvizError, whose message says what to install and includes
     the DOT source, when the ``graphviz`` package or ``dot`` is missing.
 
+    A pipeline's rows should read top to bottom in stage order, which dot
+    does not promise (it orders boxes to cut crossings): the layout is
+    checked, and laid out once more with other hints when the order came out
+    wrong (the first layout is kept when none is right).
+
     Example::
 
         svg = graph_svg(step.trace(x))
         IPython.display.SVG(svg)
     """
-    return dot_to_svg(graph_dot(graph))
+    grid = pipeline_rows(graph)
+    if grid is None:
+        return dot_to_svg(_dot(graph, None, posts=False))
+    arcs: list[Arc] = []
+    svg = dot_to_svg(_dot(graph, grid, posts=True, arcs=arcs))
+    if not _rows_in_order(svg, len(grid.rows)):
+        again = dot_to_svg(_dot(graph, grid, posts=False, arcs=[]))
+        svg = again if _rows_in_order(again, len(grid.rows)) else svg
+    return _draw_arcs(svg, arcs)
+
+
+_NUM = r"-?[\d.]+(?:e-?\d+)?"
+
+
+def _boxes(svg: str) -> dict[str, tuple[float, float, float, float]]:
+    """Each drawn node's and cluster's box (x0, y0, x1, y1) in graphviz's SVG, by DOT id / cluster name."""
+    out = {}
+    for part in re.split(r'<g id="(?:node|clust)\d+" class="(?:node|cluster)">', svg)[1:]:
+        part = part.split("<!--", 1)[0]
+        title = re.search(r"<title>([^<]*)</title>", part)
+        if title is None:
+            continue
+        pts = re.findall(rf"({_NUM}),({_NUM})", " ".join(re.findall(r'(?:points|d)="([^"]*)"', part)))
+        if not pts:  # a plaintext node: its text, about 0.6 em a character wide
+            t = re.search(rf'<text text-anchor="middle" x="({_NUM})" y="({_NUM})"[^>]*>([^<]*)</text>', part)
+            if t is None:
+                continue
+            x, y, w = float(t.group(1)), float(t.group(2)), 0.3 * FONT_SIZE * len(html.unescape(t.group(3)))
+            out[title.group(1)] = (x - w, y - FONT_SIZE, x + w, y + 3)
+            continue
+        xs, ys = [float(a) for a, _ in pts], [float(b) for _, b in pts]
+        out[title.group(1)] = (min(xs), min(ys), max(xs), max(ys))
+    return out
+
+
+def _draw_arcs(svg: str, arcs: list[Arc]) -> str:
+    """``svg`` with ``arcs`` drawn in, under the nodes: from one node over the top of a later one in its row."""
+    if not arcs:
+        return svg
+    boxes = _boxes(svg)
+    parts = ['<g id="pw-arcs" class="pw-arcs">']
+    for a in arcs:
+        s, d = boxes.get(a.src), boxes.get(a.dst)
+        if s is None or d is None:
+            continue
+        if a.src.startswith("in"):  # an input at the row's start: leave from its right end
+            x1, y1 = s[2] + 2, (s[1] + s[3]) / 2
+        else:
+            x1, y1 = (s[0] + s[2]) / 2 + 4, s[1]
+        x2, y2 = (d[0] + d[2]) / 2 - 4, d[1] - 1
+        lift = min(12 + 0.06 * abs(x2 - x1), 2.2 * FONT_SIZE)  # longer reads arc higher, inside the row's box
+        top = min(y1, y2) - lift
+        colour = "#c0c0c0" if a.faint else "#8a8a8a"
+        tip = _html.esc(f"{a.src} -> {a.dst}: {a.tip}")
+        parts.append(
+            f'<g class="edge pw-arc"><title>{tip}</title>'
+            f'<path fill="none" stroke="{colour}" d="M{x1:.1f},{y1:.1f}C{x1 + (x2 - x1) / 4:.1f},{top:.1f} '
+            f'{x2 - (x2 - x1) / 4:.1f},{top:.1f} {x2:.1f},{y2 - 5:.1f}"/>'
+            f'<polygon fill="{colour}" stroke="{colour}" points="{x2 - 2.5:.1f},{y2 - 5:.1f} {x2 + 2.5:.1f},{y2 - 5:.1f} '
+            f'{x2:.1f},{y2:.1f}"/></g>'
+        )
+    parts.append("</g>")
+    # after the boxes and under the nodes and edges, inside the graph's own group (its transform applies)
+    at = min((i for i in (svg.find('<g id="node'), svg.find('<g id="edge')) if i >= 0), default=-1)
+    if at < 0:
+        return svg
+    at = svg.rfind("<!--", 0, at) if svg.rfind("<!--", 0, at) > svg.rfind("</g>", 0, at) else at
+    return svg[:at] + "".join(parts) + "\n" + svg[at:]
+
+
+def _rows_in_order(svg: str, n: int) -> bool:
+    """Whether the boxes ``cluster_0 .. cluster_{n-1}`` of a laid-out grid sit top to bottom in that order."""
+    tops = []
+    for k in range(n):
+        m = re.search(rf"<title>cluster_{k}</title>.*?(?:points|d)=\"M?(-?[\d.]+),(-?[\d.]+)", svg, re.S)
+        if m is None:
+            return True  # not a layout this check understands: keep it
+        tops.append(float(m.group(2)))
+    return tops == sorted(tops)
 
 
 def repr_svg(graph: Any) -> str | None:
