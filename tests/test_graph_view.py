@@ -14,7 +14,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -70,9 +69,11 @@ def paper_program():
 def clusters_of(dot: str) -> dict[str, set[str]]:
     """DOT node ids per cluster, read back from `graph_dot`'s output."""
     out = {}
-    for m in re.finditer(r"subgraph (cluster_\d+) \{ label=\"((?:[^\"\\]|\\.)*)\";(.*?)\n  \}", dot, flags=re.S):
+    for m in re.finditer(r"subgraph (cluster_\d+) \{ label=\"((?:[^\"\\]|\\.)*)\";(.*?)\n  \}", dot, flags=re.DOTALL):
         body = m.group(3)
-        members = set(re.findall(r"^    ((?:n|in|out)\d+(?:; (?:n|in|out)\d+)*);$", body, flags=re.M)[0].split("; "))
+        members = set(
+            re.findall(r"^    ((?:n|in|out)\d+(?:; (?:n|in|out)\d+)*);$", body, flags=re.MULTILINE)[0].split("; ")
+        )
         out[m.group(2)] = members
     return out
 
@@ -128,6 +129,8 @@ def test_the_tutorial_pipeline_is_a_grid_one_row_per_slice_microbatches_in_order
         assert all(g.nodes[i].slice is slices[j] for i in row)
     dot = graph_dot(g)
     assert "rankdir=LR" in dot
+    visible = [e for e in re.findall(r"^  \w+ -> \w+ \[.*\];$", dot, flags=re.MULTILINE) if "style=invis" not in e]
+    assert len(visible) == sum(1 for n in g.nodes for v in n.inputs) + len(g.outputs)  # the DOT has every edge
     boxes = clusters_of(dot)
     assert len(boxes) == 4
     for s, label in zip(slices, sorted(boxes)):
@@ -137,8 +140,9 @@ def test_the_tutorial_pipeline_is_a_grid_one_row_per_slice_microbatches_in_order
 
 
 @needs_dot
-def test_the_pipeline_grid_as_laid_out(ctl):
-    g, _ = tutorial_pipeline(M=4)
+@pytest.mark.parametrize("schedule, M, S", [("gpipe", 4, 4), ("gpipe", 8, 3), ("1f1b", 4, 4), ("zero_bubble", 8, 2)])
+def test_the_pipeline_grid_as_laid_out(ctl, schedule, M, S):
+    g, _ = tutorial_pipeline(M=M, S=S, schedule=schedule)
     svg = graph_svg(g)
     pos = node_positions(svg)
     rows = pipeline_rows(g)
@@ -147,10 +151,15 @@ def test_the_pipeline_grid_as_laid_out(ctl):
         line = [pos[f"n{i}"] for i in row]
         assert max(y for _, y in line) - min(y for _, y in line) < 1.0  # each row is one straight line
         xs = [x for x, _ in line]
-        assert xs == sorted(xs)  # in dispatch order: microbatch 0, 1, 2, 3 left to right
+        assert xs == sorted(xs)  # in dispatch order: microbatch 0, 1, 2, ... left to right
         ys.append(line[0][1])
-    assert ys == sorted(ys)  # stage 0 on top, stage 3 at the bottom
-    assert svg.count('class="cluster"') == 4
+    assert ys == sorted(ys)  # stage 0 on top, the last stage at the bottom
+    assert svg.count('class="cluster"') == S
+    # reads within a row (a stage's parameters, activations kept for the backward) are arcs above it
+    arcs = svg.count('class="edge pw-arc"')
+    drawn_by_dot = len(re.findall(r'<g id="edge\d+" class="edge">', svg))
+    every_edge = sum(1 for n in g.nodes for v in n.inputs if g.values[v].origin != "const") + len(g.outputs)
+    assert arcs > 0 and arcs + drawn_by_dot == every_edge
     # text at its own readable size, however large the graph
     sizes = {float(s) for s in re.findall(r'font-size="([\d.]+)"', svg)}
     assert min(sizes) >= graph_mod.FONT_SIZE - 2
@@ -419,9 +428,7 @@ def test_wheel_zooms_drag_pans_buttons_reset_and_search_highlights(page):
         st = {"svg": graph_svg(g), "title": g.summary(), "height": 500, "min_start_zoom": 0.7}
     finally:
         pw.shutdown()
-    page.evaluate(
-        "async ([src, st]) => { window.w = await mount(src, st); }", [(STATIC / "graph.js").read_text(), st]
-    )
+    page.evaluate("async ([src, st]) => { window.w = await mount(src, st); }", [(STATIC / "graph.js").read_text(), st])
     root = page.locator(".pw-graph-view")
     assert root.locator("svg g.node").count() == int(root.get_attribute("data-nodes")) > 40
     start = _transform(page)
@@ -473,9 +480,7 @@ def test_hostile_names_in_the_widget_stay_text(page):
         st = {"svg": graph_svg(g), "title": g.summary(), "height": 400, "min_start_zoom": 0.7}
     finally:
         pw.shutdown()
-    page.evaluate(
-        "async ([src, st]) => { window.w = await mount(src, st); }", [(STATIC / "graph.js").read_text(), st]
-    )
+    page.evaluate("async ([src, st]) => { window.w = await mount(src, st); }", [(STATIC / "graph.js").read_text(), st])
     root = page.locator(".pw-graph-view").last
     assert HOSTILE in root.locator(".pw-gv-title").inner_text()
     assert HOSTILE in " ".join(root.locator("g.node text").all_text_contents())

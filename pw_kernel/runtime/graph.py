@@ -166,7 +166,7 @@ class ProgramGraph:
         """
         try:
             returned = _returned_expr(self.jaxpr)
-        except Exception:  # the source moved or cannot be read: names from the output's structure only
+        except Exception:  # noqa: BLE001 - the source moved or cannot be read: names from the structure only
             returned = None
         return output_names(self.out_tree, len(self.outputs), returned)
 
@@ -249,7 +249,7 @@ def output_names(out_tree: Any, n: int, returned: ast.expr | None = None) -> tup
     try:
         tree = jax.tree_util.tree_unflatten(out_tree, list(range(n)))
         flat = jax.tree_util.tree_flatten_with_path(tree)[0]
-    except Exception:  # a custom pytree whose unflatten checks its leaves, say
+    except Exception:  # noqa: BLE001 - a custom pytree whose unflatten checks its leaves, say
         return fallback
     if [leaf for _, leaf in flat] != list(range(n)):
         return fallback

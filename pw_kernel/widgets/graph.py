@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import html
+import itertools
 import re
 import shutil
 import threading
@@ -192,8 +193,10 @@ def _dot(graph: Any, grid: PipelineRows | None, posts: bool, arcs: list[Arc] | N
     values = graph.values
     out = [
         f"digraph {_q(graph.name)} {{",
-        f'  graph [rankdir={"LR" if grid else "TB"}, bgcolor="#ffffff", nodesep=0.25, ranksep={0.3 if grid else 0.35}, '
-        f'fontname="Helvetica", fontsize={FONT_SIZE}, newrank=true];',
+        (
+            f'  graph [rankdir={"LR" if grid else "TB"}, bgcolor="#ffffff", nodesep=0.25, '
+            f'ranksep={0.3 if grid else 0.35}, fontname="Helvetica", fontsize={FONT_SIZE}, newrank=true];'
+        ),
         f'  node [fontname="Helvetica", fontsize={FONT_SIZE}, style=filled, penwidth=1, height=0.3, margin="0.1,0.04"];',
         f'  edge [fontname="Helvetica", fontsize={FONT_SIZE - 2}, color="#555555", fontcolor="#333333", arrowsize=0.7];',
     ]
@@ -253,7 +256,7 @@ def _dot(graph: Any, grid: PipelineRows | None, posts: bool, arcs: list[Arc] | N
     for k, vid in enumerate(graph.outputs):
         v = values[vid]
         out.append(
-            f"  out{k} [label={_q(f'{out_names[k]}: {v.type_str}')}, shape=plaintext, style=\"\", "
+            f'  out{k} [label={_q(f"{out_names[k]}: {v.type_str}")}, shape=plaintext, style="", '
             f"tooltip={_q(f'output {k} ({out_names[k]}): {_value_desc(v)}')}];"
         )
         p = graph.nodes[v.producer] if v.producer is not None else None
@@ -283,7 +286,7 @@ def _dot(graph: Any, grid: PipelineRows | None, posts: bool, arcs: list[Arc] | N
         out.append(f"    {'; '.join(keys)};")
         if grid:
             row = sorted((key for key in keys if key.startswith("n")), key=lambda key: int(key[1:]))
-            neighbours.update(zip(row, row[1:]))
+            neighbours.update(itertools.pairwise(row))
             if len(row) > 1:  # keeps the row in dispatch order, left to right, on one line
                 out.append(f"    {' -> '.join(row)} [style=invis, weight=8];")
                 out.append("    " + " ".join(f"{key} [group=row{k}];" for key in row))
@@ -297,7 +300,9 @@ def _dot(graph: Any, grid: PipelineRows | None, posts: bool, arcs: list[Arc] | N
             if outs:
                 out.append(f"    {{ rank=same; {'; '.join(outs)}; }}")
             if posts:  # an invisible post at the row's start, one per row
-                out.append(f'    row{k} [style=invis, shape=point, width=0, height=0, label=""]; row{k} -> {row[0]} [style=invis];')
+                out.append(
+                    f'    row{k} [style=invis, shape=point, width=0, height=0, label=""]; row{k} -> {row[0]} [style=invis];'
+                )
         out.append("  }")
     if grid and posts:  # the posts are the out-edges of one invisible root, in stage order (ordering=out)
         posts = [f"row{k}" for k, s in enumerate(slices) if members.get(id(s))]
@@ -367,7 +372,7 @@ def _layout(source: str) -> str:
     def work() -> None:
         try:
             box["svg"] = gv.Source(source).pipe(format="svg", encoding="utf-8", quiet=True)
-        except BaseException as e:  # handed to the caller's thread
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
             box["error"] = e
 
     # the package's pipe() has no timeout: wait for it on a helper thread, so a hung dot cannot hang the kernel
@@ -390,7 +395,9 @@ def _layout(source: str) -> str:
             source,
         ) from None
     if err is not None:
-        raise GraphvizError(f"`graph_svg`: graphviz could not lay the graph out: {err!r}\nThe DOT source:\n{source}", source)
+        raise GraphvizError(
+            f"`graph_svg`: graphviz could not lay the graph out: {err!r}\nThe DOT source:\n{source}", source
+        )
     svg = box["svg"]
     start = svg.find("<svg")
     svg = svg[start:] if start >= 0 else svg
@@ -508,7 +515,7 @@ def _rows_in_order(svg: str, n: int) -> bool:
     """Whether the boxes ``cluster_0 .. cluster_{n-1}`` of a laid-out grid sit top to bottom in that order."""
     tops = []
     for k in range(n):
-        m = re.search(rf"<title>cluster_{k}</title>.*?(?:points|d)=\"M?(-?[\d.]+),(-?[\d.]+)", svg, re.S)
+        m = re.search(rf"<title>cluster_{k}</title>.*?(?:points|d)=\"M?(-?[\d.]+),(-?[\d.]+)", svg, re.DOTALL)
         if m is None:
             return True  # not a layout this check understands: keep it
         tops.append(float(m.group(2)))
@@ -581,8 +588,8 @@ def _missing_html(e: GraphvizError) -> str:
 __all__ = [
     "GraphvizError",
     "PipelineRows",
-    "dot_binary",
     "display_graph",
+    "dot_binary",
     "dot_to_svg",
     "graph_dot",
     "graph_html",

@@ -54,4 +54,4 @@ class GraphWidget(PwWidget):
         return f"GraphWidget({self.title})"
 
 
-__all__ = ["GraphWidget", "MIN_START_ZOOM"]
+__all__ = ["MIN_START_ZOOM", "GraphWidget"]

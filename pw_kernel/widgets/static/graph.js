@@ -40,8 +40,8 @@ function nodeText(g) {
 
 function render({ model, el }) {
   const root = h("div", "pw-w pw-graph-view");
+  const title = h("div", "pw-gv-title");
   const bar = h("div", "pw-gv-bar");
-  const title = h("span", "pw-gv-title");
   const search = h("input", "pw-gv-search");
   search.type = "search";
   search.placeholder = "search (Enter: next)";
@@ -55,12 +55,12 @@ function render({ model, el }) {
   fit.title = "show the whole graph";
   const one = h("button", "pw-gv-reset", "1:1");
   one.title = "natural size (reset)";
-  bar.append(title, search, count, out, inn, fit, one);
+  bar.append(search, count, out, inn, fit, one);
   const viewport = h("div", "pw-gv-viewport");
   const stage = h("div", "pw-gv-stage");
   viewport.appendChild(stage);
   const hint = h("div", "pw-gv-hint", "wheel: zoom · drag: pan · double-click: fit · hover a node: details");
-  root.append(bar, viewport, hint);
+  root.append(title, bar, viewport, hint);
   el.appendChild(root);
 
   let svg = null;
@@ -94,15 +94,16 @@ function render({ model, el }) {
     apply(true);
   }
 
-  function startZoom(width) {
-    // the whole width if that keeps text readable, else natural size (pan for the rest)
-    return Math.min(1, Math.max(model.get("min_start_zoom") || 0.7, width / natural.w));
+  function startZoom(width, maxH) {
+    // the whole graph if that keeps text readable, else as much as does (pan for the rest); never enlarged
+    const whole = Math.min(width / natural.w, maxH / natural.h);
+    return Math.min(1, Math.max(model.get("min_start_zoom") || 0.7, whole));
   }
 
   function startView() {
     const width = viewport.getBoundingClientRect().width;
-    const k = width > 0 ? startZoom(width) : 1;
     const maxH = model.get("height") || 560;
+    const k = width > 0 ? startZoom(width, maxH) : 1;
     viewport.style.height = `${Math.round(Math.min(maxH, Math.max(natural.h * k + 2, 60)))}px`;
     view = { x: width > 0 && natural.w * k < width ? (width - natural.w * k) / 2 : 0, y: 0, k };
     apply();
