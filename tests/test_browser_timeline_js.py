@@ -1,4 +1,5 @@
-"""The timeline's front-end on its own in Chromium: the chunk protocol, level of detail at 100,000 events, escaping.
+"""The timeline's front-end on its own in Chromium: the chunk protocol, level of detail at 100,000 events, escaping,
+what the picture tells a reader (legend, bars kept apart, time axis), and the run widget's labelled mini timeline.
 
 The ES module runs against a stand-in for the ipywidgets model, fed with the
 very bytes `EventEncoder` produces; no Jupyter involved (that is
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -32,6 +34,13 @@ STATIC = Path(__file__).resolve().parent.parent / "pw_kernel" / "widgets" / "sta
 HOSTILE = "<img src=x onerror=alert(1)>"
 from chromium import CHROMIUM_ARGS as ARGS  # noqa: E402, I001
 HARNESS = """
+// Record the text drawn on canvases (the time axis), as a person reads it off the screen.
+window.texts = [];
+const fillText = CanvasRenderingContext2D.prototype.fillText;
+CanvasRenderingContext2D.prototype.fillText = function (t, ...rest) {
+  window.texts.push(String(t));
+  return fillText.call(this, t, ...rest);
+};
 window.b64 = (s) => { const bin = atob(s); const u = new Uint8Array(bin.length);
   for (let i = 0; i < bin.length; i++) u[i] = bin.charCodeAt(i); return new DataView(u.buffer); };
 window.mount = async (src, state) => {
@@ -50,7 +59,7 @@ window.mount = async (src, state) => {
   document.body.appendChild(el);
   const cleanup = mod.render({model, el});
   const emit = (name, ...args) => (handlers.get(name) || []).forEach((f) => f(...args));
-  return {model, el, sent, emit, cleanup, root: el.querySelector('.pw-timeline')};
+  return {model, el, sent, emit, cleanup, root: el.querySelector('.pw-timeline') || el.firstElementChild};
 };
 """
 
@@ -170,4 +179,132 @@ def test_names_are_text_in_labels_legend_and_tooltip(page):
     tip = root.locator(".pw-tip")
     assert tip.is_visible() and tip.inner_text().startswith(HOSTILE)
     assert page.locator("img").count() == 0 and page.dialogs == []
+    page.evaluate("() => window.w.cleanup()")
+
+
+# ------------------------------------------------------------ what a reader sees
+BLUE = (0x4E, 0x79, 0xA7)  # the first run's colour
+AXIS_TEXT = "() => { window.texts = []; window.w.root.pwTimeline.redraw(); return window.texts; }"
+PIXEL_ROW = """(lane) => {
+    const root = window.w.root;
+    const canvas = root.querySelector('canvas');
+    const label = root.querySelector(`.pw-tl-lane-label[data-lane="${lane}"]`).getBoundingClientRect();
+    const box = canvas.getBoundingClientRect();
+    const dpr = canvas.width / box.width;
+    const y = Math.round((label.top + label.height / 2 - box.top) * dpr);
+    return Array.from(canvas.getContext('2d').getImageData(0, y, canvas.width, 1).data);
+}"""
+
+
+def node(seq, name, start, end, devices=(0,), kind="compute", run=0, island=0, src=None):
+    ev = NodeEvent(seq, run, "p", "default", name, kind, devices, island, src, start, 0, "f32[8]")
+    ev.start, ev.end = start, end
+    return ev
+
+
+def chained_layers(n=6, ms=1.0, devices=(0, 1, 2, 3), t0=5_000_000_000):
+    """``n`` layers back to back on ``devices`` (a `--mode chained` loop), ``ms`` each, on a realistic clock."""
+    d = int(ms * 1e6)
+    return [node(k, "layer", t0 + k * d, t0 + (k + 1) * d, devices) for k in range(n)]
+
+
+def mount(page, evs, devices=range(4), islands=None, runs=None):
+    enc = EventEncoder([(d, f"cpu:{d}", (islands or {}).get(d, 0)) for d in devices])
+    enc.encode(evs)
+    st = state_for(enc, runs or [{"id": 0, "name": "layers", "tenant": "default", "state": "done"}], live=False)
+    page.evaluate(MOUNT, [(STATIC / "timeline.js").read_text(), st])
+    page.evaluate("() => window.w.root.pwTimeline.redraw()")
+    return page.locator(".pw-timeline").last
+
+
+def bar_runs(pixels, colour=BLUE):
+    """How many separate stretches of ``colour`` a row of RGBA pixels shows."""
+    on = [
+        px[3] > 200 and all(abs(px[i] - colour[i]) < 24 for i in range(3))
+        for px in (pixels[i : i + 4] for i in range(0, len(pixels), 4))
+    ]
+    return sum(1 for k, v in enumerate(on) if v and (k == 0 or not on[k - 1]))
+
+
+def test_legend_explains_compile_bars_and_merged_transfers(page):
+    islands = {d: 0 if d < 4 else 1 for d in range(8)}
+    evs = [node(0, "compile layer", 0, 3_000_000, devices=(), kind="compile")]
+    evs += [node(1 + k, "layer", 3_000_000 + k * 1_000_000, 4_000_000 + k * 1_000_000, (0, 1, 2, 3)) for k in range(6)]
+    # hundreds of short transfers, far closer together than a pixel: drawn as shaded strips
+    for k in range(400):
+        t = 3_000_000 + k * 15_000
+        evs.append(node(100 + k, "transfer", t, t + 5_000, (0,), "transfer", island=0, src=0))
+        evs.append(node(600 + k, "transfer", t, t + 5_000, (4,), "transfer", island=1, src=0))
+    tl = mount(page, evs, devices=range(8), islands=islands)
+    legend = tl.locator(".pw-tl-legend").inner_text()
+    for entry in ("compile (host)", "transfer", "cross-island transfer", "transfers merged at this zoom",
+                  "cross-island transfers merged"):  # fmt: skip
+        assert entry in legend, legend
+    # the strip is really there, dark grey, on the intra-island transfer lane
+    strip = page.evaluate(PIXEL_ROW, "xfer:0:0")
+    dark = [strip[i : i + 4] for i in range(0, len(strip), 4) if strip[i + 3] > 100 and max(strip[i : i + 3]) < 140]
+    assert len(dark) > 50
+    # a timeline of compute alone lists only what it draws
+    plain = mount(page, chained_layers())
+    legend = plain.locator(".pw-tl-legend").inner_text()
+    assert "compile" not in legend and "merged" not in legend, legend
+    page.evaluate("() => window.w.cleanup()")
+
+
+def test_six_chained_layers_show_as_six_bars(page):
+    tl = mount(page, chained_layers(6))
+    for d in range(4):
+        assert bar_runs(page.evaluate(PIXEL_ROW, f"dev:{d}")) == 6, d
+    assert tl.get_attribute("data-bar-gaps") == "20"  # 5 cuts on each of 4 devices
+    # zoomed far out the layers are thinner than a pixel: they merge (level of detail)
+    page.evaluate("() => { const s = window.w.root.pwTimeline.stats(); window.w.root.pwTimeline.setView("
+                  "s.tmin - 1e9, s.tmin + 1e9); window.w.root.pwTimeline.redraw(); }")  # fmt: skip
+    assert bar_runs(page.evaluate(PIXEL_ROW, "dev:0")) == 1
+    assert tl.get_attribute("data-bar-gaps") == "0"
+    page.evaluate("() => window.w.cleanup()")
+
+
+def test_time_axis_starts_at_0_ns_and_labels_differ_zoomed_far_in(page):
+    tl = mount(page, chained_layers(20))  # 20 ms of layers
+    labels = page.evaluate(AXIS_TEXT)
+    assert labels[0] == "0 ns" and len(labels) >= 3, labels
+    assert len(set(labels)) == len(labels), labels
+    # zoom in with the mouse wheel around 14.1 ms, down to a window of a microsecond or so
+    canvas = tl.locator("canvas")
+    box = canvas.bounding_box()
+    page.mouse.move(box["x"] + box["width"] * 0.70, box["y"] + box["height"] / 2)
+    for _ in range(12):
+        page.mouse.wheel(0, -600)
+    page.wait_for_function(
+        "() => /in view [\\d.]+ (ns|µs)/.test(window.w.root.querySelector('.pw-tl-stats').textContent)"
+    )
+    labels = page.evaluate(AXIS_TEXT)
+    assert len(labels) >= 3 and len(set(labels)) == len(labels), labels
+    assert all(re.fullmatch(r"1\d\.\d{4,} ms", x) for x in labels), labels  # ms since the start, to the tick
+    page.evaluate("() => window.w.cleanup()")
+
+
+RUN_STATE = {
+    "run_id": 4, "name": "layers", "program": "layers", "state": "done", "done": 6, "total": 6, "elapsed": 0.01,
+    "error": "", "mode": "chained", "tenant": "default", "outputs": [],
+}  # fmt: skip
+
+
+def test_run_widget_mini_timeline_says_what_it_shows(page):
+    lanes = [f"cpu:{d}" for d in range(3)] + [HOSTILE]
+    bars = [lane for k in range(6) for lane in (k % 4, k * 1e6 / 3, (k + 1) * 1e6 / 3, 0)] + [3, 0, 2e6, 2]
+    st = {**RUN_STATE, "lanes": lanes, "bars": bars}
+    page.evaluate(MOUNT, [(STATIC / "run.js").read_text(), st])
+    run = page.locator(".pw-run").last
+    caption = run.locator(".pw-run-mini-caption").inner_text()
+    assert "nodes on each device over time" in caption and "compute" in caption and "transfer" in caption
+    assert "glue" not in caption  # the key lists the kinds drawn
+    assert run.locator(".pw-run-mini-label").all_inner_texts() == lanes  # a name per row, as text
+    assert run.locator(".pw-run-mini-scale span").all_inner_texts() == ["0 ns", "2 ms"]
+    assert page.locator("img").count() == 0 and page.dialogs == []
+    page.evaluate("() => window.w.cleanup()")
+    # many devices: rows too thin for a name each; the first and last are named
+    many = [f"cpu:{d}" for d in range(32)]
+    page.evaluate(MOUNT, [(STATIC / "run.js").read_text(), {**RUN_STATE, "lanes": many, "bars": [0, 0, 1e6, 0]}])
+    assert page.locator(".pw-run").last.locator(".pw-run-mini-label").all_inner_texts() == ["cpu:0", "cpu:31"]
     page.evaluate("() => window.w.cleanup()")

@@ -9,6 +9,7 @@ checked in test_browser_timeline_js.py.
 from __future__ import annotations
 
 import html
+import itertools
 import re
 
 import jax
@@ -21,7 +22,7 @@ from pw_kernel.runtime import NodeEvent
 
 pytest.importorskip("anywidget")
 
-from pw_kernel.widgets import RunWidget, TimelineWidget, _html  # noqa: E402
+from pw_kernel.widgets import RunWidget, TimelineWidget, _html
 
 HOSTILE = "<img src=x onerror=alert(1)>"
 BLUE = _html.RUN_PALETTE[0]  # the first run's colour
@@ -55,7 +56,7 @@ def two_island_program():
 
 def legend_of(page: str) -> str:
     """The static legend's text."""
-    block = re.search(r'<div class="pw-legend".*?</div>', page, flags=re.S).group(0)
+    block = re.search(r'<div class="pw-legend".*?</div>', page, flags=re.DOTALL).group(0)
     return html.unescape(re.sub(r"<[^>]+>", "", block))
 
 
@@ -104,6 +105,26 @@ def test_static_legend_explains_compile_bars(ctl2):
     assert "compile" not in legend_of(TimelineWidget(events=chained_layers(), live=False).static_html())
 
 
+def test_static_legend_explains_merged_transfer_strips():
+    evs = chained_layers(6, devices=(0, 1))
+    for k in range(400):  # short transfers much closer together than a pixel: a strip, not 400 boxes
+        t = 5_000_000_000 + k * 15_000
+        evs.append(node(100 + k, "transfer", t, t + 5_000, (0,), "transfer", island=0, src=0))
+        evs.append(node(600 + k, "transfer", t, t + 5_000, (1,), "transfer", island=1, src=0))
+    page = TimelineWidget(events=evs, live=False).static_html()
+    legend = legend_of(page)
+    assert "transfers merged at this scale" in legend and "cross-island transfers merged" in legend, legend
+    assert "compile" not in legend
+    # two transfers wide enough to see are two boxes, and nothing merged is listed
+    two = [
+        node(0, "transfer", 0, 1_000_000, (0,), "transfer", src=1),
+        node(1, "transfer", 1_000_000, 2_000_000, (0,), "transfer", src=1),
+    ]
+    page = TimelineWidget(events=two, live=False).static_html()
+    assert "merged" not in legend_of(page)
+    assert len(re.findall(r'fill="#e9e9e9" stroke="#d62828"', page)) == 2  # on the island 1 → island 0 lane
+
+
 def test_static_picture_shows_six_chained_layers_as_six_bars():
     tl = TimelineWidget(events=chained_layers(6), live=False)
     page = tl.static_html()
@@ -114,7 +135,7 @@ def test_static_picture_shows_six_chained_layers_as_six_bars():
     assert len(rows) == 4 and all(len(bars) == 6 for bars in rows.values()), rows
     for bars in rows.values():
         # each ends a pixel before the next begins: a visible gap, not one long bar
-        assert all(x + w + 1 == nx for (x, w), (nx, _) in zip(bars, bars[1:])), bars
+        assert all(x + w + 1 == nx for (x, w), (nx, _) in itertools.pairwise(bars)), bars
 
 
 def test_static_picture_still_merges_bars_thinner_than_a_pixel():

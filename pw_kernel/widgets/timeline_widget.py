@@ -52,6 +52,8 @@ GAP_MIN = 4
 #: Compile bars (host lane): a diagonal hatch, as in timeline.js; grey where a viewer drops SVG patterns.
 HATCH = ("#8a8a8a", "#e4e4e4")
 HATCH_CSS = f"repeating-linear-gradient(135deg,{HATCH[0]} 0 1.5px,{HATCH[1]} 1.5px 4px)"
+#: Transfers closer together than a pixel, merged into a strip: (intra-island, cross-island) fill.
+MERGED = ("#8c8c8c", "#e07a7a")
 _UNITS = ((1e9, "s"), (1e6, "ms"), (1e3, "µs"), (1.0, "ns"))
 
 
@@ -689,6 +691,7 @@ def timeline_html(
             f'<text x="{x:.1f}" y="{axis_h - 6}" text-anchor="middle" fill="#555">{esc(label)}</text>'
         )
     kind = ids[:, 6]
+    merged: set[bool] = set()  # merged-transfer strips drawn: False intra-island, True cross-island
     for lane in order:
         info = lanes[lane]
         h = 16 if info["kind"] == "device" else 12
@@ -700,23 +703,30 @@ def timeline_html(
             f'<text x="{width - 2}" y="{y + h - 4}" text-anchor="end" fill="#333">{util * 100:.0f}%</text>'
         )
         if len(ev):
-            # colour keys: >= 0 the palette; -2 a transfer (also one on a device lane, as the live view draws
-            # it apart from compute), -3 a cross-island transfer, -4 a compile on the host lane
+            # colour keys: >= 0 the palette; -2 a transfer, -3 a cross-island transfer, -4 a compile (host lane).
+            # On a device lane transfers are drawn low, under the compute bars, as the live view draws them.
+            strips = []  # (bars, their colour keys, y, height)
             if info["kind"] == "device":
-                colour = np.where(kind[ev] == _KIND["transfer"], -2, keys[ev])
+                xfer = kind[ev] == _KIND["transfer"]
+                strips.append((ev[~xfer], keys[ev[~xfer]], y + 1, h - 4))
+                strips.append((ev[xfer], np.full(int(xfer.sum()), -2), y + h // 2 + 1, h - h // 2 - 3))
             else:
-                colour = np.full(len(ev), -4 if info["kind"] == "host" else -3 if info["cross"] else -2)
-            for c, a, w in _lane_rects(colour, ev, px0, px1, plot_w):
-                if c >= 0:
-                    fill, stroke = palette[c % len(palette)], ""
-                elif c == -4:
-                    fill, stroke = f"url(#pw-tl-hatch) {HATCH[1]}", ' stroke="#666" stroke-width="1"'
-                else:
-                    fill = "#e9e9e9"
-                    stroke = f' stroke="{_html.CROSS_ISLAND if c == -3 else "#555"}" stroke-width="1"'
-                parts.append(
-                    f'<rect x="{label_w + a}" y="{y + 1}" width="{w}" height="{h - 4}" fill="{fill}"{stroke}/>'
+                strips.append(
+                    (ev, np.full(len(ev), -4 if info["kind"] == "host" else -3 if info["cross"] else -2), y + 1, h - 4)
                 )
+            for sev, colour, sy, sh in strips:
+                for c, a, w, k in _lane_rects(colour, sev, px0, px1, plot_w) if len(sev) else ():
+                    if c >= 0:
+                        fill, stroke = palette[c % len(palette)], ""
+                    elif c == -4:
+                        fill, stroke = f"url(#pw-tl-hatch) {HATCH[1]}", ' stroke="#666" stroke-width="1"'
+                    elif k > 1:  # transfers closer than a pixel: a strip, as the live view draws them
+                        fill, stroke = MERGED[c == -3], ""
+                        merged.add(c == -3)
+                    else:
+                        fill = "#e9e9e9"
+                        stroke = f' stroke="{_html.CROSS_ISLAND if c == -3 else "#555"}" stroke-width="1"'
+                    parts.append(f'<rect x="{label_w + a}" y="{sy}" width="{w}" height="{sh}" fill="{fill}"{stroke}/>')
         y += h
     height = y + 4
     has_host = any(x["kind"] == "host" for x in lanes)
@@ -737,14 +747,14 @@ def timeline_html(
         col = 2 if color_by == "program" else 3
         seen = list(dict.fromkeys(int(x) for x in ids[:, col]))
         entries = [(palette[k % len(palette)], strings[s] if s != NONE else "?") for k, s in enumerate(seen)]
-    legend = _legend_html(entries[-MAX_LEGEND:], max(0, len(entries) - MAX_LEGEND), host=has_host)
+    legend = _legend_html(entries[-MAX_LEGEND:], max(0, len(entries) - MAX_LEGEND), host=has_host, merged=merged)
     return _html.page(head + legend + svg, "pw-timeline")
 
 
 def _lane_rects(
     colour: np.ndarray, ev: np.ndarray, px0: np.ndarray, px1: np.ndarray, plot_w: int
-) -> list[tuple[int, int, int]]:
-    """One lane's rects, (colour key, x, width) in plot pixels, for its bars ``ev`` coloured ``colour``.
+) -> list[tuple[int, int, int, int]]:
+    """One lane's rects, (colour key, x, width, bars in it) in plot pixels, for bars ``ev`` coloured ``colour``.
 
     Later-starting bars paint over earlier ones; runs of one colour merge into one rect, except where a bar
     at least `GAP_MIN` px wide ends and the next such bar starts: there the earlier rect ends a pixel early.
@@ -758,8 +768,8 @@ def _lane_rects(
         owner[px0[e] : px1[e]] = e
     change = np.flatnonzero((np.diff(cover) != 0) | (np.diff(owner) != 0)) + 1
     bounds = np.concatenate(([0], change, [n])).tolist()
-    rects: list[tuple[int, int, int]] = []
-    cur: list[int] | None = None  # colour, start, end, owner of the last piece
+    rects: list[tuple[int, int, int, int]] = []
+    cur: list[int] | None = None  # colour, start, end, owner of the last piece, bars merged
     for a, b in itertools.pairwise(bounds):
         c, e = int(cover[a]), int(owner[a])
         if cur is not None and c == cur[0] and a == cur[2] and c != -1:
@@ -767,20 +777,20 @@ def _lane_rects(
             # bar e starts here and the previous bar ends here (ceil/floor: within a pixel): back to back
             abut = a == px0[e] and px1[prev] <= a + 1 and e != prev
             if abut and cur[2] - cur[1] >= GAP_MIN and px1[e] - px0[e] >= GAP_MIN:
-                rects.append((cur[0], cur[1], cur[2] - 1))
-                cur = [c, a, b, e]
+                rects.append((cur[0], cur[1], cur[2] - 1, cur[4]))
+                cur = [c, a, b, e, 1]
             else:
-                cur[2], cur[3] = b, e
+                cur[2], cur[3], cur[4] = b, e, cur[4] + (e != prev)
             continue
         if cur is not None and cur[0] != -1:
-            rects.append((cur[0], cur[1], cur[2]))
-        cur = [c, a, b, e]
+            rects.append((cur[0], cur[1], cur[2], cur[4]))
+        cur = [c, a, b, e, 1]
     if cur is not None and cur[0] != -1:
-        rects.append((cur[0], cur[1], cur[2]))
-    return [(c, a, min(b, plot_w) - a) for c, a, b in rects if a < plot_w and min(b, plot_w) > a]
+        rects.append((cur[0], cur[1], cur[2], cur[4]))
+    return [(c, a, min(b, plot_w) - a, k) for c, a, b, k in rects if a < plot_w and min(b, plot_w) > a]
 
 
-def _legend_html(entries: Sequence[tuple[str, str]], more: int, host: bool) -> str:
+def _legend_html(entries: Sequence[tuple[str, str]], more: int, host: bool, merged: set[bool]) -> str:
     """The static legend: the colour keys, then the looks that are not colour keys (compile, transfers)."""
     esc = _html.esc
 
@@ -797,6 +807,10 @@ def _legend_html(entries: Sequence[tuple[str, str]], more: int, host: bool) -> s
         items.append(item(f"background:{HATCH_CSS};border:1px solid #666", "compile (host)"))
     items.append(item("background:#e9e9e9;border:1.5px solid #555", "transfer"))
     items.append(item(f"background:#e9e9e9;border:1.5px solid {_html.CROSS_ISLAND}", "cross-island transfer"))
+    if False in merged:
+        items.append(item(f"background:{MERGED[False]}", "transfers merged at this scale"))
+    if True in merged:
+        items.append(item(f"background:{MERGED[True]}", "cross-island transfers merged"))
     return f'<div class="pw-legend" style="margin:2px 0 4px">{"".join(items)}</div>'
 
 

@@ -1,8 +1,12 @@
 // RunWidget front-end: name, state, nodes done/total bar, elapsed (ticking while running), error, mini timeline.
-// Every string goes in through textContent.
+// The mini timeline is labelled (a caption with its colour key, a name per device row, a time scale), so it
+// reads on its own; run.py's static picture draws the same. Every string goes in through textContent.
 
 const STATE = { queued: "#9e9e9e", running: "#1e88e5", done: "#43a047", failed: "#e53935", cancelled: "#fb8c00" };
-const KIND = ["#4e79a7", "#a0cbe8", "#bbbbbb"]; // compute, glue, transfer
+const KIND = ["#4e79a7", "#a0cbe8", "#bbbbbb"]; // compute, glue, transfer (run.py's MINI_KINDS)
+const KIND_NAMES = ["compute", "glue", "transfer"];
+const MINI_H = 80; // px the mini timeline's rows share at most
+const LABEL_MIN = 8; // px a row needs for its own name; thinner rows name only the first and last device
 
 function h(tag, cls, text) {
   const e = document.createElement(tag);
@@ -15,6 +19,21 @@ function fmtSeconds(s) {
   if (s < 1) return `${(s * 1000).toFixed(0)} ms`;
   if (s < 60) return `${s.toFixed(2)} s`;
   return `${Math.floor(s / 60)} min ${(s % 60).toFixed(0)} s`;
+}
+
+// A duration as _html.fmt_ns writes it: 850 ns, 12.3 µs, 4.56 ms, 1.23 s.
+function fmtNs(ns) {
+  const a = Math.abs(ns);
+  const g = (x) => String(Number(x.toPrecision(3)));
+  if (a < 1e3) return `${ns.toFixed(0)} ns`;
+  if (a < 1e6) return `${g(ns / 1e3)} µs`;
+  if (a < 1e9) return `${g(ns / 1e6)} ms`;
+  return `${g(ns / 1e9)} s`;
+}
+
+// Row height of the mini timeline for n device rows (run.py's mini_lane_height).
+function laneHeight(n) {
+  return Math.max(3, Math.min(10, Math.floor(MINI_H / Math.max(n, 1))));
 }
 
 function render({ model, el }) {
@@ -32,8 +51,18 @@ function render({ model, el }) {
   line.append(id, name, badge, bar, count, elapsed, meta);
   const error = h("div", "pw-run-error");
   const outputs = h("table", "pw-run-outputs");
+  // the mini timeline: caption and colour key, device names | canvas over a time scale
+  const mini = h("div", "pw-run-mini");
+  const caption = h("div", "pw-sub pw-run-mini-caption");
+  const miniLabels = h("div", "pw-run-mini-labels");
   const canvas = h("canvas");
-  root.append(line, error, outputs, canvas);
+  const scale = h("div", "pw-sub pw-run-mini-scale");
+  const plot = h("div", "pw-run-mini-plot");
+  plot.append(canvas, scale);
+  const miniBody = h("div", "pw-run-mini-body");
+  miniBody.append(miniLabels, plot);
+  mini.append(caption, miniBody);
+  root.append(line, error, outputs, mini);
   el.appendChild(root);
 
   let base = 0; // elapsed seconds at the last update
@@ -89,25 +118,53 @@ function render({ model, el }) {
     const lanes = model.get("lanes") || [];
     const bars = model.get("bars") || [];
     if (!bars.length || !lanes.length) {
-      canvas.style.display = "none";
+      mini.style.display = "none";
       return;
     }
-    canvas.style.display = "block";
+    mini.style.display = "block";
     const dpr = window.devicePixelRatio || 1;
-    const width = Math.max(120, Math.min(root.clientWidth || 480, 720));
-    const laneH = Math.max(2, Math.min(6, Math.floor(48 / lanes.length)));
+    const width = Math.max(120, Math.min((root.clientWidth || 560) - 84, 640));
+    const laneH = laneHeight(lanes.length);
     const height = lanes.length * laneH;
+    let end = 1;
+    const kinds = new Set();
+    for (let i = 0; i < bars.length; i += 4) {
+      end = Math.max(end, bars[i + 2]);
+      kinds.add(bars[i + 3]);
+    }
+    // caption and colour key: what the rows, the colours and the scale mean
+    caption.replaceChildren(h("span", "", "this run's nodes on each device over time:"));
+    for (const k of [0, 1, 2]) {
+      if (!kinds.has(k)) continue;
+      const item = h("span", "pw-run-mini-key");
+      const sw = h("span", "pw-swatch");
+      sw.style.background = KIND[k];
+      item.append(sw, h("span", "", KIND_NAMES[k]));
+      caption.appendChild(item);
+    }
+    // a name per row, or the first and last device's when rows are too thin for text
+    miniLabels.replaceChildren();
+    miniLabels.style.height = `${height}px`;
+    const each = laneH >= LABEL_MIN;
+    miniLabels.classList.toggle("pw-compact", !each);
+    lanes.forEach((name, k) => {
+      if (!each && k !== 0 && k !== lanes.length - 1) return;
+      const d = h("div", "pw-run-mini-label", name);
+      d.title = `row ${k + 1}: ${name}`;
+      if (each) d.style.height = d.style.lineHeight = `${laneH}px`;
+      miniLabels.appendChild(d);
+    });
+    scale.replaceChildren(h("span", "", "0 ns"), h("span", "", fmtNs(end))); // from the first node's start
+    scale.style.width = `${width}px`;
     canvas.width = Math.round(width * dpr);
     canvas.height = Math.round(height * dpr);
     canvas.style.width = `${width}px`;
     canvas.style.height = `${height}px`;
-    canvas.title = `${bars.length / 4} node executions on ${lanes.length} devices`;
+    canvas.title = `${bars.length / 4} node executions on ${lanes.length} devices over ${fmtNs(end)}`;
     const ctx = canvas.getContext("2d");
     ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
     ctx.fillStyle = "rgba(128,128,128,0.10)";
     ctx.fillRect(0, 0, width, height);
-    let end = 1;
-    for (let i = 0; i < bars.length; i += 4) end = Math.max(end, bars[i + 2]);
     for (let i = 0; i < bars.length; i += 4) {
       const x0 = (bars[i + 1] / end) * width;
       const x1 = (bars[i + 2] / end) * width;

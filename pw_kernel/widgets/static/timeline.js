@@ -3,7 +3,9 @@
 // Data arrives as column-wise chunks (custom messages with binary buffers, or the `_base` trait) and is
 // kept in one store per model (shared by its views, surviving re-renders). Each lane keeps its bars
 // sorted by start, so a redraw touches only bars in view; bars closer than a pixel merge (level of
-// detail), so canvas calls are bounded by pixels, not events. Every string goes in through textContent.
+// detail), so canvas calls are bounded by pixels, not events. Bars wide enough to see stay apart: back to
+// back bars of one colour (six chained layers) are cut by a 1px gap, not drawn as one long bar. Every
+// colour and pattern drawn has a legend entry. Every string goes in through textContent.
 
 const HEX = /^#[0-9a-fA-F]{6}$/;
 const NONE = 0xffffffff;
@@ -11,6 +13,18 @@ const KINDS = ["compute", "glue", "transfer", "compile"];
 const U = 7; // uint32 fields per event: run, node, program, tenant, shapes, error, kind
 const AXIS_H = 22;
 const CROSS = "#d62828";
+const XFER = "#666"; // transfer lanes; merged transfers become a strip of this colour
+const XFER_DEV = "#444"; // transfers drawn low on device lanes
+const HATCH = ["#8a8a8a", "#e4e4e4"]; // compile bars on the host lane: diagonal hatch (stripes, ground)
+// A bar at least this wide on screen ends a pixel early where the next bar of its colour starts, so the two
+// read as two bars; narrower bars still merge (level of detail).
+const GAP_MIN = 4;
+const UNITS = [
+  [1e9, "s"],
+  [1e6, "ms"],
+  [1e3, "µs"],
+  [1, "ns"],
+];
 const STORES = (globalThis.__pwTimelineStores = globalThis.__pwTimelineStores || new Map());
 
 function h(tag, cls, text) {
@@ -31,6 +45,17 @@ function fmtNs(ns) {
   if (a < 1e6) return `${p(ns / 1e3)} µs`;
   if (a < 1e9) return `${p(ns / 1e6)} ms`;
   return `${p(ns / 1e9)} s`;
+}
+
+// Tick labels of the time axis: one unit for the whole axis (from its largest value) and as many decimals
+// as the tick step needs, so neighbouring labels differ even zoomed far in (14.1001 ms, 14.1002 ms, not
+// 14.1 ms twice). The origin reads "0 ns". timeline_widget.axis_labels is the same rule for the static picture.
+function axisLabels(values, step) {
+  let big = step;
+  for (const v of values) big = Math.max(big, Math.abs(v));
+  const [scale, unit] = UNITS.find(([sc]) => big >= sc) || UNITS[UNITS.length - 1];
+  const dec = Math.min(20, Math.max(0, Math.ceil(-Math.log10(step / scale) - 1e-9)));
+  return values.map((v) => (v === 0 ? "0 ns" : `${(v / scale).toFixed(dec)} ${unit}`));
 }
 
 function fmtBytes(n) {
@@ -294,7 +319,11 @@ function render({ model, el }) {
   plot.appendChild(canvas);
   const util = h("div", "pw-tl-util");
   body.append(labels, plot, util);
-  const hint = h("div", "pw-tl-hint", "wheel: zoom · drag: pan · double-click: fit · hover: details");
+  const hint = h(
+    "div",
+    "pw-tl-hint",
+    "wheel: zoom · drag: pan · double-click: fit · hover: details · paler bars: several short bars merged at this zoom",
+  );
   const tip = h("div", "pw-tip");
   root.append(head, legend, body, hint, tip);
   el.appendChild(root);
@@ -305,8 +334,9 @@ function render({ model, el }) {
   let colours = { mode: null, runsKey: null, version: -1, n: 0, idx: new Uint16Array(0) };
   let raf = 0;
   let lastDrawMs = 0;
-  let drawn = { bars: 0, rects: 0 };
+  let drawn = { bars: 0, rects: 0, gaps: 0, axis: [] };
   let hover = null;
+  let hatchTile = null;
   const rectBufs = new Map(); // colour -> {a: Float64Array of [x, y, w, h, alpha, bars merged], n}
 
   // ---- layout: display rows (devices first, then transfer paths) and DOM labels
@@ -420,11 +450,51 @@ function render({ model, el }) {
       legend.appendChild(item);
     }
     if (entries.length > shown.length) legend.appendChild(h("span", "pw-sub", `+${entries.length - shown.length} more`));
-    const x = h("span", "pw-item");
-    x.append(h("span", "pw-swatch pw-xfer"), h("span", "", "transfer"));
-    const xc = h("span", "pw-item");
-    xc.append(h("span", "pw-swatch pw-xfer-cross"), h("span", "", "cross-island transfer"));
-    legend.append(x, xc);
+    // What is drawn besides the coloured bars: an entry for each such look, for the lanes that can show it.
+    const kinds = laneKinds();
+    const extra = (entry, cls, text, tip) => {
+      const item = h("span", "pw-item pw-tl-legend-extra");
+      item.dataset.entry = entry;
+      item.title = tip;
+      item.append(h("span", `pw-swatch ${cls}`), h("span", "", text));
+      legend.appendChild(item);
+    };
+    if (kinds.host) extra("compile", "pw-compile", "compile (host)", "compiling an executable before a program's first call");
+    extra("transfer", "pw-xfer", "transfer", "one transfer: a light box (drawn low on a device lane)");
+    extra("cross", "pw-xfer-cross", "cross-island transfer", "a transfer between islands (the paper's DCN hop)");
+    if (kinds.transfer)
+      extra("merged", "pw-xfer-merged", "transfers merged at this zoom", "several transfers too close to tell apart; darker: busier");
+    if (kinds.cross)
+      extra("merged-cross", "pw-xfer-cross-merged", "cross-island transfers merged", "several cross-island transfers too close to tell apart");
+  }
+
+  function laneKinds() {
+    const lanes = model.get("lanes") || [];
+    return {
+      host: lanes.some((l) => l.kind === "host"),
+      transfer: lanes.some((l) => l.kind === "transfer"),
+      cross: lanes.some((l) => l.cross),
+    };
+  }
+
+  // The compile bars' fill: a small diagonal-hatch tile, repeated.
+  function hatch(ctx) {
+    if (!hatchTile) {
+      hatchTile = document.createElement("canvas");
+      hatchTile.width = hatchTile.height = 6;
+      const g = hatchTile.getContext("2d");
+      g.fillStyle = HATCH[1];
+      g.fillRect(0, 0, 6, 6);
+      g.strokeStyle = HATCH[0];
+      g.lineWidth = 1.5;
+      g.beginPath();
+      for (const d of [-6, 0, 6]) {
+        g.moveTo(d, 6);
+        g.lineTo(d + 6, 0);
+      }
+      g.stroke();
+    }
+    return ctx.createPattern(hatchTile, "repeat");
   }
 
   function drawHead() {
@@ -481,16 +551,18 @@ function render({ model, el }) {
     ctx.font = "10px system-ui, sans-serif";
     ctx.textAlign = "center";
     ctx.textBaseline = "alphabetic";
-    const first = Math.ceil((v0 - origin) / step) * step + origin;
-    for (let t = first; t <= v1; t += step) {
-      const x = (t - v0) * kx;
+    // ticks at whole multiples of the step from the origin (computed, not accumulated: no drift at deep zoom)
+    const rels = [];
+    for (let k = Math.ceil((v0 - origin) / step); origin + k * step <= v1 && rels.length < 500; k++) rels.push(k * step);
+    const axis = axisLabels(rels, step);
+    rels.forEach((rel, i) => {
+      const x = (origin + rel - v0) * kx;
       ctx.fillStyle = "rgba(128,128,128,0.35)";
       ctx.fillRect(Math.round(x), AXIS_H - 5, 1, height - AXIS_H + 5);
       ctx.fillStyle = ink;
-      const label = fmtNs(t - origin);
-      const half = ctx.measureText(label).width / 2 + 1;
-      ctx.fillText(label, Math.min(Math.max(x, half), width - half), AXIS_H - 8);
-    }
+      const half = ctx.measureText(axis[i]).width / 2 + 1;
+      ctx.fillText(axis[i], Math.min(Math.max(x, half), width - half), AXIS_H - 8);
+    });
     ctx.fillStyle = "rgba(128,128,128,0.6)";
     ctx.fillRect(0, AXIS_H - 1, width, 1);
 
@@ -499,7 +571,9 @@ function render({ model, el }) {
     const u32 = store.u32;
     let nBars = 0;
     let nRects = 0;
-    // per colour: flat [x, y, w, h, alpha, ...]; -1: transfers on a device lane, -2: transfer lane, -3: cross-island.
+    let nGaps = 0;
+    // per colour: flat [x, y, w, h, alpha, ...]; -1: transfers on a device lane, -2: transfer lane, -3: cross-island,
+    // -4: compiles on the host lane.
     // alpha shows density: a merged rect whose bars cover little of its pixels is drawn fainter.
     // Buffers are reused between draws: no allocation per redraw.
     for (const buf of rectBufs.values()) buf.n = 0;
@@ -525,7 +599,7 @@ function render({ model, el }) {
       if (lane && lane.n) {
         lane.ensureSorted();
         const isDev = row.info.kind === "device";
-        const laneColour = isDev ? null : row.info.cross ? -3 : -2;
+        const laneColour = isDev ? null : row.info.kind === "host" ? -4 : row.info.cross ? -3 : -2;
         const yb = row.y + 1;
         const hb = row.h - 3;
         const yx = row.y + Math.floor(row.h * 0.55);
@@ -556,12 +630,19 @@ function render({ model, el }) {
           const ev = idx[i];
           const dur = b - a;
           if (isDev && u32[ev * U + 6] === 2) {
-            if (tOn && x0 <= tx1 + 0.5) {
+            // back to back and both wide enough to see: two transfers, a pixel apart
+            const tgap = tOn && x0 >= tx1 - 0.5 && tx1 - tx0 >= GAP_MIN && x1 - x0 >= GAP_MIN;
+            if (tOn && x0 <= tx1 + 0.5 && !tgap) {
               if (x1 > tx1) tx1 = x1;
               tb += dur;
               tn++;
             } else {
-              if (tOn) put(-1, tx0, yx, tx1 - tx0, hx, tb, tn);
+              if (tgap) {
+                const cut = Math.round(tx1);
+                put(-1, tx0, yx, cut - 1 - tx0, hx, tb, tn);
+                nGaps++;
+                if (x0 < cut) x0 = cut;
+              } else if (tOn) put(-1, tx0, yx, tx1 - tx0, hx, tb, tn);
               tx0 = x0;
               tx1 = x1;
               tb = dur;
@@ -571,7 +652,18 @@ function render({ model, el }) {
             continue;
           }
           const c = laneColour === null ? cidx[ev] % palette.length : laneColour;
-          if (c === bc && x0 <= bx1 + 0.5) {
+          // Back to back with the bar before, in its colour, and both wide enough to see: keep them two bars
+          // (the earlier one ends a pixel early, on a whole pixel, so the gap is crisp) instead of merging.
+          const gap = c === bc && x0 >= bx1 - 0.5 && bx1 - bx0 >= GAP_MIN && x1 - x0 >= GAP_MIN;
+          if (gap) {
+            const cut = Math.round(bx1);
+            put(bc, bx0, yb, cut - 1 - bx0, hb, bb, bn);
+            nGaps++;
+            bx0 = x0 < cut ? cut : x0;
+            bx1 = x1;
+            bb = dur;
+            bn = 1;
+          } else if (c === bc && x0 <= bx1 + 0.5) {
             if (x1 > bx1) bx1 = x1;
             bb += dur;
             bn++;
@@ -603,8 +695,20 @@ function render({ model, el }) {
         }
         continue;
       }
+      if (c === -4) {
+        // compiles: hatched; one wide enough also outlined; merged ones paler where they cover little
+        ctx.fillStyle = hatch(ctx);
+        ctx.strokeStyle = XFER;
+        ctx.lineWidth = 1;
+        for (let j = 0; j < n * 6; j += 6) {
+          ctx.globalAlpha = a[j + 4];
+          ctx.fillRect(a[j], a[j + 1], a[j + 2], a[j + 3]);
+          if (a[j + 5] === 1 && a[j + 2] >= 3) ctx.strokeRect(a[j] + 0.5, a[j + 1] + 0.5, a[j + 2] - 1, a[j + 3] - 1);
+        }
+        continue;
+      }
       // transfers: one transfer wide enough is an outlined box; merged or thin ones a density strip
-      const stroke = c === -3 ? CROSS : c === -1 ? "#444" : "#666";
+      const stroke = c === -3 ? CROSS : c === -1 ? XFER_DEV : XFER;
       const fill = c === -1 ? "rgba(255,255,255,0.8)" : "rgba(210,210,210,0.7)";
       ctx.strokeStyle = stroke;
       ctx.lineWidth = 1;
@@ -659,9 +763,11 @@ function render({ model, el }) {
       `${store.nEv.toLocaleString()} events · ${runs} run${runs === 1 ? "" : "s"} · ${devN} devices` +
       (total > 0 ? ` · span ${fmtNs(total)} · in view ${fmtNs(span)}` : "") +
       (devN && store.nEv ? ` · mean device utilization ${((100 * devBusy) / devN).toFixed(0)}%` : "");
-    drawn = { bars: nBars, rects: nRects };
+    drawn = { bars: nBars, rects: nRects, gaps: nGaps, axis };
     root.dataset.events = String(store.nEv);
     root.dataset.barsInView = String(nBars);
+    root.dataset.barGaps = String(nGaps); // pixel gaps cut between back-to-back bars of one colour
+    root.dataset.axis = axis.join(" | "); // the tick labels drawn on the canvas, for tests and tools
     lastDrawMs = performance.now() - t0;
     root.dataset.drawMs = lastDrawMs.toFixed(2);
   }
@@ -813,7 +919,10 @@ function render({ model, el }) {
   let legendKey = "";
   function drawLegendIfNeeded() {
     const mode = model.get("color_by");
-    const key = `${mode}:${JSON.stringify(model.get("runs") || []).length}:${store.order[0].size}:${store.order[1].size}`;
+    const k = laneKinds();
+    const key =
+      `${mode}:${JSON.stringify(model.get("runs") || []).length}:${store.order[0].size}:${store.order[1].size}` +
+      `:${k.host}:${k.transfer}:${k.cross}`;
     if (key !== legendKey) {
       legendKey = key;
       drawLegend();
@@ -821,6 +930,7 @@ function render({ model, el }) {
   }
   const onLanes = () => {
     buildLayout();
+    drawLegendIfNeeded(); // a new host or transfer lane brings its legend entries
     schedule();
   };
   const onRuns = () => {
