@@ -11,7 +11,7 @@ from __future__ import annotations
 import colorsys
 import html
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -299,23 +299,6 @@ def run_html(s: Mapping[str, Any]) -> str:
 
 
 # ----------------------------------------------------------------- timeline
-def legend_html(entries: Iterable[tuple[str, str]], more: int = 0) -> str:
-    items = "".join(
-        f'<span style="margin-right:10px;white-space:nowrap"><span style="display:inline-block;width:10px;'
-        f'height:10px;background:{c};border-radius:2px;vertical-align:middle"></span> {esc(label)}</span>'
-        for c, label in entries
-    )
-    if more:
-        items += f'<span style="color:#666">+{more} more</span>'
-    items += (
-        '<span style="margin-left:6px;white-space:nowrap"><span style="display:inline-block;width:10px;height:8px;'
-        'border:1.5px solid #555;vertical-align:middle"></span> transfer</span>'
-        f'<span style="margin-left:10px;white-space:nowrap"><span style="display:inline-block;width:10px;height:8px;'
-        f'border:1.5px solid {CROSS_ISLAND};vertical-align:middle"></span> cross-island transfer</span>'
-    )
-    return f'<div class="pw-legend" style="margin:2px 0 4px">{items}</div>'
-
-
 def describe_outputs(outputs: Mapping[str, Any] | None) -> list[dict[str, str]]:
     """``{name: value or tuple of values}`` as rows of name, kind, type (``float32[8,8]``) and sharding.
 
