@@ -358,6 +358,19 @@ def test_without_anywidget_the_notebook_shows_the_static_picture(ctl2, monkeypat
     assert set(args[0]) == {"text/plain", "text/html"} and "pw-static pw-graph" in args[0]["text/html"]
 
 
+def test_without_graphviz_the_notebook_shows_what_to_install(ctl2, monkeypatch):
+    import IPython.display
+
+    shown = []
+    monkeypatch.setattr(IPython.display, "display", lambda *a, **k: shown.append((a, k)))
+    monkeypatch.setitem(sys.modules, "graphviz", None)
+    graph_mod._layout.cache_clear()
+    paper_program()._ipython_display_()
+    ((args, _),) = shown
+    assert WIDGET_MIME not in args[0]  # no widget without a picture
+    assert "pip install graphviz" in args[0]["text/html"] and "digraph &quot;paper&quot;" in args[0]["text/html"]
+
+
 def test_the_front_end_uses_no_html_sinks():
     src = (STATIC / "graph.js").read_text()
     for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "eval(", "new Function", "document.write"):

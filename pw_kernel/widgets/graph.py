@@ -311,8 +311,9 @@ def _dot(graph: Any, grid: PipelineRows | None, posts: bool, arcs: list[Arc] | N
         out.append(f"  {{ rank=same; {'; '.join(posts)}; }}")
 
     def edge(src: str, dst: str, v: Any) -> str | None:
-        if not grid:
-            return f"  {src} -> {dst} [label={_q(v.type_str)}, tooltip={_q(_value_desc(v))}];"
+        if not grid:  # (an output's edge keeps its label in the edge's own SVG group: no tooltip, as before)
+            tip = "" if dst.startswith("out") else f", tooltip={_q(_value_desc(v))}"
+            return f"  {src} -> {dst} [label={_q(v.type_str)}{tip}];"
         param = src.startswith("in") and src in home  # a stage's own input (its parameters): feeds most of its row
         in_row = home.get(src, 0) == home.get(dst, 1) and (src, dst) not in neighbours and not dst.startswith("out")
         if arcs is not None and (param or in_row):
