@@ -5,7 +5,9 @@
 * `show_pipeline`: a timeline of pipelined steps with their per-slice bubble and live activations beside it.
 * `RunWidget`: a run's state, nodes done / total, elapsed time, error and a mini timeline, live.
 * `graph_dot` / `graph_svg` / `graph_html`: the program graph as DOT, and laid out by graphviz ``dot``
-  (what `ProgramGraph.to_dot` and its reprs return).
+  (what `ProgramGraph.to_dot` and its reprs return): a box per slice, pipelines as a slices x
+  microbatches grid (`pipeline_rows`).
+* `GraphWidget` / `display_graph`: that picture in a notebook, with zoom, pan and search.
 
 The views consume only the runtime's public objects and its event stream.
 Names resolve lazily: the graph's functions need neither anywidget nor ipywidgets.
@@ -35,10 +37,23 @@ _EXPORTS = {
     "graph_html": ".graph",
     "repr_svg": ".graph",
     "dot_to_svg": ".graph",
+    "display_graph": ".graph",
+    "pipeline_rows": ".graph",
+    "GraphWidget": ".graph_widget",
 }
 
 if TYPE_CHECKING:
-    from .graph import GraphvizError, dot_to_svg, graph_dot, graph_html, graph_svg, repr_svg
+    from .graph import (
+        GraphvizError,
+        display_graph,
+        dot_to_svg,
+        graph_dot,
+        graph_html,
+        graph_svg,
+        pipeline_rows,
+        repr_svg,
+    )
+    from .graph_widget import GraphWidget
     from .mesh import MeshWidget, show_mesh
     from .pipeline import show_pipeline, stats_html
     from .run import RunWidget
@@ -59,15 +74,20 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "GraphWidget",
     "GraphvizError",
     "MeshWidget",
     "RunWidget",
     "TimelineWidget",
+    "display_graph",
     "dot_to_svg",
     "graph_dot",
     "graph_html",
     "graph_svg",
+    "pipeline_rows",
     "repr_svg",
     "show_mesh",
+    "show_pipeline",
+    "stats_html",
     "timeline",
 ]
