@@ -123,7 +123,7 @@ RunWidget(bad)""",
     # 11: a timeline made after a run: its data is in its initial state
     "timeline(quick_run, live=False)",
     # 12-14: the README's pictures, of a finished run and of the paper's example
-    "run.wait(120)\ntimeline(run, live=False)",
+    "timeline(run)  # live: it fills in as the run goes, while the kernel is idle",
     """pa = pw.compiled(lambda x: x * 2, slice=a, name="a")
 pb = pw.compiled(lambda x: x + 1, slice=a, name="b")
 pc = pw.compiled(lambda x: x / 2, slice=b, name="c")
@@ -532,11 +532,15 @@ def test_the_readme_pictures_are_taken_from_these_widgets(page):
         assert f"docs/screenshots/{name}" in readme, f"README.md should show docs/screenshots/{name}"
         target = _cell_output(page, cell).locator(selector).first
         expect(target).to_be_visible(timeout=120_000)
+        fit = target.get_by_role("button", name="fit")
+        if fit.count():  # the whole graph (or timeline) in view
+            fit.first.click()
         target.screenshot(path=str(SCREENSHOTS / name))
     # the timeline shows the whole finished run: 24 compute bars and its transfers
     tl = _cell_output(page, 12).locator(".pw-timeline")
-    assert int(tl.get_attribute("data-events")) > 48
+    page.wait_for_function("(tl) => +tl.dataset.events > 48", arg=tl.element_handle(), timeout=30_000)
     expect(tl.locator(".pw-tl-legend")).to_contain_text("step")
+    tl.screenshot(path=str(SCREENSHOTS / "timeline.png"))  # again, now that every bar is in
 
 
 def test_no_widget_errors_in_the_console(page):
