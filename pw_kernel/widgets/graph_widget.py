@@ -46,9 +46,17 @@ class GraphWidget(PwWidget):
         svg = graph_svg(graph)
         super().__init__(svg=svg, title=_summary(graph), height=height, **kwargs)
         self._static = graph_html(graph)  # cached layout: the same SVG
+        self._text = repr(graph)  # its nodes, one per line: what a plain-text reader of the notebook sees
 
     def static_html(self) -> str:
         return self._static
+
+    def _repr_mimebundle_(self, **kwargs: Any):
+        out = super()._repr_mimebundle_(**kwargs)
+        if out is None:
+            return None
+        data, metadata = out
+        return {**data, "text/plain": self._text}, metadata
 
     def __repr__(self) -> str:
         return f"GraphWidget({self.title})"
