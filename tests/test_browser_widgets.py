@@ -543,6 +543,32 @@ def test_the_readme_pictures_are_taken_from_these_widgets(page):
     tl.screenshot(path=str(SCREENSHOTS / "timeline.png"))  # again, now that every bar is in
 
 
+def test_what_a_newcomer_reads_in_jupyterlab(page):
+    # the live timeline of the finished run: its axis starts at 0 ns, its legend explains every mark,
+    # and back-to-back bars on a device are told apart
+    tl = _cell_output(page, 12).locator(".pw-timeline")
+    page.wait_for_function("(tl) => +tl.dataset.events > 48", arg=tl.element_handle(), timeout=30_000)
+    assert tl.get_attribute("data-axis").split(" | ")[0] == "0 ns"
+    legend = tl.locator(".pw-tl-legend").inner_text()
+    for entry in ("compile (host)", "transfer", "cross-island transfer"):
+        assert entry in legend, legend
+    # the run widget's mini timeline says what it shows and names its rows
+    run = _cell_output(page, 6).locator(".pw-run")
+    expect(run.locator(".pw-run-mini-caption")).to_contain_text("on each device over time")
+    expect(run.locator(".pw-run-mini-labels")).to_contain_text("cpu:")
+    # the program graph: outputs carry the names the program returns; wheel zooms, search finds nodes
+    view = _cell_output(page, 13).locator(".pw-graph-view")
+    expect(view).to_be_visible()
+    texts = " ".join(view.locator("g.node text").all_text_contents())
+    assert "y: float32[8]" in texts and "z: float32[8]" in texts, texts
+    before = float(view.get_attribute("data-zoom"))
+    view.locator(".pw-gv-viewport").hover()
+    page.mouse.wheel(0, -400)
+    page.wait_for_function(f"(v) => +v.dataset.zoom > {before}", arg=view.element_handle(), timeout=10_000)
+    view.locator("input").fill("cross-island")
+    page.wait_for_function("(v) => +v.dataset.hits === 2", arg=view.element_handle(), timeout=10_000)
+
+
 def test_no_widget_errors_in_the_console(page):
     # Run last (file order): every widget rendered without a JavaScript error.
     expect(_cell_output(page, 11).locator(".pw-timeline")).to_be_visible(timeout=120_000)
