@@ -96,3 +96,14 @@ def test_shard_map_out_specs_are_kept(ctl):
     x = jnp.arange(64.0).reshape(8, 8)
     sm = jax.shard_map(lambda v: v * 2, mesh=s.mesh, in_specs=P("a", None), out_specs=P("a", None))
     same(pw.program(lambda v: sm(whole(v)))(x), jax.jit(sm)(jax.device_put(x, s.sharding())))
+
+
+def test_an_array_on_a_mesh_no_slice_covers_is_adopted(ctl):
+    mesh = jax.make_mesh((4,), ("i",), axis_types=(jax.sharding.AxisType.Auto,))
+    x = jax.device_put(jnp.arange(8.0), jax.sharding.NamedSharding(mesh, P("i")))
+    f = pw.program(lambda v: jnp.sin(v) * 2)  # no pw.compiled call, no slice given: x's own mesh is used
+    same(f(x), jax.jit(lambda v: jnp.sin(v) * 2)(x))
+    adopted = [s for s in pw.controller().resources.slices if s.mesh == mesh]
+    assert len(adopted) == 1
+    same(f(x), jax.jit(lambda v: jnp.sin(v) * 2)(x))  # traced again: the same slice, not a second one
+    assert len([s for s in pw.controller().resources.slices if s.mesh == mesh]) == 1

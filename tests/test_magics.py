@@ -624,3 +624,15 @@ def test_cancel_and_reset(nb):
 def test_line_magic_mistakes_are_usage_errors(nb, line, message):
     with pytest.raises(UsageError, match=re.escape(message)):
         nb.ip.run_line_magic("pathways", line)
+
+
+def test_a_cell_reads_an_array_on_the_notebooks_own_mesh(nb):
+    nb.run(
+        """from jax.sharding import NamedSharding, PartitionSpec as P
+mesh = jax.make_mesh((4,), ("i",), axis_types=(jax.sharding.AxisType.Auto,))
+m = jax.device_put(jnp.arange(8.0), NamedSharding(mesh, P("i")))
+"""
+    )
+    nb.run("%%pathways --block\nz = jnp.sin(m) * 2\n")
+    np.testing.assert_allclose(nb.ns["z"], np.sin(np.arange(8.0)) * 2, rtol=1e-6)
+    assert nb.ns["z"].sharding == nb.ns["m"].sharding

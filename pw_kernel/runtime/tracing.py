@@ -197,6 +197,17 @@ def node_executable(eqns, invars, outvars, in_sh, out_sh, key: Any | None = None
     return fn
 
 
+def _adopt_mesh(resources: ResourceManager, sharding: Sharding) -> VirtualSlice | None:
+    """The slice made for a program input's own mesh (`pw.slice(mesh=...)`), when one island holds it."""
+    mesh = getattr(sharding, "mesh", None)
+    if not isinstance(sharding, NamedSharding) or not isinstance(mesh, jax.sharding.Mesh) or mesh.size < 2:
+        return None  # a single device or no mesh: the input is moved where it is read, as before
+    try:
+        return resources.allocate(None, mesh=mesh)
+    except PathwaysError:  # spread over islands: it is moved where it is read
+        return None
+
+
 def glue_out_shardings(eqns, invars, outvars, in_sh, s: VirtualSlice) -> list[Sharding]:
     """The shardings JAX gives the glue's outputs: compiled with its inputs' shardings and no
     out_shardings, so XLA's propagation, `with_sharding_constraint`, a nested jit's out_shardings
@@ -446,7 +457,11 @@ def _trace_program(
     input_ids = []
     for var, a, i in zip(jaxpr.invars, abstract, traced_idx):
         home = getattr(leaves[i], "slice", None)  # a future knows the slice it lives on
-        vid = b.new_value(a.shape, a.dtype, a.sharding, "input", slice_=home if isinstance(home, VirtualSlice) else None)
+        if not isinstance(home, VirtualSlice):
+            home = b.slice_of(a.sharding) if a.sharding is not None else None
+            if home is None:  # an array on a mesh of the notebook's own that no slice covers: adopt it
+                home = _adopt_mesh(resources, a.sharding)
+        vid = b.new_value(a.shape, a.dtype, a.sharding, "input", slice_=home)
         b.var_value[var] = vid
         input_ids.append(vid)
     consts: dict[int, Any] = {}
