@@ -12,6 +12,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from fresh_python import run_python
 from jax.sharding import PartitionSpec as P
 
@@ -76,3 +77,39 @@ def test_only_executables_with_collectives_are_bounded(ctl):
     run.wait(60)
     assert not any(st.collectives for st in run._rec.plan.steps)
     np.testing.assert_allclose(np.asarray(pw.get(run.outputs)), np.ones((8, 4)) * 2**40)
+
+
+RAISING_CALLBACK = """
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import PartitionSpec as P
+import pw_kernel as pw
+
+s = pw.slice(4, mesh={"d": 4}, name="four")
+
+def sensor(x):
+    raise ValueError("the sensor returned garbage")
+
+def check(x):  # the callback's result meets the other devices in a sum: they would wait for it
+    y = jax.pure_callback(sensor, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+    return jnp.sum(y) + x
+
+f = pw.compiled(check, slice=s, in_specs=P("d"), out_specs=P("d"), name="check")
+err = f(jnp.arange(8.0)).exception(timeout=60)
+assert isinstance(err, pw.NodeError) and err.node == "check", repr(err)
+assert "a host callback raised" in str(err) and "ValueError: the sensor returned garbage" in str(err), str(err)
+assert isinstance(err.__cause__, pw.HostCallbackError) and isinstance(err.__cause__.original, ValueError)
+g = pw.compiled(lambda x: x * 2, slice=s, in_specs=P("d"), out_specs=P("d"), name="after")
+np.testing.assert_array_equal(np.asarray(pw.get(g(jnp.arange(8.0)))), np.arange(8.0) * 2)
+
+@pw.program(mode="{mode}")
+def both(x):
+    return g(f(x))
+
+assert both(jnp.arange(8.0)).exception(timeout=60) is not None
+print("survived")
+"""
+
+
+@pytest.mark.parametrize("mode", ["chained", "fused"])
+def test_a_raising_callback_on_four_devices_fails_only_its_run(mode):
+    assert run_python(RAISING_CALLBACK.replace("{mode}", mode), timeout=200).strip().endswith("survived")

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import jax
 
 from .compiled import has_collectives
+from .errors import HostCallbackError
 from .events import NodeEvent
 from .lifecycle import FINAL, Work
 from .remote import bursting, flush_remote
@@ -447,6 +448,13 @@ class Dispatcher:
                     except Exception as e:
                         failed[i] = e
                         seen.add(rec.id)
+        failed_runs = {batch[i][0].id: i for i in failed}
+        for i, (rec, st, _, _) in enumerate(batch):
+            # A guarded host callback that raised let its computation finish: fail the node now.
+            errors = getattr(st.call, "callback_errors", None) if st.host_callbacks else None
+            if errors and failed_runs.get(rec.id, i + 1) > i:
+                failed[i] = HostCallbackError(errors.pop(0))
+                failed_runs[rec.id] = i
         emit = log.emit_node
         for i, (rec, _, ev, _) in enumerate(batch):
             err = failed.get(i) if failed else None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import re
+import traceback
 
 
 class PathwaysError(Exception):
@@ -49,6 +50,17 @@ class NodeError(PathwaysError, RuntimeError):
         self.run_id = run_id
         self.program = program
         self.node = node
+
+
+class HostCallbackError(PathwaysError, RuntimeError):
+    """A Python host callback raised inside a compiled computation, which was let finish (its node fails).
+
+    The message is the callback's own traceback; ``original`` is the exception it raised.
+    """
+
+    def __init__(self, original: BaseException):
+        super().__init__("".join(traceback.format_exception(original)).rstrip("\n"))
+        self.original = original
 
 
 class InputFailedError(PathwaysError, RuntimeError):
@@ -105,6 +117,8 @@ def describe_cause(exc: BaseException) -> str:
         describe_cause(ValueError("bad"))  # 'ValueError: bad'
     """
     text = str(exc)
+    if isinstance(exc, HostCallbackError):
+        return "a host callback raised: " + text
     m = _CALLBACK_WRAPPER.match(text)
     if m is not None:
         return "a host callback raised: " + text[m.end() :]

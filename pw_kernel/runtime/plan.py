@@ -11,7 +11,6 @@ import dataclasses
 import math
 from typing import Any, Literal
 
-import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
@@ -19,7 +18,7 @@ from .devices import remote_device_id
 from .errors import ArgumentError, FusedModeError
 from .graph import Node, ProgramGraph
 from .remote import RemoteCall, RemoteTransfer
-from .tracing import make_evaluator
+from .tracing import jit_of
 
 ExecMode = Literal["fused", "chained"]
 
@@ -255,9 +254,7 @@ def fused(graph: ProgramGraph) -> Plan:
         if not isinstance(sh, NamedSharding) or set(sh.device_set) != set(s.devices):
             sh = NamedSharding(s.mesh, PartitionSpec())
         out_sh.append(sh)
-    call = jax.jit(
-        make_evaluator(jaxpr.eqns, fused_vars, jaxpr.outvars), in_shardings=tuple(in_sh), out_shardings=tuple(out_sh)
-    )
+    call = jit_of(jaxpr.eqns, fused_vars, jaxpr.outvars, in_sh, out_sh)
     # Fused outputs get fresh slots so chained-graph value ids stay meaningful.
     out_slots = list(range(len(graph.values), len(graph.values) + len(graph.outputs)))
     anchor = work[0]

@@ -134,6 +134,47 @@ def calls_host(eqns: Sequence[Any]) -> bool:
     return False
 
 
+class _GuardedCallback:
+    """A host callback that never raises into XLA: it records the exception and returns zeros.
+
+    On several devices a callback that raises leaves the other devices waiting in their
+    collectives until XLA aborts the process; guarded, the computation finishes and the
+    node fails afterwards with the recorded exception (`HostCallbackError`).
+    """
+
+    def __init__(self, callback: Callable, result_avals: Sequence[Any], errors: list):
+        self.callback = callback
+        self.result_avals = tuple(result_avals)
+        self.errors = errors
+
+    def __call__(self, *args):
+        try:
+            return self.callback(*args)
+        except BaseException as e:  # noqa: BLE001 - any raise would strand the other devices
+            self.errors.append(e)
+            return [np.zeros(a.shape, a.dtype) for a in self.result_avals]
+
+
+def guard_callbacks(eqns: Sequence[Any], errors: list) -> list:
+    """``eqns`` with every host callback (also in nested jaxprs) guarded, recording into ``errors``."""
+    out = []
+    for e in eqns:
+        params = dict(e.params)
+        changed = False
+        if "callback" in e.primitive.name and callable(params.get("callback")):
+            params["callback"] = _GuardedCallback(params["callback"], params.get("result_avals", ()), errors)
+            changed = True
+        for k, p in e.params.items():
+            if hasattr(p, "jaxpr") and hasattr(p, "consts") and calls_host(p.jaxpr.eqns):  # a ClosedJaxpr
+                params[k] = p.replace(jaxpr=p.jaxpr.replace(eqns=guard_callbacks(p.jaxpr.eqns, errors)))
+                changed = True
+            elif hasattr(p, "eqns") and calls_host(p.eqns):  # a Jaxpr
+                params[k] = p.replace(eqns=guard_callbacks(p.eqns, errors))
+                changed = True
+        out.append(e.replace(params=params) if changed else e)
+    return out
+
+
 def make_evaluator(eqns: Sequence[Any], invars: Sequence[Any], outvars: Sequence[Any]) -> Callable:
     """A function of ``invars`` that replays ``eqns`` (by binding their primitives) and returns ``outvars``."""
 
@@ -182,6 +223,22 @@ def _glue_key(eqns, invars, outvars) -> Any | None:
     return (tuple(str(v.aval) for v in invars), tuple(parts), outs)
 
 
+def jit_of(eqns, invars, outvars, in_sh, out_sh) -> Callable:
+    """`jax.jit` replaying ``eqns`` with these shardings; host callbacks guarded (see `_GuardedCallback`).
+
+    A guarded executable carries ``callback_errors``: what its callbacks raised, for the dispatcher's
+    watcher to fail the node with once the computation has finished.
+    """
+    errors: list | None = None
+    if calls_host(eqns):
+        errors = []
+        eqns = guard_callbacks(eqns, errors)
+    fn = jax.jit(make_evaluator(eqns, invars, outvars), in_shardings=tuple(in_sh), out_shardings=tuple(out_sh))
+    if errors is not None:
+        fn.callback_errors = errors
+    return fn
+
+
 def node_executable(eqns, invars, outvars, in_sh, out_sh, key: Any | None = None) -> Callable:
     """`jax.jit` of the equations with the given shardings, shared with identical nodes."""
     if key is not None:
@@ -189,7 +246,7 @@ def node_executable(eqns, invars, outvars, in_sh, out_sh, key: Any | None = None
         hit = _EXECUTABLES.get(key)
         if hit is not None:
             return hit[1]
-    fn = jax.jit(make_evaluator(eqns, invars, outvars), in_shardings=tuple(in_sh), out_shardings=tuple(out_sh))
+    fn = jit_of(eqns, invars, outvars, in_sh, out_sh)
     if key is not None:
         if len(_EXECUTABLES) >= _MAX_EXECUTABLES:
             _EXECUTABLES.clear()
