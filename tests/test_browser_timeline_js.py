@@ -27,6 +27,7 @@ from playwright.sync_api import sync_playwright  # noqa: E402
 from pw_kernel.runtime import NodeEvent  # noqa: E402
 from pw_kernel.widgets import _html  # noqa: E402
 from pw_kernel.widgets.timeline_widget import EventEncoder  # noqa: E402
+from timeline_events import chained_layers, node  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -194,18 +195,6 @@ PIXEL_ROW = """(lane) => {
     const y = Math.round((label.top + label.height / 2 - box.top) * dpr);
     return Array.from(canvas.getContext('2d').getImageData(0, y, canvas.width, 1).data);
 }"""
-
-
-def node(seq, name, start, end, devices=(0,), kind="compute", run=0, island=0, src=None):
-    ev = NodeEvent(seq, run, "p", "default", name, kind, devices, island, src, start, 0, "f32[8]")
-    ev.start, ev.end = start, end
-    return ev
-
-
-def chained_layers(n=6, ms=1.0, devices=(0, 1, 2, 3), t0=5_000_000_000):
-    """``n`` layers back to back on ``devices`` (a `--mode chained` loop), ``ms`` each, on a realistic clock."""
-    d = int(ms * 1e6)
-    return [node(k, "layer", t0 + k * d, t0 + (k + 1) * d, devices) for k in range(n)]
 
 
 def mount(page, evs, devices=range(4), islands=None, runs=None):

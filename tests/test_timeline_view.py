@@ -18,7 +18,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import pw_kernel as pw
-from pw_kernel.runtime import NodeEvent
+from timeline_events import chained_layers, node
 
 pytest.importorskip("anywidget")
 
@@ -26,19 +26,6 @@ from pw_kernel.widgets import RunWidget, TimelineWidget, _html
 
 HOSTILE = "<img src=x onerror=alert(1)>"
 BLUE = _html.RUN_PALETTE[0]  # the first run's colour
-
-
-def node(seq, name, start, end, devices=(0,), kind="compute", run=0, island=0, src=None):
-    """A NodeEvent as the runtime records it: ``name`` ran from ``start`` to ``end`` (ns) on ``devices``."""
-    ev = NodeEvent(seq, run, "p", "default", name, kind, devices, island, src, start, 0, "f32[8]")
-    ev.start, ev.end = start, end
-    return ev
-
-
-def chained_layers(n=6, ms=1.0, devices=(0, 1, 2, 3), t0=5_000_000_000):
-    """``n`` layers that run back to back on ``devices`` (a `--mode chained` loop), ``ms`` each."""
-    d = int(ms * 1e6)
-    return [node(k, "layer", t0 + k * d, t0 + (k + 1) * d, devices) for k in range(n)]
 
 
 def two_island_program():
