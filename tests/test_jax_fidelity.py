@@ -107,3 +107,19 @@ def test_an_array_on_a_mesh_no_slice_covers_is_adopted(ctl):
     assert len(adopted) == 1
     same(f(x), jax.jit(lambda v: jnp.sin(v) * 2)(x))  # traced again: the same slice, not a second one
     assert len([s for s in pw.controller().resources.slices if s.mesh == mesh]) == 1
+
+
+def test_code_under_jax_set_mesh_on_a_slice_made_from_that_mesh(ctl):
+    mesh = jax.make_mesh((2, 4), ("x", "y"))  # Explicit axes
+    s = pw.slice(mesh=mesh)
+    with jax.set_mesh(mesh):  # today's JAX style: the mesh is the context, shard_map needs no mesh=
+        dot = pw.compiled(lambda a, b: a @ b, slice=s, in_specs=(P("x", None), P(None, "y")), out_specs=P("x", "y"))
+        a, b = jnp.arange(64.0).reshape(8, 8), jnp.ones((8, 8))
+        want = jax.jit(lambda a, b: a @ b, out_shardings=s.sharding("x", "y"))(
+            jax.device_put(a, s.sharding("x", None)), jax.device_put(b, s.sharding(None, "y"))
+        )
+        same(dot(a, b), want)
+        sm = jax.shard_map(lambda v: v * 2, in_specs=P("x"), out_specs=P("x"))
+        f = pw.compiled(sm, slice=s, in_specs=P("x"), out_specs=P("x"))
+        x = jnp.arange(8.0)
+        same(f(x), jax.jit(sm, out_shardings=s.sharding("x"))(jax.device_put(x, s.sharding("x"))))

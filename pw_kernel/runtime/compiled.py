@@ -138,6 +138,9 @@ class CompiledFunction:
         self.in_shardings = specs_to_shardings(in_specs, slice, "pw.compiled(in_specs=...)", per_argument=True)
         self.out_shardings = specs_to_shardings(out_specs, slice, "pw.compiled(out_specs=...)")
         self.uid = next(_uids)
+        # Explicit mesh axes put shardings in the types: a traced argument must carry the sharding the
+        # function is compiled for (jit does not convert it), so it is resharded on the way in.
+        self._explicit = any(t == jax.sharding.AxisType.Explicit for t in slice.mesh.axis_types)
 
         @functools.wraps(fn)
         def body(*args, **kwargs):
@@ -160,6 +163,8 @@ class CompiledFunction:
             seen = getattr(_tracing, "seen", None)
             if seen is not None:
                 seen[self.jit_name] = self
+            if self._explicit and not kwargs:
+                args = _reshard(args, self.in_shardings)
             return self.jitted(*args, **kwargs)  # being traced inside a program: one node
         if self._program is None:
             raise ArgumentError(
@@ -171,6 +176,26 @@ class CompiledFunction:
 
     def __repr__(self) -> str:
         return f"CompiledFunction({self.name!r}, slice={self.slice.name!r}, in_specs={self.in_specs}, out_specs={self.out_specs})"
+
+
+def _reshard(args: tuple, shardings: Any) -> tuple:
+    """``args`` resharded to ``shardings`` (a pytree prefix of them; None leaves what it covers alone)."""
+    if shardings is None:
+        return args
+    if not isinstance(shardings, tuple):
+        shardings = (shardings,) * len(args)
+
+    def one(sh, sub):
+        if not isinstance(sh, NamedSharding):
+            return sub
+        return jax.tree_util.tree_map(lambda x: jax.sharding.reshard(x, sh), sub)
+
+    return tuple(
+        jax.tree_util.tree_map(one, sh, a, is_leaf=lambda x: x is None or isinstance(x, NamedSharding))
+        if sh is not None
+        else a
+        for sh, a in zip(shardings, args)
+    )
 
 
 def _safe(name: str) -> str:
