@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import os
 import re
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -22,8 +21,7 @@ if not available():
     pytest.skip(f"no Chromium at {CHROMIUM} (scripts/setup.sh installs Debian's chromium)", allow_module_level=True)
 pytest.importorskip("playwright.sync_api", reason="pip install playwright (the browser itself is Debian's chromium)")
 
-from playwright.sync_api import sync_playwright  # noqa: E402
-
+from chromium import widget_page  # noqa: E402
 from pw_kernel.runtime import NodeEvent  # noqa: E402
 from pw_kernel.widgets import _html  # noqa: E402
 from pw_kernel.widgets.timeline_widget import EventEncoder  # noqa: E402
@@ -33,7 +31,6 @@ pytestmark = pytest.mark.timeout(120)
 
 STATIC = Path(__file__).resolve().parent.parent / "pw_kernel" / "widgets" / "static"
 HOSTILE = "<img src=x onerror=alert(1)>"
-from chromium import CHROMIUM_ARGS as ARGS  # noqa: E402, I001
 HARNESS = """
 // Record the text drawn on canvases (the time axis), as a person reads it off the screen.
 window.texts = [];
@@ -44,24 +41,6 @@ CanvasRenderingContext2D.prototype.fillText = function (t, ...rest) {
 };
 window.b64 = (s) => { const bin = atob(s); const u = new Uint8Array(bin.length);
   for (let i = 0; i < bin.length; i++) u[i] = bin.charCodeAt(i); return new DataView(u.buffer); };
-window.mount = async (src, state) => {
-  const handlers = new Map();
-  const sent = [];
-  const model = {
-    get: (k) => state[k],
-    set: (k, v) => { state[k] = v; (handlers.get(`change:${k}`) || []).forEach((f) => f()); },
-    on: (n, f) => { if (!handlers.has(n)) handlers.set(n, []); handlers.get(n).push(f); },
-    off: (n, f) => handlers.set(n, (handlers.get(n) || []).filter((g) => g !== f)),
-    send: (m) => sent.push(m),
-    save_changes: () => {},
-  };
-  const mod = (await import(URL.createObjectURL(new Blob([src], {type: 'text/javascript'})))).default;
-  const el = document.createElement('div');
-  document.body.appendChild(el);
-  const cleanup = mod.render({model, el});
-  const emit = (name, ...args) => (handlers.get(name) || []).forEach((f) => f(...args));
-  return {model, el, sent, emit, cleanup, root: el.querySelector('.pw-timeline') || el.firstElementChild};
-};
 """
 
 
@@ -114,15 +93,8 @@ MOUNT = """async ([src, st]) => {
 
 @pytest.fixture(scope="module")
 def page():
-    with tempfile.TemporaryDirectory() as profile, sync_playwright() as p:
-        ctx = p.chromium.launch_persistent_context(profile, executable_path=CHROMIUM, headless=True, args=ARGS)
-        pg = ctx.new_page()
-        pg.set_content(f"<html><head><style>{(STATIC / 'widgets.css').read_text()}</style></head><body></body></html>")
-        pg.add_script_tag(content=HARNESS)
-        pg.dialogs = []
-        pg.on("dialog", lambda d: (pg.dialogs.append(d.message), d.dismiss()))
+    with widget_page((STATIC / "widgets.css").read_text(), HARNESS) as pg:
         yield pg
-        ctx.close()
 
 
 def test_chunks_apply_in_order_and_a_gap_asks_the_kernel(page):

@@ -113,3 +113,39 @@ print("survived")
 @pytest.mark.parametrize("mode", ["chained", "fused"])
 def test_a_raising_callback_on_four_devices_fails_only_its_run(mode):
     assert run_python(RAISING_CALLBACK.replace("{mode}", mode), timeout=200).strip().endswith("survived")
+
+
+INTERLEAVED_RUNS = """
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import PartitionSpec as P
+import pw_kernel as pw
+
+s = pw.slice(4, mesh={"d": 4}, name="four")
+
+def require_finite(v):
+    if not np.isfinite(v).all():
+        raise FloatingPointError("non-finite values")
+    return v
+
+check = pw.compiled(lambda v: jax.pure_callback(require_finite, jax.ShapeDtypeStruct(v.shape, v.dtype), v) * 2,
+                    slice=s, in_specs=P("d"), out_specs=P("d"), name="require_finite")
+double = pw.compiled(lambda v: v * 2, slice=s, in_specs=P("d"), out_specs=P("d"), name="double")
+x = jnp.arange(8.0)
+for _ in range({rounds}):
+    good, bad, good_again = check(x), check(x * jnp.nan), check(x + 1)  # one executable, three runs in flight
+    reader = double(bad)               # submitted before `bad` failed: it starts on bad's dispatched value
+    np.testing.assert_array_equal(np.asarray(good.result(timeout=60)), np.arange(8.0) * 2)
+    np.testing.assert_array_equal(np.asarray(good_again.result(timeout=60)), (np.arange(8.0) + 1) * 2)
+    err = bad.exception(timeout=60)
+    assert isinstance(err, pw.NodeError) and "FloatingPointError: non-finite values" in str(err), repr(err)
+    err = reader.exception(timeout=60)
+    assert isinstance(err, pw.InputFailedError), repr(err)
+print("each run its own error")
+"""
+
+
+def test_a_callback_error_fails_the_run_that_raised_it_and_its_readers_only():
+    # Three runs of one guarded executable in flight at once: what a callback raised must be
+    # charged to the run whose values it saw, and a run that already read the failed value fails too.
+    out = run_python(INTERLEAVED_RUNS.replace("{rounds}", "10"), timeout=200)
+    assert out.strip().endswith("each run its own error")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -379,44 +378,18 @@ def test_the_front_end_uses_no_html_sinks():
 
 
 # -------------------------------------------------------------- in Chromium
-HARNESS = """
-window.mount = async (src, state) => {
-  const handlers = new Map();
-  const model = {
-    get: (k) => state[k],
-    set: (k, v) => { state[k] = v; (handlers.get(`change:${k}`) || []).forEach((f) => f()); },
-    on: (n, f) => { if (!handlers.has(n)) handlers.set(n, []); handlers.get(n).push(f); },
-    off: (n, f) => handlers.set(n, (handlers.get(n) || []).filter((g) => g !== f)),
-    send: () => {}, save_changes: () => {},
-  };
-  const mod = (await import(URL.createObjectURL(new Blob([src], {type: 'text/javascript'})))).default;
-  const el = document.createElement('div');
-  el.style.width = '900px';
-  document.body.appendChild(el);
-  const cleanup = mod.render({model, el});
-  return {model, el, cleanup, root: el.querySelector('.pw-graph-view')};
-};
-"""
 
 
 @pytest.fixture(scope="module")
 def page():
-    from chromium import CHROMIUM, CHROMIUM_ARGS, available
+    from chromium import CHROMIUM, available, widget_page
 
     if not available():
         pytest.skip(f"no Chromium at {CHROMIUM} (scripts/setup.sh installs Debian's chromium)")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
-    with tempfile.TemporaryDirectory() as profile, sync_api.sync_playwright() as p:
-        ctx = p.chromium.launch_persistent_context(profile, executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        pg = ctx.new_page()
-        pg.set_viewport_size({"width": 1000, "height": 800})
-        css = (STATIC / "widgets.css").read_text() + (STATIC / "graph.css").read_text()
-        pg.set_content(f"<html><head><style>{css}</style></head><body></body></html>")
-        pg.add_script_tag(content=HARNESS)
-        pg.dialogs = []
-        pg.on("dialog", lambda d: (pg.dialogs.append(d.message), d.dismiss()))
+    pytest.importorskip("playwright.sync_api", reason="pip install playwright")
+    css = (STATIC / "widgets.css").read_text() + (STATIC / "graph.css").read_text()
+    with widget_page(css, viewport={"width": 1000, "height": 800}) as pg:
         yield pg
-        ctx.close()
 
 
 def _transform(page):
@@ -441,7 +414,7 @@ def test_wheel_zooms_drag_pans_buttons_reset_and_search_highlights(page):
         st = {"svg": graph_svg(g), "title": g.summary(), "height": 500, "min_start_zoom": 0.7}
     finally:
         pw.shutdown()
-    page.evaluate("async ([src, st]) => { window.w = await mount(src, st); }", [(STATIC / "graph.js").read_text(), st])
+    page.evaluate("async ([src, st]) => { window.w = await mount(src, st, '900px'); }", [(STATIC / "graph.js").read_text(), st])
     root = page.locator(".pw-graph-view")
     assert root.locator("svg g.node").count() == int(root.get_attribute("data-nodes")) > 40
     start = _transform(page)
@@ -493,7 +466,7 @@ def test_hostile_names_in_the_widget_stay_text(page):
         st = {"svg": graph_svg(g), "title": g.summary(), "height": 400, "min_start_zoom": 0.7}
     finally:
         pw.shutdown()
-    page.evaluate("async ([src, st]) => { window.w = await mount(src, st); }", [(STATIC / "graph.js").read_text(), st])
+    page.evaluate("async ([src, st]) => { window.w = await mount(src, st, '900px'); }", [(STATIC / "graph.js").read_text(), st])
     root = page.locator(".pw-graph-view").last
     assert HOSTILE in root.locator(".pw-gv-title").inner_text()
     assert HOSTILE in " ".join(root.locator("g.node text").all_text_contents())

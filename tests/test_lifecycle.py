@@ -60,7 +60,7 @@ def dispatch_all(life: Lifecycle, rec: RunRecord, values=("y",)) -> None:
     """What the dispatcher does with Work: run the steps, report them dispatched."""
     n = rec.total - rec.cursor
     published = [(0, values[0])] if n else []
-    life.handle(rec, "dispatched", 1.0, rec.total, ((0, n, 0),), published)
+    life.handle(rec, "dispatched", 1.0, rec.total, ((0, n, 0, 0),), published)
 
 
 def test_a_run_goes_queued_running_done_and_resolves_each_output_once():
@@ -72,9 +72,9 @@ def test_a_run_goes_queued_running_done_and_resolves_each_output_once():
     dispatch_all(life, rec)
     assert life.inflight == [3] and rec.cells[0].value == "y"  # later runs may read it now
     assert life.next_work(1.0) == (None, [])  # everything dispatched: nothing to do until completions
-    effects = life.handle(rec, "completed", 2.0, ((0, 2, 0),), [], None)
+    effects = life.handle(rec, "completed", 2.0, ((0, 2, 0, 0),), [], None)
     assert effects == [] and rec.state == "running"
-    effects = life.handle(rec, "completed", 3.0, ((0, 1, 0),), [(0, "y")], None)
+    effects = life.handle(rec, "completed", 3.0, ((0, 1, 0, 0),), [(0, "y")], None)
     # The run event first, then the futures, then waiters: whoever wakes on an output sees it done.
     assert kinds(effects) == ["Emit", "Resolve", "Finish"]
     assert effects[0].state == "done" and effects[1].outputs == ((0, "y"),)
@@ -116,6 +116,45 @@ def test_a_failed_producer_fails_its_queued_readers():
     assert "reads output 0 of run 0 ('r0'), which was cancelled" in str(reject.error)
 
 
+def started_reader(life: Lifecycle) -> tuple[RunRecord, RunRecord]:
+    """A producer whose output was dispatched, and a reader that started on it and finished its steps."""
+    producer = record(0, make_plan(2))
+    life.submit(producer)
+    life.next_work(0.0)
+    dispatch_all(life, producer, values=("x",))
+    reader = record(1, make_plan(1, n_inputs=1), inputs=[producer.cells[0]])
+    life.submit(reader)
+    work, _ = life.next_work(0.0)
+    assert work.rec is reader and reader.state == "running"
+    dispatch_all(life, reader, values=("z",))
+    assert life.handle(reader, "completed", 1.0, ((0, 1, 0, 0),), [(0, "z")], None) == []
+    return producer, reader
+
+
+def test_a_reader_is_done_only_once_the_run_it_read_from_is():
+    life = Lifecycle(max_inflight=8, n_islands=1, validate=True)
+    producer, reader = started_reader(life)
+    # Every step of the reader finished, but what it read may still turn out to be a failure.
+    assert reader.state == "running" and not any(reader.resolved)
+    effects = life.handle(producer, "completed", 2.0, ((0, 2, 0, 0),), [(0, "x")], None)
+    assert [e.rec.id for e in effects if isinstance(e, Emit)] == [0, 1] and reader.state == "done"
+    assert next(e for e in effects if isinstance(e, Resolve) and e.rec is reader).outputs == ((0, "z"),)
+
+
+def test_a_producer_that_fails_late_fails_the_readers_that_started_on_it():
+    life = Lifecycle(max_inflight=8, n_islands=1, validate=True)
+    producer, reader = started_reader(life)
+    # A guarded host callback raised in the producer's last step: the value the reader read is zeros.
+    failure = (producer.plan.steps[1], ValueError("non-finite"))
+    effects = life.handle(producer, "completed", 2.0, ((0, 2, 0, 0),), [], failure)
+    assert producer.state == "failed" and reader.state == "failed"
+    reject = next(e for e in effects if isinstance(e, Reject) and e.rec is reader)
+    assert isinstance(reject.error, InputFailedError) and "reads output 0 of run 0 ('r0'), which failed" in str(
+        reject.error
+    )
+    assert not any(isinstance(e, Resolve) for e in effects) and not life.queue
+
+
 def test_memory_admission_queues_a_run_until_another_gives_its_reservation_back():
     life = Lifecycle(max_inflight=8, n_islands=1, capacity={0: 100}, validate=True)
     a, b = record(0, make_plan(1, peak={0: 60})), record(1, make_plan(1, peak={0: 60}))
@@ -125,7 +164,7 @@ def test_memory_admission_queues_a_run_until_another_gives_its_reservation_back(
     work, _ = life.next_work(0.0)
     assert work.rec is a and life.reserved == {0: 60} and b.waiting_for == "memory"
     dispatch_all(life, a)
-    effects = life.handle(a, "completed", 1.0, ((0, 1, 0),), [(0, "y")], None)
+    effects = life.handle(a, "completed", 1.0, ((0, 1, 0, 0),), [(0, "y")], None)
     assert isinstance(effects[-1], Wake) and life.reserved == {0: 0}  # memory given back wakes the dispatcher
     work, _ = life.next_work(1.0)
     assert work.rec is b and life.reserved == {0: 60}
@@ -136,9 +175,9 @@ def test_in_flight_credit_bounds_what_one_island_has_queued():
     rec = record(0, make_plan(5))
     life.submit(rec)
     work, _ = life.next_work(0.0)
-    life.handle(rec, "dispatched", 0.0, 2, ((0, 2, 0),), [])
+    life.handle(rec, "dispatched", 0.0, 2, ((0, 2, 0, 0),), [])
     assert life.next_work(0.0) == (None, []) and rec.waiting_for == "credit" and life.credit_wanted
-    effects = life.handle(rec, "completed", 1.0, ((0, 1, 0),), [], None)
+    effects = life.handle(rec, "completed", 1.0, ((0, 1, 0, 0),), [], None)
     assert isinstance(effects[0], Wake)  # a completion frees credit someone waits for
     work, _ = life.next_work(1.0)
     assert work.rec is rec
@@ -149,14 +188,14 @@ def test_a_cancelled_run_drains_the_steps_it_had_in_flight():
     rec = record(0, make_plan(4))
     life.submit(rec)
     life.next_work(0.0)
-    life.handle(rec, "dispatched", 0.0, 2, ((0, 2, 0),), [])
+    life.handle(rec, "dispatched", 0.0, 2, ((0, 2, 0, 0),), [])
     effects = life.handle(rec, "cancel", 1.0)
     assert rec.state == "cancelled" and kinds(effects) == ["Emit", "Reject", "Finish"]  # nobody waits on it
     assert life.inflight == [2]  # the device still runs them
     # The dispatcher was mid-burst: it reports one more step, then both complete.
-    life.handle(rec, "dispatched", 1.0, 3, ((0, 1, 0),), [(0, "late")])
+    life.handle(rec, "dispatched", 1.0, 3, ((0, 1, 0, 0),), [(0, "late")])
     assert rec.cells == () and life.inflight == [3]  # nothing published for a final run
-    assert life.handle(rec, "completed", 2.0, ((0, 3, 0),), [], None) == []
+    assert life.handle(rec, "completed", 2.0, ((0, 3, 0, 0),), [], None) == []
     assert life.inflight == [0] and rec.state == "cancelled"
 
 
@@ -167,7 +206,7 @@ def test_a_failing_step_fails_its_run_with_an_error_naming_the_node_and_its_line
     life.next_work(0.0)
     dispatch_all(life, rec)
     step = rec.plan.steps[1]
-    effects = life.handle(rec, "completed", 1.0, ((0, 3, 0),), [], (step, ZeroDivisionError("boom")))
+    effects = life.handle(rec, "completed", 1.0, ((0, 3, 0, 0),), [], (step, ZeroDivisionError("boom")))
     reject = next(e for e in effects if isinstance(e, Reject))
     assert isinstance(reject.error, NodeError) and reject.error.node == "s1"
     assert "node 's1' of program 'prog' (run 0, 'r0') failed: ZeroDivisionError: boom\n  at Cell In[4], line 2" in str(

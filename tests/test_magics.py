@@ -417,6 +417,27 @@ y = broken(x)
     assert "dispatch.py" not in shown.stdout and "in _broken" in shown.stdout
 
 
+def test_a_failure_the_user_read_in_the_cell_is_not_reported_again(nb):
+    nb.ns["gate"].set()
+    cell = nb.run(
+        """%%pathways --name sensor --mode chained
+x = a(v)
+y = broken(x)
+"""
+    )
+    read = nb.run("err = y.exception(timeout=20)\nprint(type(err).__name__)")
+    assert "NodeError" in read.stdout and "failed after the cell" not in read.text
+    caught = nb.run(
+        """%%pathways --name sensor2 --mode chained
+z = broken(a(v))
+"""
+    )
+    handled = nb.run("try:\n    z.result(timeout=20)\nexcept pw.NodeError as e:\n    print('handled', e.node)")
+    assert "handled broken" in handled.stdout and "failed after the cell" not in handled.text
+    assert "failed after the cell" not in nb.run("1 + 1").text
+    assert cell.number < caught.number
+
+
 def test_a_program_defined_in_a_cell_that_fails_later_points_at_its_cell(nb):
     defined = nb.run(
         """@pw.program

@@ -25,6 +25,9 @@ def test_transition_table_is_the_documented_state_machine():
         ("running", "dispatched"),
         ("running", "completed"),
         ("running", "step_failed"),
+        # a run it read from before that run was done ends: this one may finish, or fails with it
+        ("running", "upstream_done"),
+        ("running", "upstream_failed"),
         ("running", "cancel"),
         ("running", "shutdown"),
         # steps already in flight when a run ended still report in; nothing else reaches a final run

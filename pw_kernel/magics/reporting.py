@@ -23,7 +23,8 @@ class FailureReporter:
     """Scans new and unfinished runs after every cell; shows each failure nobody has seen yet, once.
 
     A failure counts as seen when the cell raised it (``--block``,
-    ``fut.result()``, ``%pathways wait``) or the magic marked it reported.
+    ``fut.result()``, ``%pathways wait``), the user read it (``fut.exception()``,
+    or ``fut.result()`` raising it, even if caught) or the magic marked it reported.
     """
 
     def __init__(self, shell: Any, condense=str):
@@ -89,7 +90,7 @@ class FailureReporter:
                 if r.state != "failed" or rid in self._reported:
                     continue
                 self._reported.add(rid)
-                if isinstance(r.error, ControllerShutdownError) or _same_error(r, shown):
+                if r.error_seen or isinstance(r.error, ControllerShutdownError) or _same_error(r, shown):
                     continue
                 failed.append(r)
             return failed

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 _BATCH = 256  # nodes per hand-off to the watcher
 _INLINE_STEPS = 64  # steps a submitting thread dispatches itself before the dispatcher thread takes over
-_NONE_SENT = (0, 0)  # an island with nothing sent yet in this burst: [steps, with collectives]
+_NONE_SENT = (0, 0, 0)  # an island with nothing sent yet in this burst: [steps, with collectives, with callbacks]
 _FLUSH_NS = 1_000_000  # or sooner: no node waits more than 1 ms to be watched (the timeline's resolution)
 _POLL_S = 0.001  # a watcher with recent work looks for new batches this often (the same resolution)
 _POLL_IDLE_S = 1.0  # ... and sleeps until woken after this long without any (a notify costs the caller)
@@ -217,6 +217,7 @@ class Dispatcher:
         flush_at = clock() - epoch + _FLUSH_NS
         inflight = life.inflight  # read without the lock: only completions lower them meanwhile
         coll_inflight, coll_limits = life.collectives_inflight, life.max_collectives
+        cb_inflight = life.callbacks_inflight
         limit = life.max_inflight
         sent_on: dict[int, list[int]] = {}  # island -> [steps, with collectives] sent in this burst, not yet reported
         published: list = []
@@ -227,7 +228,8 @@ class Dispatcher:
         while k < n_steps and k - start < quantum:
             st = steps[k]
             island = st.island
-            if inflight[island] + sent_on.get(island, _NONE_SENT)[0] >= limit or rec.state in FINAL:
+            sent = sent_on.get(island, _NONE_SENT)
+            if inflight[island] + sent[0] >= limit or rec.state in FINAL:
                 break
             if inline and (st.host_callbacks or st.compile_first):
                 # A callback could hold the submitting thread until it returns, a compile for
@@ -236,11 +238,12 @@ class Dispatcher:
             if st.compile_first:
                 if batch:  # let the watcher time what is in flight while this thread compiles
                     self._hand_over(rec, k, sent_on, published, cost, batch)
-                    batch, sent_on, published, cost = [], {}, [], 0
+                    batch, sent_on, published, cost, sent = [], {}, [], 0, _NONE_SENT
                 self._compile(rec, st, [slots[i] for i in st.ins])
-            sent = sent_on.get(island, _NONE_SENT)  # after a compile's hand-over, a new burst's
             if st.collectives and coll_inflight[island] + sent[1] >= coll_limits[island]:
                 break  # credit comes back as earlier collective steps finish
+            if st.host_callbacks and cb_inflight[island] + sent[2]:
+                break  # one at a time: what a guarded callback raised belongs to the one in flight
             t = clock() - epoch
             try:
                 ins = st.ins
@@ -263,9 +266,10 @@ class Dispatcher:
                 st.nbytes, st.shapes,
             )
             if sent is _NONE_SENT:
-                sent = sent_on[island] = [0, 0]
+                sent = sent_on[island] = [0, 0, 0]
             sent[0] += 1
             sent[1] += st.collectives
+            sent[2] += st.host_callbacks
             batch.append((rec, st, ev, outs))
             k += 1
             cost += st.cost
@@ -312,7 +316,7 @@ class Dispatcher:
         if bursting:
             flush_remote()  # the remote steps among them go to their islands' mailboxes now
         with self.lock:
-            per_island = tuple((island, k, kc) for island, (k, kc) in sent_on.items())
+            per_island = tuple((island, *counts) for island, counts in sent_on.items())
             self.controller.on_dispatched(rec, cursor, per_island, published, cost)
             if batch:
                 self._pending.append(batch)
@@ -409,7 +413,10 @@ class Dispatcher:
         now = log.now
         last_end = self.last_end
         epoch = log.epoch
-        for _, st, ev, outs in batch:
+        guarded = []  # nodes whose host callbacks may have recorded an exception
+        for i, (_, st, ev, outs) in enumerate(batch):
+            if st.host_callbacks:
+                guarded.append(i)
             for a in outs:
                 try:
                     if not a.is_ready():
@@ -448,13 +455,8 @@ class Dispatcher:
                     except Exception as e:
                         failed[i] = e
                         seen.add(rec.id)
-        failed_runs = {batch[i][0].id: i for i in failed}
-        for i, (rec, st, _, _) in enumerate(batch):
-            # A guarded host callback that raised let its computation finish: fail the node now.
-            errors = getattr(st.call, "callback_errors", None) if st.host_callbacks else None
-            if errors and failed_runs.get(rec.id, i + 1) > i:
-                failed[i] = HostCallbackError(errors.pop(0))
-                failed_runs[rec.id] = i
+        for i in guarded:
+            self._callback_failure(batch, i, failed)
         emit = log.emit_node
         for i, (rec, _, ev, _) in enumerate(batch):
             err = failed.get(i) if failed else None
@@ -463,6 +465,26 @@ class Dispatcher:
             rec.events.append(ev)
             emit(ev)
         reports += self._segments(batch, failed)
+
+    @staticmethod
+    def _callback_failure(batch: list, i: int, failed: dict) -> None:
+        """Node ``i``'s guarded host callback raised, letting its computation finish: fail the node now
+        (unless an earlier node of its run failed first: ``failed`` keeps one failure per run).
+
+        Steps with host callbacks run one at a time per island, so everything the executable's
+        callbacks recorded was raised by this node (once per device, perhaps: the first counts).
+        """
+        rec, st = batch[i][0], batch[i][1]
+        errors = getattr(st.call, "callback_errors", None)
+        if not errors:
+            return
+        first = errors[0]
+        errors.clear()
+        other = next((j for j in failed if batch[j][0] is rec), None)
+        if other is not None and other < i:
+            return
+        failed.pop(other, None)
+        failed[i] = HostCallbackError(first)
 
     @staticmethod
     def _segments(batch: list, failed: dict, stamped: bool = True, first_only: bool = False) -> list:
@@ -480,9 +502,10 @@ class Dispatcher:
                 _, st, _, outs = batch[i]
                 counts = per_island.get(st.island)
                 if counts is None:
-                    counts = per_island[st.island] = [0, 0]
+                    counts = per_island[st.island] = [0, 0, 0]
                 counts[0] += 1
                 counts[1] += st.collectives
+                counts[2] += st.host_callbacks
                 if failure is None:
                     err = failed.get(0 if first_only else i)
                     if err is not None:
@@ -490,6 +513,6 @@ class Dispatcher:
                     for j, pos in st.publishes:
                         published.append((j, outs[pos]))
             events = [batch[i][2] for i in range(lo, hi)] if stamped else []
-            out.append((rec, tuple((i, k, kc) for i, (k, kc) in per_island.items()), published, failure, events))
+            out.append((rec, tuple((i, *counts) for i, counts in per_island.items()), published, failure, events))
             lo = hi
         return out

@@ -132,11 +132,17 @@ class Future(concurrent.futures.Future):
         except KeyboardInterrupt:
             self.run.cancel()
             raise
+        except Exception:
+            self.run.error_seen = True  # the run's error, raised here: the user has it
+            raise
 
     def exception(self, timeout: float | None = None):
         timeout = check_timeout(timeout, "Future.exception")
         try:
-            return super().exception(timeout)
+            err = super().exception(timeout)
+            if err is not None:
+                self.run.error_seen = True
+            return err
         except concurrent.futures.CancelledError:
             raise CancelledError(self._cancel_message()) from None
         except concurrent.futures.TimeoutError:

@@ -85,6 +85,9 @@ class RunRecord:
         "waiting_for",
         "cells",
         "resolved",
+        "upstream",
+        "downstream",
+        "held",
         "events",
         "compile_ns",
         "submitted_at",
@@ -126,6 +129,12 @@ class RunRecord:
         self.waiting_for: WaitingFor | None = None
         self.cells = [OutputCell(self, j) for j in range(len(plan.output_slots))]
         self.resolved = [False] * len(self.cells)
+        # Runs whose outputs this one read before they were done (it started on dispatched values),
+        # and the reverse. A run is done only once its upstream are: a producer that fails late
+        # (a guarded host callback) fails its readers too, and their outputs are never resolved.
+        self.upstream: list[OutputCell] = []  # the cells read, one per producer
+        self.downstream: list[RunRecord] = []
+        self.held: dict[int, Any] = {}  # outputs finished while upstream runs were not done yet
         self.events: list[Any] = []  # NodeEvents of finished steps, appended by the watcher
         self.compile_ns = 0  # time the dispatcher spent compiling this run's executables (first calls)
         self.submitted_at = now
@@ -244,6 +253,10 @@ class Lifecycle:
         # queue: XLA:CPU aborts when too many collective executions wait on its simulated devices.
         self.collectives_inflight = [0] * n_islands
         self.max_collectives = list(max_collectives) if max_collectives is not None else [max_inflight] * n_islands
+        # ... and steps that call Python host callbacks: one at a time per island, so that what a
+        # guarded callback raised is known to belong to the one execution in flight (see
+        # `tracing._GuardedCallback`).
+        self.callbacks_inflight = [0] * n_islands
         self.dispatched = [0] * n_islands  # totals, for validation
         self.completed = [0] * n_islands
         self.capacity: dict[int, int] = dict(capacity or {})  # device id -> bytes runs may reserve
@@ -283,14 +296,17 @@ class Lifecycle:
 
     def add_islands(self, n: int, max_collectives: int | None = None) -> None:
         grow = n - len(self.inflight)
-        for counts in (self.inflight, self.collectives_inflight, self.dispatched, self.completed):
+        for counts in (self.inflight, self.collectives_inflight, self.callbacks_inflight, self.dispatched, self.completed):
             counts.extend([0] * grow)
         self.max_collectives.extend([max_collectives or self.max_inflight] * grow)
 
     def out_of_credit(self, step: Step) -> bool:
-        """Whether ``step``'s island has no room for it: too many steps, or too many with collectives, queued."""
+        """Whether ``step``'s island has no room for it: too many steps, or too many with collectives, queued,
+        or a step with host callbacks already in flight."""
         island = step.island
         if self.inflight[island] >= self.max_inflight:
+            return True
+        if step.host_callbacks and self.callbacks_inflight[island]:
             return True
         return step.collectives and self.collectives_inflight[island] >= self.max_collectives[island]
 
@@ -348,6 +364,7 @@ class Lifecycle:
         for i, n in enumerate(self.inflight):
             assert n == self.dispatched[i] - self.completed[i] >= 0, (i, n, self.dispatched[i], self.completed[i])
             assert 0 <= self.collectives_inflight[i] <= n, (i, self.collectives_inflight[i], n)
+            assert 0 <= self.callbacks_inflight[i] <= min(n, 1), (i, self.callbacks_inflight[i], n)
         for d, n in self.reserved.items():
             assert n >= 0, (d, n)
         for r in [rec] if rec is not None else list(self.queue.values()):
@@ -363,7 +380,9 @@ class Lifecycle:
                 want = r.state == "queued" or r.cursor < r.total
                 assert (r.id in self.dispatchable) == want, f"{r}: dispatchable should be {want}"
             if r.state == "done":
-                assert r.done == r.total and r.error is None, r
+                assert r.done == r.total and r.error is None and not r.upstream, r
+            for cell in r.upstream:
+                assert cell.producer.state not in FINAL and r in cell.producer.downstream, (r, cell.producer)
             if r.state in ("failed", "cancelled"):
                 assert r.error is not None, r
 
@@ -400,11 +419,15 @@ class Lifecycle:
         rec.inputs = []
         rec.cells = ()  # the futures (and readers) keep theirs; a retained record holds no arrays
         rec.waiting_for = None
+        rec.held = {}
         self.queue.pop(rec.id, None)
         self.dispatchable.pop(rec.id, None)
         for d, n in rec.reserved.items():
             self.reserved[d] -= n
         rec.reserved = {}
+        for cell in rec.upstream:
+            cell.producer.downstream.remove(rec)
+        rec.upstream = []
         effects: list = [Emit(rec, state, error)]
         pending = tuple(j for j, r in enumerate(rec.resolved) if not r)
         if pending:
@@ -412,6 +435,9 @@ class Lifecycle:
                 rec.resolved[j] = True
             effects.append(Reject(rec, pending, error, cancelled=state == "cancelled"))
         effects.append(Finish(rec))
+        readers, rec.downstream = rec.downstream, []
+        for reader in readers:  # they computed on what this run made: they fail with it
+            effects += self.handle(reader, "upstream_failed", now, rec)
         if self.blocked or self.credit_wanted:
             effects.append(WAKE)
         return effects
@@ -422,6 +448,9 @@ class Lifecycle:
         Outputs not yet resolved get the values the last steps ``published``, else their slots.
         """
         if rec.done < rec.total or rec.cursor < rec.total:
+            return []
+        if rec.upstream:  # what it read may yet turn out to come from a failure: wait for those runs
+            rec.held.update(published)
             return []
         rec.state = "done"
         rec.finished_at = now
@@ -437,14 +466,29 @@ class Lifecycle:
         pending = [j for j, r in enumerate(rec.resolved) if not r]
         # The event first, then the futures: whoever wakes on an output sees the run done.
         effects: list = [Emit(rec, "done")]
-        fresh = dict(published)
+        fresh = rec.held
+        rec.held = {}
+        fresh.update(published)
         res = self._resolve(rec, pending, [fresh[j] if j in fresh else slots[plan.output_slots[j]] for j in pending])
         if res is not None:
             effects.append(res)
         effects.append(Finish(rec))
         if self.blocked:  # its memory may let a queued run start
             effects.append(WAKE)
+        readers, rec.downstream = rec.downstream, []
+        for reader in readers:
+            effects += self.handle(reader, "upstream_done", now, rec)
         return effects
+
+    @staticmethod
+    def input_error(rec: RunRecord, cell: OutputCell) -> InputFailedError:
+        """The error of a run that reads ``cell`` of a run that failed or was cancelled."""
+        src = cell.producer
+        why = "was cancelled" if src.state == "cancelled" else f"failed: {src.error}"
+        return InputFailedError(
+            f"run {rec.id} ({rec.name!r}) reads output {cell.index} of run {src.id} ({src.name!r}), "
+            f"which {why}. Recompute that input, then submit again."
+        )
 
     def node_error(self, rec: RunRecord, step: Step | None, exc: BaseException) -> NodeError:
         """The error a run fails with when ``step`` raised ``exc``: names the node and where it came from."""
@@ -478,7 +522,14 @@ def _start(life: Lifecycle, rec: RunRecord, now: float) -> list:
     rec.reserved = dict(plan.peak_bytes)
     slots: list[Any] = [None] * plan.n_slots
     for slot, x in zip(plan.input_slots, rec.inputs):
-        slots[slot] = x.value if isinstance(x, OutputCell) else x
+        if isinstance(x, OutputCell):
+            slots[slot] = x.value
+            src = x.producer
+            if src.state != "done" and all(c.producer is not src for c in rec.upstream):
+                rec.upstream.append(x)
+                src.downstream.append(rec)
+        else:
+            slots[slot] = x
     for slot, c in plan.const_slots.items():
         slots[slot] = c
     rec.slots = slots
@@ -498,13 +549,7 @@ def _start(life: Lifecycle, rec: RunRecord, now: float) -> list:
 def _input_failed(life: Lifecycle, rec: RunRecord, now: float) -> list:
     for x in rec.inputs:
         if isinstance(x, OutputCell) and x.producer.state in ("failed", "cancelled"):
-            src = x.producer
-            why = "was cancelled" if src.state == "cancelled" else f"failed: {src.error}"
-            err = InputFailedError(
-                f"run {rec.id} ({rec.name!r}) reads output {x.index} of run {src.id} ({src.name!r}), "
-                f"which {why}. Recompute that input, then submit again."
-            )
-            return life._leave(rec, "failed", now, err)
+            return life._leave(rec, "failed", now, life.input_error(rec, x))
     raise InvalidTransition(f"run {rec.id}: input_failed, but no input failed")
 
 
@@ -514,17 +559,18 @@ def _dispatched(
     rec: RunRecord,
     now: float,
     cursor: int,
-    per_island: Sequence[tuple[int, int, int]],
+    per_island: Sequence[tuple[int, int, int, int]],
     published: Sequence[tuple[int, Any]],
 ) -> list:
     """The dispatcher sent steps up to ``cursor`` (a run may have ended meanwhile: they still count).
 
-    ``per_island``: (island, steps, of which with collectives).
+    ``per_island``: (island, steps, of which with collectives, of which with host callbacks).
     """
     n = 0
-    for island, k, kc in per_island:
+    for island, k, kc, kh in per_island:
         life.inflight[island] += k
         life.collectives_inflight[island] += kc
+        life.callbacks_inflight[island] += kh
         life.dispatched[island] += k
         n += k
     rec.dispatched += n
@@ -546,15 +592,16 @@ def _completed(
     life: Lifecycle,
     rec: RunRecord,
     now: float,
-    per_island: Sequence[tuple[int, int, int]],
+    per_island: Sequence[tuple[int, int, int, int]],
     published: Sequence[tuple[int, Any]],
     failure: tuple[Step, BaseException] | None,
 ) -> list:
     """Steps finished on their devices: give credit back, resolve what they made, fail or finish the run."""
     n = 0
-    for island, k, kc in per_island:
+    for island, k, kc, kh in per_island:
         life.inflight[island] -= k
         life.collectives_inflight[island] -= kc
+        life.callbacks_inflight[island] -= kh
         life.completed[island] += k
         n += k
     rec.done += n
@@ -565,11 +612,28 @@ def _completed(
         return effects + life._leave(rec, "failed", now, life.node_error(rec, *failure))
     if rec.done == rec.total and rec.cursor == rec.total:
         return effects + life._finish_if_complete(rec, now, published)  # resolves after the done event
-    if published:
+    if published and rec.upstream:
+        rec.held.update(published)  # resolved once the runs it read from are done
+    elif published:
         res = life._resolve(rec, [j for j, _ in published], [v for _, v in published])
         if res is not None:
             effects.append(res)
     return effects
+
+
+@_on(("running", "upstream_done"), to=("running", "done"))
+def _upstream_done(life: Lifecycle, rec: RunRecord, now: float, src: RunRecord) -> list:
+    """A run this one read from before it was done is done: this one may be too."""
+    rec.upstream = [c for c in rec.upstream if c.producer is not src]
+    return life._finish_if_complete(rec, now)
+
+
+@_on(("running", "upstream_failed"), to=("failed",))
+def _upstream_failed(life: Lifecycle, rec: RunRecord, now: float, src: RunRecord) -> list:
+    """A run this one read from failed after this one started on its (dispatched) output."""
+    cell = next(c for c in rec.upstream if c.producer is src)
+    rec.upstream.remove(cell)  # src has let go of its readers already
+    return life._leave(rec, "failed", now, life.input_error(rec, cell))
 
 
 @_on(("running", "step_failed"), to=("failed",))

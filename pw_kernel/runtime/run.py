@@ -43,6 +43,9 @@ class Run:
         self.weight = rec.weight
         self.priority = rec.priority
         self._retired = False  # final, futures set and event emitted (the controller sets it)
+        #: Whether the user has read this run's error (``fut.exception()``, or ``fut.result()`` raising
+        #: it): the kernel's failure report then has nothing to add.
+        self.error_seen = False
         self._final: threading.Event | None = None  # made only if someone waits before that
         vals = graph.values
         futures = [

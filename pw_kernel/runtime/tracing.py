@@ -290,6 +290,8 @@ def _on_slice(sharding: Sharding, ndim: int, s: VirtualSlice) -> Sharding:
     """``sharding`` as a NamedSharding on the slice's mesh where XLA gave an equivalent positional one."""
     if isinstance(sharding, NamedSharding) and sharding.mesh == s.mesh:
         return sharding
+    if ndim > 4:  # the candidates grow as (axes + 1) ** ndim: keep XLA's own sharding, it is as good
+        return sharding
     for spec in _candidate_specs(s, ndim):
         named = NamedSharding(s.mesh, spec)
         if named.is_equivalent_to(sharding, ndim):
