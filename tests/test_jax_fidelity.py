@@ -123,3 +123,80 @@ def test_code_under_jax_set_mesh_on_a_slice_made_from_that_mesh(ctl):
         f = pw.compiled(sm, slice=s, in_specs=P("x"), out_specs=P("x"))
         x = jnp.arange(8.0)
         same(f(x), jax.jit(sm, out_shardings=s.sharding("x"))(jax.device_put(x, s.sharding("x"))))
+
+
+# ----------------------------------------------------------------- every case, Auto and Explicit, with and without set_mesh
+def _case_glue_dot(s, mesh, ctx):
+    rows = pw.compiled(lambda x: x, slice=s, in_specs=P("a", None), out_specs=P("a", None), name="rows")
+    cols = pw.compiled(lambda x: x, slice=s, in_specs=P(None, "b"), out_specs=P(None, "b"), name="cols")
+    x, y = jnp.arange(64.0).reshape(8, 8), jnp.ones((8, 8))
+    want = jax.jit(jnp.dot)(jax.device_put(x, s.sharding("a", None)), jax.device_put(y, s.sharding(None, "b")))
+    return pw.program(lambda x, y: jnp.dot(rows(x), cols(y)))(x, y), want
+
+
+def _case_constraint(s, mesh, ctx):
+    rows = pw.compiled(lambda x: x, slice=s, in_specs=P("a", None), out_specs=P("a", None), name="rows")
+    target = P("a", "b") if ctx else s.sharding("a", "b")  # under set_mesh a bare spec is enough
+    explicit = mesh.axis_types[0] == jax.sharding.AxisType.Explicit
+    constrain = jax.sharding.reshard if explicit else jax.lax.with_sharding_constraint  # as JAX asks
+
+    def body(v):
+        return constrain(v * 2, target)
+
+    x = jnp.arange(64.0).reshape(8, 8)
+    return pw.program(lambda v: body(rows(v)))(x), jax.jit(body)(jax.device_put(x, s.sharding("a", None)))
+
+
+def _case_nested_jit(s, mesh, ctx):
+    rows = pw.compiled(lambda x: x, slice=s, in_specs=P("a", None), out_specs=P("a", None), name="rows")
+    inner = jax.jit(lambda v: v + 1, out_shardings=P(None, "b") if ctx else s.sharding(None, "b"))
+    x = jnp.arange(64.0).reshape(8, 8)
+    return pw.program(lambda v: inner(rows(v)))(x), jax.jit(inner)(jax.device_put(x, s.sharding("a", None)))
+
+
+def _case_shard_map(s, mesh, ctx):
+    # With Explicit axes shard_map's in_specs must be the argument's sharding (JAX reshards only Auto ones).
+    spec = P("a", None) if mesh.axis_types[0] == jax.sharding.AxisType.Explicit else P()
+    first = pw.compiled(lambda x: x, slice=s, in_specs=spec, out_specs=spec, name="first")
+    kw = {} if ctx else {"mesh": mesh}  # under set_mesh, shard_map takes the context's mesh
+    sm = jax.shard_map(lambda v: v * 2, in_specs=P("a", None), out_specs=P("a", None), **kw)
+    x = jnp.arange(64.0).reshape(8, 8)
+    return pw.program(lambda v: sm(first(v)))(x), jax.jit(sm)(jax.device_put(x, s.sharding(*spec)))
+
+
+def _case_compiled_without_out_specs(s, mesh, ctx):
+    fn = lambda v: jnp.sin(v).T * 2  # noqa: E731 - XLA propagates P('a', 'b') to P('b', 'a')
+    f = pw.compiled(fn, slice=s, in_specs=P("a", "b"))
+    x = jnp.arange(64.0).reshape(8, 8)
+    return f(x), jax.jit(fn, in_shardings=s.sharding("a", "b"))(jax.device_put(x, s.sharding("a", "b")))
+
+
+CASES = [_case_glue_dot, _case_constraint, _case_nested_jit, _case_shard_map, _case_compiled_without_out_specs]
+
+
+@pytest.mark.parametrize("set_mesh", [False, True], ids=["no-context", "set_mesh"])
+@pytest.mark.parametrize("axis_type", ["Auto", "Explicit"])
+@pytest.mark.parametrize("case", CASES, ids=lambda f: f.__name__[len("_case_") :])
+def test_pw_gives_what_plain_jax_gives(ctl, case, axis_type, set_mesh):
+    t = getattr(jax.sharding.AxisType, axis_type)
+    mesh = jax.make_mesh((2, 4), ("a", "b"), axis_types=(t, t))
+    s = pw.slice(mesh=mesh)
+    if not set_mesh:
+        got, want = case(s, mesh, False)
+    else:
+        with jax.set_mesh(mesh):
+            got, want = case(s, mesh, True)
+    same(got, want)
+
+
+def test_code_under_set_mesh_on_a_slice_of_another_mesh_says_what_to_do(ctl):
+    mesh = jax.make_mesh((2, 4), ("x", "y"))
+    s = pw.slice(4, mesh={"x": 4}, name="other")
+    with jax.set_mesh(mesh):
+        sm = jax.shard_map(lambda v: v * 2, in_specs=P("x"), out_specs=P("x"))  # takes the context's mesh
+        f = pw.compiled(sm, slice=s, in_specs=P("x"), out_specs=P("x"))
+        with pytest.raises(pw.TracingError) as err:
+            f(jnp.arange(8.0))
+    msg = str(err.value)
+    assert "runs under `jax.set_mesh` with the mesh (x: 2, y: 4; Explicit, Explicit)" in msg, msg
+    assert "slice(s) 'other' (x: 4; Auto)" in msg and "`pw.slice(mesh=m)`" in msg

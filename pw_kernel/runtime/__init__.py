@@ -101,7 +101,9 @@ def compiled(
     """Compile ``fn`` for a slice: `jax.jit` with NamedShardings on the slice's mesh.
 
     ``in_specs`` / ``out_specs`` are PartitionSpecs (a pytree prefix of the
-    arguments / results, as for `jax.jit`); None replicates over the slice.
+    arguments / results, as for `jax.jit`). An input spec of None replicates over
+    the slice; an output spec of None (the default) lets JAX choose, exactly as
+    `jax.jit` without ``out_shardings`` does.
     Usable as a decorator: ``@pw.compiled(slice=s, in_specs=P("d"))``.
 
     Example::

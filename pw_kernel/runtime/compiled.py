@@ -77,14 +77,18 @@ def _is_spec_leaf(x: Any) -> bool:
 
 
 def specs_to_shardings(specs: Any, slice_: VirtualSlice, api: str, *, per_argument: bool = False) -> Any:
-    """Turn a pytree (prefix) of PartitionSpecs into NamedShardings on the slice; None replicates.
+    """Turn a pytree (prefix) of PartitionSpecs into NamedShardings on the slice.
 
     With ``per_argument`` (in_specs) a top-level list is one spec per positional argument, as
-    `jax.jit` reads ``in_shardings``; otherwise (out_specs) a list keeps its structure.
+    `jax.jit` reads ``in_shardings``, and None replicates (an argument may come from another
+    slice: it needs a place here). Otherwise (out_specs) a list keeps its structure and None
+    stays None: JAX chooses, as for `jax.jit(out_shardings=None)`.
     """
 
     def one(spec):
         if spec is None:
+            if not per_argument:
+                return None
             spec = PartitionSpec()
         if not isinstance(spec, PartitionSpec):
             raise SpecError(

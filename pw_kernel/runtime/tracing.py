@@ -233,16 +233,18 @@ def jit_of(eqns, invars, outvars, in_sh, out_sh) -> Callable:
     if calls_host(eqns):
         errors = []
         eqns = guard_callbacks(eqns, errors)
-    fn = jax.jit(make_evaluator(eqns, invars, outvars), in_shardings=tuple(in_sh), out_shardings=tuple(out_sh))
+    kw = {} if out_sh is None else {"out_shardings": tuple(out_sh)}  # None: XLA chooses
+    fn = jax.jit(make_evaluator(eqns, invars, outvars), in_shardings=tuple(in_sh), **kw)
     if errors is not None:
         fn.callback_errors = errors
     return fn
 
 
 def node_executable(eqns, invars, outvars, in_sh, out_sh, key: Any | None = None) -> Callable:
-    """`jax.jit` of the equations with the given shardings, shared with identical nodes."""
+    """`jax.jit` of the equations with the given shardings, shared with identical nodes (``out_sh`` None: XLA
+    chooses, see `chosen_out_shardings`)."""
     if key is not None:
-        key = (key, tuple(in_sh), tuple(out_sh))
+        key = (key, tuple(in_sh), None if out_sh is None else tuple(out_sh))
         hit = _EXECUTABLES.get(key)
         if hit is not None:
             return hit[1]
@@ -252,6 +254,29 @@ def node_executable(eqns, invars, outvars, in_sh, out_sh, key: Any | None = None
             _EXECUTABLES.clear()
         _EXECUTABLES[key] = (eqns, fn)  # eqns keep the jaxprs in the key alive
     return fn
+
+
+def _context_mesh_hint(slices: Sequence[VirtualSlice | None]) -> str:
+    """Why code under `jax.set_mesh` may fail on a slice with another mesh, and what to do; or ""."""
+    ctx = jax.sharding.get_abstract_mesh()
+    if ctx.empty:
+        return ""
+    other = list(dict.fromkeys(s for s in slices if s is not None and s.mesh.abstract_mesh != ctx))
+    if not other:
+        return ""
+    names = ", ".join(f"{s.name!r} {_mesh_str(s.mesh)}" for s in other)
+    return (
+        f"\nThis code runs under `jax.set_mesh` with the mesh {_mesh_str(ctx)}, but it runs on slice(s) {names}: "
+        f"code written for the context mesh (`shard_map` without `mesh=`, bare PartitionSpecs, Explicit axes) "
+        f"sees another mesh than its arrays'. Make the slice from the context mesh, `pw.slice(mesh=m)`, or "
+        f"call the program outside the `jax.set_mesh` block."
+    )
+
+
+def _mesh_str(mesh) -> str:
+    axes = ", ".join(f"{a}: {n}" for a, n in mesh.shape.items())
+    types = ", ".join(str(t).split(".")[-1] for t in mesh.axis_types)
+    return f"({axes}; {types})"
 
 
 def _adopt_mesh(resources: ResourceManager, sharding: Sharding) -> VirtualSlice | None:
@@ -265,24 +290,25 @@ def _adopt_mesh(resources: ResourceManager, sharding: Sharding) -> VirtualSlice 
         return None
 
 
-def glue_out_shardings(eqns, invars, outvars, in_sh, s: VirtualSlice) -> list[Sharding]:
-    """The shardings JAX gives the glue's outputs: compiled with its inputs' shardings and no
-    out_shardings, so XLA's propagation, `with_sharding_constraint`, a nested jit's out_shardings
-    and shard_map's out_specs all decide, exactly as in a plain `jax.jit` of the same code."""
-    key = (_glue_key(eqns, invars, outvars), tuple(in_sh))
-    hit = _OUT_SHARDINGS.get(key)
-    if hit is not None:
-        return hit[1]
-    fn = jax.jit(make_evaluator(eqns, invars, outvars), in_shardings=tuple(in_sh))
+def chosen_out_shardings(fn, invars, outvars, in_sh, s: VirtualSlice, key: Any | None = None) -> list[Sharding]:
+    """The shardings XLA gives the outputs of ``fn``, a node executable built without out_shardings.
+
+    So XLA's propagation, `with_sharding_constraint`, a nested jit's out_shardings and
+    shard_map's out_specs all decide, exactly as in a plain `jax.jit` of the same code. The
+    compile this takes is ``fn``'s own: JAX keeps it for the node's first call.
+    ``key`` (structural) caches the answer; None: not cached.
+    """
+    if key is not None:
+        key = (key, tuple(in_sh))
+        hit = _OUT_SHARDINGS.get(key)
+        if hit is not None:
+            return hit[1]
     args = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype, sharding=sh) for v, sh in zip(invars, in_sh)]
-    if args:
-        out = list(fn.lower(*args).compile().output_shardings)
-    else:  # made from constants only: nothing to propagate from, so on the slice, replicated
-        out = [NamedSharding(s.mesh, PartitionSpec()) for _ in outvars]
-    out = [_on_slice(sh, v.aval.ndim, s) for sh, v in zip(out, outvars)]
-    if len(_OUT_SHARDINGS) >= _MAX_EXECUTABLES:
-        _OUT_SHARDINGS.clear()
-    _OUT_SHARDINGS[key] = (eqns, out)
+    out = [_on_slice(sh, v.aval.ndim, s) for sh, v in zip(fn.lower(*args).compile().output_shardings, outvars)]
+    if key is not None:
+        if len(_OUT_SHARDINGS) >= _MAX_EXECUTABLES:
+            _OUT_SHARDINGS.clear()
+        _OUT_SHARDINGS[key] = (fn, out)
     return out
 
 
@@ -506,6 +532,8 @@ def _trace_program(
         hint = ""
         if "not a valid JAX type" in str(e):
             hint = "\nA program must return arrays (or pytrees of arrays); return non-array values outside it."
+        slices = [cf.slice for cf in (getattr(compiled_mod._tracing, "seen", None) or {}).values()]
+        hint += _context_mesh_hint([*slices, default_slice])
         raise TracingError(
             f"`pw.program` {name!r} could not be traced: {type(e).__name__}: {e}{_fmt_source(src)}{hint}"
         ) from e
@@ -571,11 +599,16 @@ def _trace_program(
             want = val.sharding if val.slice is s else _map_sharding(val.sharding, val.shape, s)
             in_ids.append(b.placed(val.id, want, s, source))
             in_sh.append(want)
-        out_sh = glue_out_shardings(eqns, invars, outvars, in_sh, s)
+        glue_key = _glue_key(eqns, invars, outvars)
+        if in_sh:  # XLA chooses the outputs' shardings, as in a plain jax.jit of the same code
+            fn_ = node_executable(eqns, invars, outvars, in_sh, None, glue_key)
+            out_sh = chosen_out_shardings(fn_, invars, outvars, in_sh, s, glue_key)
+        else:  # made from constants only: nothing to propagate from, so on the slice, replicated
+            out_sh = [NamedSharding(s.mesh, PartitionSpec()) for _ in outvars]
+            fn_ = node_executable(eqns, invars, outvars, in_sh, out_sh, glue_key)
         prims = tuple(dict.fromkeys(e.primitive.name for e in eqns))
         node_id = len(b.nodes)
         out_ids = [b.new_value(v.aval.shape, v.aval.dtype, sh, "node", node_id, s) for v, sh in zip(outvars, out_sh)]
-        fn_ = node_executable(eqns, invars, outvars, in_sh, out_sh, _glue_key(eqns, invars, outvars))
         label = ",".join(prims[:3]) + (",…" if len(prims) > 3 else "")
         b.add_node(
             name=b.unique(f"glue[{label}]"),
@@ -635,17 +668,21 @@ def _trace_program(
             in_ids.append(b.placed(val.id, want, cf.slice, source))
             in_sh.append(want)
             var_ins.append(v)
+        # The inner jaxpr object is JAX's trace-cache entry: identical calls share it.
+        key = ("compute", id(eqn.params["jaxpr"]), tuple(
+            _literal_key(v) if isinstance(v, Literal) else ("in", var_ins.index(v)) for v in eqn.invars
+        ))
         out_sh = list(eqn.params["out_shardings"])
+        if all(isinstance(sh, Sharding) for sh in out_sh):
+            fn_ = node_executable([eqn], var_ins, eqn.outvars, in_sh, out_sh, key)
+        else:  # an out_specs of None: XLA chooses, as for jax.jit without out_shardings
+            fn_ = node_executable([eqn], var_ins, eqn.outvars, in_sh, None, key)
+            out_sh = chosen_out_shardings(fn_, var_ins, eqn.outvars, in_sh, cf.slice, key)
         node_id = len(b.nodes)
         out_ids = []
         for v, sh in zip(eqn.outvars, out_sh):
             _check_divisible(v.aval.shape, sh, f"`{cf.name}` output ({v.aval.str_short()})")
             out_ids.append(b.new_value(v.aval.shape, v.aval.dtype, sh, "node", node_id, cf.slice))
-        # The inner jaxpr object is JAX's trace-cache entry: identical calls share it.
-        key = ("compute", id(eqn.params["jaxpr"]), tuple(
-            _literal_key(v) if isinstance(v, Literal) else ("in", var_ins.index(v)) for v in eqn.invars
-        ))
-        fn_ = node_executable([eqn], var_ins, eqn.outvars, in_sh, out_sh, key)
         b.add_node(
             name=b.unique(cf.name),
             kind="compute",
