@@ -155,3 +155,18 @@ def test_shutdown_fails_the_running_and_the_queued_runs_then_joins_the_threads(o
         assert f.run.state == "failed" and isinstance(f.exception(), pw.ControllerShutdownError)
         assert "was still queued when the controller shut down" in str(f.exception())
 
+
+
+def test_a_call_whose_run_fails_while_being_submitted_still_returns_its_futures():
+    # With no outputs kept for finished runs, a run that fails inside `f(x)` (here: its input was
+    # deleted, and the transfer raises as it is dispatched) must still hand its futures to the caller.
+    pw.init(pw.Config(keep_outputs=0, validate=True))
+    try:
+        f = pw.compiled(lambda x: x * 2, slice=pw.slice(2), name="double")
+        x = jnp.ones(4)
+        x.delete()
+        y = f(x)
+        err = y.exception(timeout=30)
+        assert isinstance(err, pw.NodeError) and "Array has been deleted" in str(err), repr(err)
+    finally:
+        pw.shutdown()

@@ -373,7 +373,7 @@ class PathwaysMagics(Magics):
         try:
             graph = prog.trace(*inputs)
             source_map = {**self._source_map(graph), **self._fused_source_map(graph, filename, number)}
-            run = prog.submit(*inputs, name=name, source_map=source_map)
+            run = prog.submit(*inputs, name=name, source_map=source_map, _claim=True)
             self._present_run_errors(run)
         except pw.PathwaysError as e:
             if isinstance(e, pw.TracingError) and e.args and isinstance(e.args[0], str):

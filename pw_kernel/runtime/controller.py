@@ -164,11 +164,14 @@ class Controller:
         weight: float = 1.0,
         priority: int = 0,
         source_map: dict[str, str] | None = None,
+        claim: bool = False,
     ) -> Run:
         """Queue a traced program with its flat inputs (arrays or futures); returns its Run at once.
 
         ``source_map`` maps node (or step) names to where they come from, for error
-        messages (the notebook front passes cell lines).
+        messages (the notebook front passes cell lines). With ``claim`` the run holds its
+        futures until ``run.outputs`` is first read, even if it ends before that (a caller
+        that reads them at once, as a program call does).
         """
         self._check_open("submit")
         for s in graph.slices:
@@ -215,6 +218,8 @@ class Controller:
             # thread is woken only if this thread does not dispatch the run itself (it would contend).
             effects = self.lifecycle.submit(rec)
             self._apply([e for e in effects if type(e) is not Wake])
+            if claim:  # the caller takes the outputs next: they must outlive a run that ends before that
+                run._unclaimed = run._futures
             if not (may_inline and self.dispatcher.dispatch_inline()):
                 self.dispatcher.wake()
         return run

@@ -82,6 +82,7 @@ class Program:
         weight: float = 1.0,
         priority: int = 0,
         source_map: dict[str, str] | None = None,
+        _claim: bool = False,
         **kwargs,
     ) -> Run:
         """Trace (or reuse the trace) and submit; returns the Run (its futures are ``run.outputs``)."""
@@ -95,10 +96,11 @@ class Program:
             weight=weight,
             priority=priority,
             source_map=source_map,
+            claim=_claim,
         )
 
     def __call__(self, *args, **kwargs):
-        return self.submit(*args, **kwargs).outputs
+        return self.submit(*args, _claim=True, **kwargs).outputs
 
     @property
     def cache_size(self) -> int:

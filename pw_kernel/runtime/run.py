@@ -56,6 +56,7 @@ class Run:
         # hold) live as long as the user keeps them, or the controller keeps the run among its
         # most recent (Config.keep_outputs).
         self._futures: list[Future] | None = futures
+        self._unclaimed: list[Future] | None = None  # see Controller.submit(claim=True)
         self._weak = [weakref.ref(f) for f in futures]
 
     # ------------------------------------------------------ from the record
@@ -127,7 +128,8 @@ class Run:
         Raises PathwaysError once the run is final and its futures were released (nothing held
         them and the run is no longer among the controller's most recent).
         """
-        futures = self._futures
+        unclaimed, self._unclaimed = self._unclaimed, None  # taken: the caller holds them from now on
+        futures = self._futures if self._futures is not None else unclaimed
         if futures is None:
             futures = [w() for w in self._weak]
             if any(f is None for f in futures):

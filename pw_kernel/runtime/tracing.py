@@ -312,6 +312,23 @@ def chosen_out_shardings(fn, invars, outvars, in_sh, s: VirtualSlice, key: Any |
     return out
 
 
+def _executable_with_chosen_outputs(eqns, invars, outvars, in_sh, s: VirtualSlice, key):
+    """A node's executable built without out_shardings, and the shardings XLA gives its outputs.
+
+    (Shardings the equations declare themselves, a compiled function's out_specs or a nested
+    jit's, are XLA's choice too.) An output XLA puts on part of the slice only (a value that
+    depends on no input may land on one device) is replicated over the slice instead, with an
+    executable that says so: pw keeps every node's values on its slice.
+    """
+    fn = node_executable(eqns, invars, outvars, in_sh, None, key)
+    chosen = chosen_out_shardings(fn, invars, outvars, in_sh, s, key)
+    devices = set(s.devices)
+    out = [sh if sh.device_set == devices else NamedSharding(s.mesh, PartitionSpec()) for sh in chosen]
+    if out != chosen:
+        fn = node_executable(eqns, invars, outvars, in_sh, out, key)
+    return fn, out
+
+
 def _on_slice(sharding: Sharding, ndim: int, s: VirtualSlice) -> Sharding:
     """``sharding`` as a NamedSharding on the slice's mesh where XLA gave an equivalent positional one."""
     if isinstance(sharding, NamedSharding) and sharding.mesh == s.mesh:
@@ -601,8 +618,7 @@ def _trace_program(
             in_sh.append(want)
         glue_key = _glue_key(eqns, invars, outvars)
         if in_sh:  # XLA chooses the outputs' shardings, as in a plain jax.jit of the same code
-            fn_ = node_executable(eqns, invars, outvars, in_sh, None, glue_key)
-            out_sh = chosen_out_shardings(fn_, invars, outvars, in_sh, s, glue_key)
+            fn_, out_sh = _executable_with_chosen_outputs(eqns, invars, outvars, in_sh, s, glue_key)
         else:  # made from constants only: nothing to propagate from, so on the slice, replicated
             out_sh = [NamedSharding(s.mesh, PartitionSpec()) for _ in outvars]
             fn_ = node_executable(eqns, invars, outvars, in_sh, out_sh, glue_key)
@@ -676,8 +692,7 @@ def _trace_program(
         if all(isinstance(sh, Sharding) for sh in out_sh):
             fn_ = node_executable([eqn], var_ins, eqn.outvars, in_sh, out_sh, key)
         else:  # an out_specs of None: XLA chooses, as for jax.jit without out_shardings
-            fn_ = node_executable([eqn], var_ins, eqn.outvars, in_sh, None, key)
-            out_sh = chosen_out_shardings(fn_, var_ins, eqn.outvars, in_sh, cf.slice, key)
+            fn_, out_sh = _executable_with_chosen_outputs([eqn], var_ins, eqn.outvars, in_sh, cf.slice, key)
         node_id = len(b.nodes)
         out_ids = []
         for v, sh in zip(eqn.outvars, out_sh):
