@@ -116,9 +116,9 @@ def test_ctrl_c_while_completing_a_lone_call_on_the_waiting_thread(ctl):
     grind(x).result()  # compile first: the next call is all device time
     reported = threading.Event()  # set when the watcher reports the next call's node
     stop = pw.controller().events.subscribe(lambda e: reported.set() if getattr(e, "node", None) == "grind" else None)
-    # Ctrl-C in 0.2 s, while the device computes (seconds). The presser starts first: starting a
+    # Ctrl-C in 1 s, while the device computes (seconds). The presser starts first: starting a
     # thread between the call and `.result()` would let the watcher thread take the node instead.
-    presser = threading.Timer(0.2, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT))
+    presser = threading.Timer(1.0, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT))
     presser.start()
     fut = grind(x)
     with pytest.raises(KeyboardInterrupt):
