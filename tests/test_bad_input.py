@@ -96,7 +96,7 @@ def test_unknown_mesh_axis_in_a_partition_spec(env):
 
 
 def test_spec_that_is_not_a_partition_spec(env):
-    with raises(pw.SpecError, "`pw.compiled(in_specs=...)` expects PartitionSpecs (or None to replicate); got 'data'"):
+    with raises(pw.SpecError, "`pw.compiled(in_specs=...)` expects PartitionSpecs (or None to leave it to JAX); got 'data'"):
         pw.compiled(lambda x: x, slice=env["s"], in_specs=("data",))
 
 

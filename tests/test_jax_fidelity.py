@@ -200,3 +200,47 @@ def test_code_under_set_mesh_on_a_slice_of_another_mesh_says_what_to_do(ctl):
     msg = str(err.value)
     assert "runs under `jax.set_mesh` with the mesh (x: 2, y: 4; Explicit, Explicit)" in msg, msg
     assert "slice(s) 'other' (x: 4; Auto)" in msg and "`pw.slice(mesh=m)`" in msg
+
+
+def test_a_training_step_written_for_jax_jit_runs_with_jaxs_shardings(ctl):
+    # Today's JAX style: Explicit axes, jax.set_mesh, shardings in the types, optax. The step is
+    # handed to pw.compiled as it was to jax.jit, with no specs: arguments keep their shardings.
+    optax = pytest.importorskip("optax")
+    Explicit = jax.sharding.AxisType.Explicit
+    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(Explicit, Explicit))
+    with jax.set_mesh(mesh):
+        k1, k2 = jax.random.split(jax.random.key(0))
+        params = {
+            "w1": jax.random.normal(k1, (16, 32), out_sharding=P(None, "model")) * 0.1,
+            "w2": jax.random.normal(k2, (32, 4), out_sharding=P("model", None)) * 0.1,
+        }
+        rng = np.random.default_rng(0)
+        x = jax.device_put(rng.normal(size=(64, 16)).astype(np.float32), P("data", None))
+        y = jax.device_put(rng.normal(size=(64, 4)).astype(np.float32), P("data", None))
+        opt = optax.adamw(1e-2)
+
+        def loss_fn(p, x, y):
+            h = jax.nn.relu(x @ p["w1"])
+            return jnp.mean((jnp.matmul(h, p["w2"], out_sharding=P("data", None)) - y) ** 2)
+
+        def train_step(p, o, x, y):
+            loss, g = jax.value_and_grad(loss_fn)(p, x, y)
+            updates, o = opt.update(g, o, p)
+            return optax.apply_updates(p, updates), o, loss
+
+        want = (params, opt.init(params))
+        for _ in range(5):
+            *want, want_loss = jax.jit(train_step)(*want, x, y)
+
+        step = pw.compiled(train_step, slice=pw.slice(mesh=mesh))
+
+        @pw.program(mode="chained")
+        def five(p, o, x, y):
+            for _ in range(5):
+                p, o, loss = step(p, o, x, y)
+            return p, o, loss
+
+        run = five.submit(params, opt.init(params), x, y)
+        got_p, got_o, got_loss = run.outputs
+        same((got_p, got_o, got_loss), (*want, want_loss))
+        assert [n.kind for n in run.graph.nodes] == ["compute"] * 5  # no transfer: nothing was resharded

@@ -101,9 +101,10 @@ def compiled(
     """Compile ``fn`` for a slice: `jax.jit` with NamedShardings on the slice's mesh.
 
     ``in_specs`` / ``out_specs`` are PartitionSpecs (a pytree prefix of the
-    arguments / results, as for `jax.jit`). An input spec of None replicates over
-    the slice; an output spec of None (the default) lets JAX choose, exactly as
-    `jax.jit` without ``out_shardings`` does.
+    arguments / results, as for `jax.jit`). None (the default) leaves it to JAX,
+    as `jax.jit` without ``in_shardings`` / ``out_shardings`` does: an argument
+    on the slice keeps its sharding (one from elsewhere gets the same spec on the
+    slice, or is replicated), an output gets the sharding XLA propagates.
     Usable as a decorator: ``@pw.compiled(slice=s, in_specs=P("d"))``.
 
     Example::

@@ -77,22 +77,20 @@ def _is_spec_leaf(x: Any) -> bool:
 
 
 def specs_to_shardings(specs: Any, slice_: VirtualSlice, api: str, *, per_argument: bool = False) -> Any:
-    """Turn a pytree (prefix) of PartitionSpecs into NamedShardings on the slice.
+    """Turn a pytree (prefix) of PartitionSpecs into NamedShardings on the slice; None stays None.
 
-    With ``per_argument`` (in_specs) a top-level list is one spec per positional argument, as
-    `jax.jit` reads ``in_shardings``, and None replicates (an argument may come from another
-    slice: it needs a place here). Otherwise (out_specs) a list keeps its structure and None
-    stays None: JAX chooses, as for `jax.jit(out_shardings=None)`.
+    None leaves it to JAX, as for `jax.jit`: an argument keeps its own sharding (see
+    `tracing._unspecified_input`), an output gets the one XLA propagates. With ``per_argument``
+    (in_specs) a top-level list is one spec per positional argument, as `jax.jit` reads
+    ``in_shardings``; otherwise (out_specs) a list keeps its structure.
     """
 
     def one(spec):
         if spec is None:
-            if not per_argument:
-                return None
-            spec = PartitionSpec()
+            return None
         if not isinstance(spec, PartitionSpec):
             raise SpecError(
-                f"`{api}` expects PartitionSpecs (or None to replicate); got {spec!r} of type "
+                f"`{api}` expects PartitionSpecs (or None to leave it to JAX); got {spec!r} of type "
                 f"{type(spec).__name__}. Write e.g. jax.sharding.PartitionSpec('data', None)."
             )
         check_spec_axes(spec, slice_, api)
@@ -152,7 +150,8 @@ class CompiledFunction:
 
         body.__name__ = f"{_safe(self.name)}{_MARK}{self.uid}"
         self.jit_name = body.__name__
-        self.jitted = jax.jit(body, in_shardings=self.in_shardings, out_shardings=self.out_shardings)
+        kw = {k: v for k, v in (("in_shardings", self.in_shardings), ("out_shardings", self.out_shardings)) if v is not None}
+        self.jitted = jax.jit(body, **kw)
         _registry[self.jit_name] = self
         self._program = None
         functools.update_wrapper(self, fn, updated=())

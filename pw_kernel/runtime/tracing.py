@@ -329,6 +329,15 @@ def _executable_with_chosen_outputs(eqns, invars, outvars, in_sh, s: VirtualSlic
     return fn, out
 
 
+def _unspecified_input(val: Value, s: VirtualSlice) -> Sharding:
+    """Where an argument with no in_spec goes: as `jax.jit` without in_shardings, its own sharding
+    when it lives on the slice; else the same PartitionSpec on the slice where its axes exist
+    there (from another slice), else replicated (a host value, or axes the slice lacks)."""
+    if val.slice is s and isinstance(val.sharding, Sharding) and val.sharding.device_set == set(s.devices):
+        return val.sharding
+    return _map_sharding(val.sharding, val.shape, s)
+
+
 def _on_slice(sharding: Sharding, ndim: int, s: VirtualSlice) -> Sharding:
     """``sharding`` as a NamedSharding on the slice's mesh where XLA gave an equivalent positional one."""
     if isinstance(sharding, NamedSharding) and sharding.mesh == s.mesh:
@@ -680,6 +689,8 @@ def _trace_program(
                 literals[pos] = v
                 continue
             val = b.values[b.read(v)]
+            if not isinstance(want, Sharding):  # an in_specs of None
+                want = _unspecified_input(val, cf.slice)
             _check_divisible(val.shape, want, f"`{cf.name}` argument {pos} ({val.type_str})")
             in_ids.append(b.placed(val.id, want, cf.slice, source))
             in_sh.append(want)
