@@ -8,7 +8,9 @@ restart are tested through real kernels in test_kernel.py and test_magics.py.)
 from __future__ import annotations
 
 import signal
+import sys
 import threading
+import time
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +23,32 @@ from test_execution import one_slot  # noqa: F401 - the gated one-slot controlle
 
 def on_host(fn):
     return lambda x: jax.pure_callback(fn, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+
+
+def ctrl_c_once_main_is_in(function: str, after: threading.Event | None = None) -> threading.Thread:
+    """A person pressing Ctrl-C once the main thread runs ``function`` (and ``after`` is set).
+
+    Pressing on a timer or an event alone can land before the main thread has entered the
+    waiting call, outside its `pytest.raises`, which ends the whole test session.
+    """
+    main = threading.main_thread().ident
+
+    def press():
+        if after is not None:
+            after.wait(30)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            frame = sys._current_frames().get(main)
+            while frame is not None and frame.f_code.co_name != function:
+                frame = frame.f_back
+            if frame is not None:
+                break
+            time.sleep(0.002)
+        signal.pthread_kill(main, signal.SIGINT)
+
+    presser = threading.Thread(target=press, daemon=True)
+    presser.start()
+    return presser
 
 
 def raise_value_error(x):
@@ -75,9 +103,7 @@ def test_ctrl_c_while_blocking_cancels_the_run(one_slot):
     other = pw.program(lambda v: inc(v), name="other")
     fut = slow.submit(x, mode="chained").outputs
 
-    main = threading.main_thread().ident
-    presser = threading.Thread(target=lambda: (started.wait(30), signal.pthread_kill(main, signal.SIGINT)))
-    presser.start()
+    presser = ctrl_c_once_main_is_in("result", after=started)
     with pytest.raises(KeyboardInterrupt):
         fut.result(timeout=60)  # a person presses Ctrl-C while this waits, `hold` on the device
     presser.join()
@@ -93,9 +119,7 @@ def test_ctrl_c_while_a_lone_call_waits_for_its_value_cancels_it_and_the_control
     hold, inc, x, started, gate = one_slot
     fut = hold(x)  # a lone call; `.result()` without a timeout waits on the value itself
 
-    main = threading.main_thread().ident
-    presser = threading.Thread(target=lambda: (started.wait(30), signal.pthread_kill(main, signal.SIGINT)))
-    presser.start()
+    presser = ctrl_c_once_main_is_in("result", after=started)
     with pytest.raises(KeyboardInterrupt):
         fut.result()  # Ctrl-C while this thread has claimed the node to complete it itself
     presser.join()
@@ -116,10 +140,9 @@ def test_ctrl_c_while_completing_a_lone_call_on_the_waiting_thread(ctl):
     grind(x).result()  # compile first: the next call is all device time
     reported = threading.Event()  # set when the watcher reports the next call's node
     stop = pw.controller().events.subscribe(lambda e: reported.set() if getattr(e, "node", None) == "grind" else None)
-    # Ctrl-C in 1 s, while the device computes (seconds). The presser starts first: starting a
-    # thread between the call and `.result()` would let the watcher thread take the node instead.
-    presser = threading.Timer(1.0, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT))
-    presser.start()
+    # Ctrl-C while `.result()` waits for the device (seconds) on this thread. The presser starts
+    # first: starting a thread between the call and `.result()` would let the watcher take the node.
+    presser = ctrl_c_once_main_is_in("_wait_ready")
     fut = grind(x)
     with pytest.raises(KeyboardInterrupt):
         fut.result()
