@@ -244,3 +244,30 @@ def test_a_training_step_written_for_jax_jit_runs_with_jaxs_shardings(ctl):
         got_p, got_o, got_loss = run.outputs
         same((got_p, got_o, got_loss), (*want, want_loss))
         assert [n.kind for n in run.graph.nodes] == ["compute"] * 5  # no transfer: nothing was resharded
+
+
+def test_typed_prng_keys_flow_through_a_program_as_through_jit(ctl):
+    # jax.random.key (not the legacy uint32 PRNGKey) is how today's JAX code carries randomness
+    a, b = pw.slice(4, mesh={"data": 4}, name="a"), pw.slice(2, mesh={"data": 2}, name="b")
+    noise = pw.compiled(lambda k, x: x + jax.random.normal(k, x.shape), slice=a, name="noise")
+    drop = pw.compiled(lambda k, x: jnp.where(jax.random.bernoulli(k, 0.5, x.shape), x, 0.0), slice=b, name="drop")
+
+    def plain(key, x):
+        k1, k2 = jax.random.split(key)  # glue: plain jax between the compiled calls
+        return drop(k2, noise(k1, x)), k2
+
+    x = jnp.arange(32.0).reshape(8, 4)
+    key = jax.random.key(7)
+    y, k2 = pw.program(plain, name="keys")(key, x)
+    assert k2.dtype == key.dtype and k2.shape == ()  # a future of a key knows it is one
+    k1_want, k2_want = jax.random.split(key)
+    y_want = jnp.where(jax.random.bernoulli(k2_want, 0.5, x.shape), x + jax.random.normal(k1_want, x.shape), 0.0)
+    np.testing.assert_allclose(np.asarray(y.result()), np.asarray(y_want), rtol=1e-6)
+    np.testing.assert_array_equal(jax.random.key_data(k2.result()), jax.random.key_data(k2_want))
+    graph = pw.program(plain, name="keys").trace(key, x)
+    assert "key<fry>[]" in repr(graph)  # the listing names the key type, as a jaxpr does
+    # a key per example, split along the batch axis with the batch: each shard gets its examples' keys
+    keys = jax.device_put(jax.random.split(key, 8), a.sharding("data"))
+    per_example = pw.compiled(jax.vmap(lambda k, r: r + jax.random.normal(k, r.shape)), slice=a)
+    want = jax.jit(jax.vmap(lambda k, r: r + jax.random.normal(k, r.shape)))(keys, x)
+    same(per_example(keys, jax.device_put(x, a.sharding("data"))), want)

@@ -297,3 +297,41 @@ def test_integer_leaves_inside_the_activations_flow_through(ctl, schedule, remat
     np.testing.assert_allclose(float(loss), float(ref_loss), rtol=1e-5)
     for g, r in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(ref_grads)):
         np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=2e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("schedule,remat", [("1f1b", True), ("zero_bubble", False)])
+def test_dropout_from_per_example_keys_equals_the_unpipelined_model(ctl, schedule, remat):
+    # typed PRNG keys (jax.random.key) as a batch field: split with the examples, never differentiated;
+    # a recomputed forward draws the same mask from the same key, so the gradients match
+    def dropout(key, h, i):
+        keep = jax.vmap(lambda k, r: jax.random.bernoulli(jax.random.fold_in(k, i), 0.7, r.shape))(key, h)
+        return jnp.where(keep, h / 0.7, 0.0)
+
+    def first(p, tokens, *, keys):
+        return dropout(keys, p["e"][tokens], 0)
+
+    def middle(p, h, *, keys):
+        return dropout(keys, jnp.tanh(h @ p["w"]), 1)
+
+    def last(p, h):
+        return (h @ p["v"]).sum(-1)
+
+    rng = np.random.default_rng(0)
+    params = [{"e": rng.normal(size=(10, 4)).astype(np.float32)}, {"w": rng.normal(size=(4, 4)).astype(np.float32)},
+              {"v": rng.normal(size=(4, 2)).astype(np.float32)}]
+    tokens = rng.integers(0, 10, (8, 5)).astype(np.int32)
+    y = rng.normal(size=(8, 5)).astype(np.float32)
+    keys = jax.random.split(jax.random.key(3), 8)
+    slices = [pw.slice(2, mesh={"data": 2}) for _ in range(3)]
+    pipe = pw.pipeline([first, middle, last], slices=slices, microbatches=4, schedule=schedule, remat=remat,
+                       fields={"keys": (0, 1)})
+    loss, grads = pw.get(pipe.grads(pipe.place(params), tokens, y, keys=keys))
+
+    def model(ps):
+        h = middle(ps[1], first(ps[0], tokens, keys=keys), keys=keys)
+        return jnp.mean((last(ps[2], h) - y) ** 2)
+
+    ref_loss, ref_grads = jax.value_and_grad(model)(params)
+    np.testing.assert_allclose(float(loss), float(ref_loss), rtol=1e-5)
+    for g, r in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(ref_grads)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=2e-4, atol=1e-6)

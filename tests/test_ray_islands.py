@@ -116,6 +116,26 @@ def test_a_two_stage_pipeline_across_the_islands_matches_local(remote):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
+def test_typed_prng_keys_travel_to_remote_islands_and_back(remote):
+    # numpy cannot hold a jax.random.key: it crosses processes as its key data and is wrapped again
+    i0, i1 = remote
+    a, b = pw.slice(4, mesh={"d": 4}, island=i0.id), pw.slice(2, island=i1.id)
+    noise = pw.compiled(lambda k, x: x + jax.random.normal(k, x.shape), slice=a, name="noise")
+    fold = pw.compiled(lambda k: jax.random.fold_in(k, 1), slice=b, name="fold")
+
+    def plain(key, x, noise=noise, fold=fold):
+        k1, k2 = jax.random.split(key)
+        return noise(k1, x), fold(k2)  # keys cross to the islands, between them, and back
+
+    key, x = jax.random.key(5), jnp.ones((8, 2))
+    y, k = pw.program(plain, name="remote keys")(key, x)
+    want_y, want_k = jax.jit(lambda key, x: plain(key, x, noise=lambda k, v: v + jax.random.normal(k, v.shape),
+                                                   fold=lambda k: jax.random.fold_in(k, 1)))(key, x)
+    np.testing.assert_allclose(np.asarray(y.result(timeout=120)), np.asarray(want_y), rtol=1e-6)
+    assert k.result(timeout=120).dtype == key.dtype
+    np.testing.assert_array_equal(jax.random.key_data(k.result()), jax.random.key_data(want_k))
+
+
 def test_a_dead_actor_fails_only_its_runs_and_the_island_can_be_added_again(remote):
     i0, i1 = remote
     s0, s1 = pw.slice(2, island=i0.id), pw.slice(2, island=i1.id)

@@ -14,7 +14,7 @@ import numpy as np
 from jax.sharding import Sharding
 
 from .errors import ArgumentError, CancelledError, TimeoutError
-from .graph import describe_sharding
+from .graph import as_dtype, describe_sharding
 
 if TYPE_CHECKING:
     from .lifecycle import OutputCell
@@ -77,7 +77,7 @@ class Future(concurrent.futures.Future):
         self.index = index
         self.slice = slice  # the VirtualSlice the value lives on (None: the host or no slice)
         self.shape: tuple[int, ...] = tuple(shape)
-        self.dtype = np.dtype(dtype)
+        self.dtype = as_dtype(dtype)
         self.sharding = sharding
         self._cell = cell  # holds the value once the producing node is dispatched
 

@@ -30,6 +30,21 @@ NodeKind = Literal["compute", "glue", "transfer"]
 ValueOrigin = Literal["input", "const", "node"]
 
 
+def as_dtype(dtype: Any) -> Any:
+    """``np.dtype(dtype)``, except that JAX's extended dtypes (typed PRNG keys, ``key<fry>``) pass as they are.
+
+    Example: ``as_dtype("float32")`` is ``np.dtype("float32")``; ``as_dtype(jax.random.key(0).dtype)`` is ``key<fry>``.
+    """
+    if jax.dtypes.issubdtype(dtype, jax.dtypes.extended):
+        return dtype  # numpy cannot interpret it; it knows its own itemsize and name
+    return np.dtype(dtype)
+
+
+def nbytes_of(shape: Sequence[int], dtype: Any) -> int:
+    """Bytes of an array of this shape and dtype (a typed key counts its key data)."""
+    return math.prod(shape) * as_dtype(dtype).itemsize
+
+
 def describe_sharding(sharding: Sharding | None) -> str:
     """A short human string for a sharding: ``P('data', None) on a`` style."""
     if sharding is None:
@@ -47,7 +62,7 @@ class Value:
 
     id: int
     shape: Shape
-    dtype: np.dtype
+    dtype: Any  # an np.dtype, or a JAX extended dtype (typed PRNG keys)
     sharding: Sharding | None  # None: a host (numpy) value not yet on any device
     origin: ValueOrigin
     producer: int | None = None  # node id when origin == "node"
@@ -55,12 +70,12 @@ class Value:
 
     @property
     def nbytes(self) -> int:
-        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
+        return nbytes_of(self.shape, self.dtype)
 
     @property
     def type_str(self) -> str:
         """``f32[2,4]`` style, as in jaxprs."""
-        return f"{np.dtype(self.dtype).name}[{','.join(map(str, self.shape))}]"
+        return f"{self.dtype.name}[{','.join(map(str, self.shape))}]"
 
 
 @dataclasses.dataclass(eq=False)

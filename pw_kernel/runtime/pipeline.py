@@ -22,7 +22,6 @@ memory, as the run's memory estimate and `PipelineStats` show.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -34,6 +33,7 @@ from jax.sharding import PartitionSpec as P
 from .compiled import CompiledFunction
 from .devices import VirtualSlice
 from .errors import PipelineError, SpecError
+from .graph import nbytes_of
 from .program import Program
 from .schedules import Schedule, check_schedule, schedule_ops
 
@@ -70,7 +70,7 @@ def _inexact(a: Any) -> bool:
 
 
 def _nbytes(tree: Any) -> int:
-    return sum(math.prod(a.shape) * np.dtype(a.dtype).itemsize for a in jax.tree_util.tree_leaves(tree))
+    return sum(nbytes_of(a.shape, a.dtype) for a in jax.tree_util.tree_leaves(tree))
 
 
 def _zeros_cotangent(a: Any) -> Any:

@@ -8,15 +8,13 @@ publishes, which devices it occupies) is decided here, once per graph and mode.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any, Literal
 
-import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from .devices import remote_device_id
 from .errors import ArgumentError, FusedModeError
-from .graph import Node, ProgramGraph
+from .graph import Node, ProgramGraph, nbytes_of
 from .remote import RemoteCall, RemoteTransfer
 from .tracing import jit_of
 
@@ -164,7 +162,7 @@ def shard_bytes(value) -> dict[int, int]:
         shard = sh.shard_shape(value.shape)
     except Exception:
         shard = value.shape
-    nbytes = math.prod(shard) * np.dtype(value.dtype).itemsize
+    nbytes = nbytes_of(shard, value.dtype)
     return {d.id: nbytes for d in sh.device_set}
 
 

@@ -43,9 +43,25 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from .devices import Island
 from .errors import IslandLostError, PathwaysError
+from .graph import as_dtype
 
 
 _MISSING = object()
+
+
+def to_wire(x) -> Any:
+    """A value as bytes can carry it between processes: a numpy array, or for a typed
+    PRNG key (which numpy cannot hold) its implementation's name and its key data."""
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.extended):
+        return ("prng_key", str(jax.random.key_impl(x)), np.asarray(jax.random.key_data(x)))
+    return np.asarray(x)
+
+
+def from_wire(value) -> Any:
+    """The value `to_wire` packed: numpy as it came, a key wrapped again around its key data."""
+    if isinstance(value, tuple) and value[0] == "prng_key":
+        return jax.random.wrap_key_data(value[2], impl=value[1])
+    return value
 
 
 def _spec_tuple(sharding) -> tuple:
@@ -117,8 +133,9 @@ class _IslandActor:
         else:
             self.buffers[handle] = value
 
-    def put(self, handle: int, value: np.ndarray, layout: tuple, spec: tuple) -> tuple[list, None]:
+    def put(self, handle: int, value, layout: tuple, spec: tuple) -> tuple[list, None]:
         start = time.perf_counter_ns()
+        value = from_wire(value)
         self._store(handle, self.jax.device_put(value, self._sharding(*layout, spec)).block_until_ready())
         return [(start, time.perf_counter_ns())], None
 
@@ -128,8 +145,8 @@ class _IslandActor:
         self._store(handle, out)
         return [(start, time.perf_counter_ns())], None
 
-    def get(self, handle: int) -> np.ndarray:
-        return np.asarray(self.buffers[handle])
+    def get(self, handle: int):
+        return to_wire(self.buffers[handle])
 
     def free(self, handles: list[int]) -> None:
         for h in handles:
@@ -346,7 +363,7 @@ class RemoteArray:
         self.island = island
         self.handle = handle
         self.shape = tuple(shape)
-        self.dtype = np.dtype(dtype)
+        self.dtype = as_dtype(dtype)
         self.sharding = sharding  # on the island's stand-in mesh: shape and spec, not the devices
         self.ticket = ticket  # the actor call that makes it (shared by a burst's nodes) ...
         self.index = index  # ... and which of its nodes
@@ -369,8 +386,9 @@ class RemoteArray:
         start, end = self.ticket.result()[0][self.index]
         return start + self.island.offset_ns, end + self.island.offset_ns
 
-    def fetch(self) -> np.ndarray:
-        """Bring the value to this process (the only place bytes cross to the notebook)."""
+    def fetch(self):
+        """Bring the value to this process (the only place bytes cross to the notebook): a numpy
+        array, or a typed PRNG key on this process's default device."""
         import ray
 
         isl = self.island
@@ -380,7 +398,7 @@ class RemoteArray:
         ticket = _Ticket(isl)
         isl.post([("call", lambda: isl.actor.get.remote(handle), ticket)])
         try:
-            return ray.get(ticket.wait_ref())
+            return from_wire(ray.get(ticket.wait_ref()))
         except ray.exceptions.RayActorError as e:
             raise isl.lost(e) from None
 
@@ -467,7 +485,7 @@ class RemoteTransfer:
             payload = src.call(lambda: src.actor.get.remote(x.handle))  # in the source's order
             ticket = dst.call(lambda: dst.actor.put.remote(handle, payload.wait_ref(), layout, spec))
         else:  # from this process: waiting for the value and serialising it is the mailbox's, not ours
-            ticket = dst.call(lambda: dst.actor.put.remote(handle, ray.put(np.asarray(x)), layout, spec))
+            ticket = dst.call(lambda: dst.actor.put.remote(handle, ray.put(to_wire(x)), layout, spec))
         return [RemoteArray(dst, handle, v.shape, v.dtype, want, ticket)]
 
 

@@ -25,7 +25,7 @@ from . import compiled as compiled_mod
 from .devices import ResourceManager, VirtualSlice
 from .errors import ControlFlowError, PathwaysError, SpecError, TracingError
 from .futures import Future
-from .graph import Node, ProgramGraph, Value
+from .graph import Node, ProgramGraph, Value, as_dtype
 
 _JAX_DIR = os.path.dirname(jax.__file__)
 _PW_DIR = os.path.dirname(os.path.dirname(__file__))
@@ -425,7 +425,7 @@ class _Builder:
     def new_value(self, aval_shape, dtype, sharding, origin, producer=None, slice_=None) -> int:
         if slice_ is None and sharding is not None:
             slice_ = self.slice_of(sharding)
-        v = Value(len(self.values), tuple(aval_shape), np.dtype(dtype), sharding, origin, producer, slice_)
+        v = Value(len(self.values), tuple(aval_shape), as_dtype(dtype), sharding, origin, producer, slice_)
         self.values.append(v)
         return v.id
 

@@ -14,8 +14,6 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
 from ..runtime import Future, describe_sharding
 
 #: Distinct hues first (dark), then their light partners: 8 devices get 8 clearly different colours.
@@ -314,7 +312,7 @@ def describe_outputs(outputs: Mapping[str, Any] | None) -> list[dict[str, str]]:
         types, shardings, kinds = [], [], set()
         for f in leaves:
             if hasattr(f, "shape") and hasattr(f, "dtype"):
-                types.append(f"{np.dtype(f.dtype).name}[{','.join(map(str, f.shape))}]")
+                types.append(f"{f.dtype.name}[{','.join(map(str, f.shape))}]")
                 shardings.append(describe_sharding(getattr(f, "sharding", None)))
                 kinds.add("Future" if isinstance(f, Future) else "Array")
         kind = kinds.pop() if len(kinds) == 1 else "Future" if kinds else ""

@@ -110,7 +110,8 @@ def mesh_facets(names: Sequence[str], grid: np.ndarray) -> tuple[list[dict[str, 
 
 
 def _dtype_name(dtype: Any) -> str:
-    name = np.dtype(dtype).name
+    # a typed PRNG key's dtype (key<fry>) is no numpy dtype, but has a name
+    name = dtype.name if hasattr(dtype, "name") else np.dtype(dtype).name
     short = {
         "float32": "f32",
         "float64": "f64",
