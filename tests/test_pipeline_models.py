@@ -256,6 +256,8 @@ def test_mistakes_get_errors_that_say_what_to_do(ctl):
         pipe.step(state.params, tokens, targets, positions=positions)
     with pytest.raises(pw.PipelineError, match=re.escape("x has shape [15, 8], whose first (batch) axis does not split into 2")):
         pipe.step(state, tokens[:15], targets[:15], positions=positions[:15])
+    with pytest.raises(pw.PipelineError, match=re.escape("a batch of 6 makes microbatches of 3 examples, which do not split over the 'data' axis (2 devices)")):
+        pipe.step(state, tokens[:6], targets[:6], positions=positions[:6])  # what jit would refuse, said before tracing
 
 
 def test_forward_gives_the_models_logits_for_a_batch_or_one_prompt(ctl):

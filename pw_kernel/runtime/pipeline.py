@@ -680,6 +680,17 @@ class Pipeline:
                         f"`{self.name}.{api}`: {where} has {shape[0]} rows but the batch has {B}; give every leaf the same batch size."
                     )
                 B = shape[0]
+        rows = (B or 0) // self.M
+        for st in self.stages:  # jit, too, refuses a batch axis its mesh axis does not divide
+            axis = st.act_spec[0] if len(st.act_spec) else None
+            if axis is not None and rows % st.slice.mesh.shape[axis]:
+                d = st.slice.mesh.shape[axis]
+                raise PipelineError(
+                    f"`{self.name}.{api}`: a batch of {B} makes microbatches of {rows} examples, which do not split over "
+                    f"the {axis!r} axis ({d} devices) of slice {st.slice.name!r}, where stage {st.index} runs "
+                    f"data-parallel. Use a batch that is a multiple of {self.M * d} (microbatches x {axis!r} axis), "
+                    f"fewer microbatches, or slices without a {axis!r} axis."
+                )
         return batch
 
     def check_shapes(self, state_or_params: Any, x, fields: Mapping[str, Any] | None = None) -> None:
