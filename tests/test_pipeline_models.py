@@ -337,3 +337,28 @@ def test_dropout_from_per_example_keys_equals_the_unpipelined_model(ctl, schedul
     np.testing.assert_allclose(float(loss), float(ref_loss), rtol=1e-5)
     for g, r in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(ref_grads)):
         np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=2e-4, atol=1e-6)
+
+
+def test_a_stage_sharded_over_a_model_axis_keeps_its_params_and_optimizer_state_sharded(ctl):
+    # pipeline x data x tensor parallel: two stages, each on a data=2 x model=2 slice, Megatron MLPs
+    def mlp(p, h):
+        return h + jax.nn.gelu(h @ p["w1"]) @ p["w2"]
+
+    rng = np.random.default_rng(0)
+    params = [{"w1": rng.normal(size=(D, 2 * D)).astype(np.float32) * 0.2,
+               "w2": rng.normal(size=(2 * D, D)).astype(np.float32) * 0.2} for _ in range(2)]
+    x, t = rng.normal(size=(B, D)).astype(np.float32), rng.normal(size=(B, D)).astype(np.float32)
+    megatron = {"w1": jax.sharding.PartitionSpec(None, "model"), "w2": jax.sharding.PartitionSpec("model", None)}
+    slices = [pw.slice(4, mesh={"data": 2, "model": 2}) for _ in range(2)]
+    pipe = pw.pipeline([mlp, mlp], slices=slices, microbatches=2, schedule="1f1b",
+                       loss=lambda y, t: jnp.mean((y - t) ** 2), optimizer=optax.adam(1e-2), param_specs=[megatron] * 2)
+    state = pipe.init(params)
+    loss, (grads, _) = pw.get(pipe.grads(state, x, t))
+    ref_loss, ref_grads = jax.value_and_grad(lambda ps: jnp.mean((mlp(ps[1], mlp(ps[0], x)) - t) ** 2))(params)
+    np.testing.assert_allclose(float(loss), float(ref_loss), rtol=1e-5)
+    for g, r in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(ref_grads)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=2e-4, atol=1e-6)
+    state, _ = pipe.step(state, x, t)
+    for j in range(2):
+        for tree in (state.params[j], grads[j], pw.get(state.opt_state[j])[0].mu[0]):  # mu of (params, shared)
+            assert tree["w1"].sharding.spec == megatron["w1"] and tree["w2"].sharding.spec == megatron["w2"]

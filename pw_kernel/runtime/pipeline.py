@@ -833,6 +833,9 @@ def pipeline(
     - ``fields={"positions": (0, 1)}``: per-example batch inputs besides x, cut into
       microbatches and passed to those stages.
     - A slice whose mesh has an axis named ``batch_axis`` runs its stages data-parallel over it.
+    - ``param_specs``: one PartitionSpec pytree (a prefix of the params) per stage, to shard
+      its params, and the optimizer state with them, over the slice's other axes (tensor
+      parallelism inside a stage); None replicates them.
 
     Example::
 
