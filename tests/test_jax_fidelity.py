@@ -271,3 +271,15 @@ def test_typed_prng_keys_flow_through_a_program_as_through_jit(ctl):
     per_example = pw.compiled(jax.vmap(lambda k, r: r + jax.random.normal(k, r.shape)), slice=a)
     want = jax.jit(jax.vmap(lambda k, r: r + jax.random.normal(k, r.shape)))(keys, x)
     same(per_example(keys, jax.device_put(x, a.sharding("data"))), want)
+
+
+def test_a_function_that_ignores_its_input_still_runs_on_an_explicit_slice(ctl):
+    # jnp.zeros_like(p) uses only p's type: jit alone prunes p, runs on one device and refuses the mesh
+    # (JAX asks for jax.set_mesh); a pw node always runs on its slice
+    s = pw.slice(2, mesh={"data": 2}, axis_types=jax.sharding.AxisType.Explicit)
+    p = jax.device_put(np.ones((4, 4), np.float32), s.sharding())
+    with jax.set_mesh(s.mesh):
+        want = jax.jit(jnp.zeros_like)(p)
+    for mode in ("chained", "fused"):
+        zeros = pw.compiled(jnp.zeros_like, slice=s, name="zeros")
+        same(pw.program(lambda p, zeros=zeros: zeros(p), mode=mode, name=f"zeros {mode}")(p), want)

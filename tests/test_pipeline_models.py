@@ -362,3 +362,28 @@ def test_a_stage_sharded_over_a_model_axis_keeps_its_params_and_optimizer_state_
     for j in range(2):
         for tree in (state.params[j], grads[j], pw.get(state.opt_state[j])[0].mu[0]):  # mu of (params, shared)
             assert tree["w1"].sharding.spec == megatron["w1"] and tree["w2"].sharding.spec == megatron["w2"]
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "zero_bubble"])
+def test_a_pipeline_on_slices_with_explicit_axes_equals_the_unpipelined_model(ctl, schedule):
+    def mlp(p, h):
+        return h + jnp.tanh(h @ p["w"])
+
+    rng = np.random.default_rng(0)
+    params = [{"w": rng.normal(size=(D, D)).astype(np.float32) * 0.2} for _ in range(4)]
+    x, t = rng.normal(size=(B, D)).astype(np.float32), rng.normal(size=(B, D)).astype(np.float32)
+    slices = [pw.slice(2, mesh={"data": 2}, axis_types=jax.sharding.AxisType.Explicit) for _ in range(4)]
+    pipe = pw.pipeline([mlp] * 4, slices=slices, microbatches=4, schedule=schedule,
+                       loss=lambda y, t: jnp.mean((y - t) ** 2), optimizer=optax.adam(1e-2))
+    loss, (grads, _) = pw.get(pipe.grads(pipe.init(params), x, t))
+
+    def model(ps):
+        h = x
+        for p in ps:
+            h = mlp(p, h)
+        return jnp.mean((h - t) ** 2)
+
+    ref_loss, ref_grads = jax.value_and_grad(model)(params)
+    np.testing.assert_allclose(float(loss), float(ref_loss), rtol=1e-5)
+    for g, r in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(ref_grads)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=2e-4, atol=1e-6)

@@ -234,7 +234,9 @@ def jit_of(eqns, invars, outvars, in_sh, out_sh) -> Callable:
         errors = []
         eqns = guard_callbacks(eqns, errors)
     kw = {} if out_sh is None else {"out_shardings": tuple(out_sh)}  # None: XLA chooses
-    fn = jax.jit(make_evaluator(eqns, invars, outvars), in_shardings=tuple(in_sh), **kw)
+    # keep_unused: a node runs on its slice even when its outputs ignore its inputs (jnp.zeros_like
+    # of params on Explicit axes: jit would prune the input, run on one device, and refuse the mesh)
+    fn = jax.jit(make_evaluator(eqns, invars, outvars), in_shardings=tuple(in_sh), keep_unused=True, **kw)
     if errors is not None:
         fn.callback_errors = errors
     return fn
