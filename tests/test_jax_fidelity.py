@@ -283,3 +283,19 @@ def test_a_function_that_ignores_its_input_still_runs_on_an_explicit_slice(ctl):
     for mode in ("chained", "fused"):
         zeros = pw.compiled(jnp.zeros_like, slice=s, name="zeros")
         same(pw.program(lambda p, zeros=zeros: zeros(p), mode=mode, name=f"zeros {mode}")(p), want)
+
+
+def test_bare_partition_specs_in_a_compiled_function_mean_its_slices_axes(ctl):
+    # Explicit-axes code as written under jax.set_mesh(m), compiled for a slice made without m in context
+    mesh = jax.make_mesh((2, 4), ("x", "y"))
+    s = pw.slice(mesh=mesh)
+
+    def f(a, b):
+        c = jnp.matmul(a, b, out_sharding=P("x", "y"))
+        return jax.sharding.reshard(c * 2, P(None, "y"))
+
+    a = jax.device_put(jnp.arange(64.0).reshape(8, 8), jax.sharding.NamedSharding(mesh, P("x", None)))
+    b = jax.device_put(jnp.ones((8, 8)), jax.sharding.NamedSharding(mesh, P(None, "y")))
+    with jax.set_mesh(mesh):
+        want = jax.jit(f)(a, b)
+    same(pw.compiled(f, slice=s)(a, b), want)

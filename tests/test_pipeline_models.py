@@ -366,7 +366,12 @@ def test_a_stage_sharded_over_a_model_axis_keeps_its_params_and_optimizer_state_
 
 @pytest.mark.parametrize("schedule", ["1f1b", "zero_bubble"])
 def test_a_pipeline_on_slices_with_explicit_axes_equals_the_unpipelined_model(ctl, schedule):
+    # Explicit-axes code names its output shardings with bare PartitionSpecs, which need a context mesh:
+    # each stage is traced under its own slice's mesh, which no single jax.set_mesh could give
     def mlp(p, h):
+        return h + jnp.tanh(jnp.matmul(h, p["w"], out_sharding=jax.sharding.PartitionSpec("data", None)))
+
+    def mlp_on_one_device(p, h):  # the unpipelined model: no mesh, no spec
         return h + jnp.tanh(h @ p["w"])
 
     rng = np.random.default_rng(0)
@@ -380,7 +385,7 @@ def test_a_pipeline_on_slices_with_explicit_axes_equals_the_unpipelined_model(ct
     def model(ps):
         h = x
         for p in ps:
-            h = mlp(p, h)
+            h = mlp_on_one_device(p, h)
         return jnp.mean((h - t) ** 2)
 
     ref_loss, ref_grads = jax.value_and_grad(model)(params)

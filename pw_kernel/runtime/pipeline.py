@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from .compiled import CompiledFunction
+from .compiled import CompiledFunction, slice_mesh
 from .devices import VirtualSlice
 from .errors import PipelineError, SpecError
 from .graph import nbytes_of
@@ -292,7 +292,8 @@ class Pipeline:
                 found.update(tdef=tdef, recipe=recipe)
                 return out, tuple(kept)
 
-            shapes = jax.eval_shape(fwd, *avals)
+            with slice_mesh(st.slice):
+                shapes = jax.eval_shape(fwd, *avals)
             mb = self._mb_rows(args[2])
             axis_ok = st.act_spec != P()
             res_specs = tuple(st.act_spec if axis_ok and r.ndim and r.shape[0] == mb else P() for r in shapes[1])
@@ -706,7 +707,8 @@ class Pipeline:
         for st in self.stages:
             fl = {n: jax.tree_util.tree_map(mb, fields[n]) for n in st.fields if n in fields}
             try:
-                h_next = jax.eval_shape(lambda p, sh, x, fl: st.fn(p, x, **sh, **fl), state.params[st.index], self._shared_of(state, st), h, fl)
+                with slice_mesh(st.slice):
+                    h_next = jax.eval_shape(lambda p, sh, x, fl: st.fn(p, x, **sh, **fl), state.params[st.index], self._shared_of(state, st), h, fl)
             except Exception as e:
                 prev = f"stage {st.index - 1} outputs" if st.index else "the microbatch is"
                 desc = ", ".join(f"{a.dtype}{list(a.shape)}" for a in jax.tree_util.tree_leaves(h))
