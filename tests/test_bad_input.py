@@ -263,7 +263,7 @@ def test_run_that_can_never_fit_in_memory(env):
 
 def test_pipeline_with_fewer_microbatches_than_stages(env):
     with raises(pw.PipelineError, "needs at least as many microbatches as stages (M >= S), got M=1 for S=2"):
-        pw.pipeline([lambda p, x: x] * 2, slices=[env["s"], env["t"]], microbatches=1, schedule="1f1b")
+        pw.pipeline([lambda p, x: x] * 2, slices=[env["s"], env["t"]], microbatches=1, schedule="zero_bubble")
 
 
 def test_pipeline_stage_shapes_that_do_not_chain(env):

@@ -85,6 +85,19 @@ def test_pipelined_equals_unpipelined(ctl, model, stages, schedule):
         assert set(jax.tree_util.tree_leaves(g)[0].sharding.device_set) == set(st.devices)
 
 
+def test_1f1b_with_fewer_microbatches_than_stages_equals_unpipelined(ctl):
+    x = np.random.default_rng(1).normal(size=(32, W)).astype(np.float32)
+    y = np.random.default_rng(2).normal(size=(32, W)).astype(np.float32)
+    slices = [pw.slice(2, mesh={"data": 2}) for _ in range(4)]
+    pipe = pw.pipeline([mlp_layer] * 4, slices=slices, microbatches=2, schedule="1f1b")
+    loss, grads = pw.get(pipe.grads(pipe.place(mlp_params(4)), x, y))
+    ref_loss, ref_grads = reference(mlp_layer, mlp_params(4), x, y)
+    np.testing.assert_allclose(float(loss), float(ref_loss), rtol=1e-5)
+    for g, r in zip(grads, ref_grads):
+        for key in r:
+            np.testing.assert_allclose(np.asarray(g[key]), np.asarray(r[key]), rtol=2e-4, atol=2e-6)
+
+
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 def test_training_steps_lower_the_loss(ctl, schedule):
     slices = [pw.slice(2, mesh={"data": 2}) for _ in range(4)]
@@ -130,7 +143,7 @@ def test_the_schedule_is_the_dispatch_order_and_transfers_are_nodes(ctl2):
 def test_validation_errors(ctl):
     s = [pw.slice(2, mesh={"data": 2}) for _ in range(4)]
     with pytest.raises(pw.PipelineError, match=re.escape("needs at least as many microbatches as stages (M >= S), got M=2 for S=4")):
-        pw.pipeline([mlp_layer] * 4, slices=s, microbatches=2, schedule="1f1b")
+        pw.pipeline([mlp_layer] * 4, slices=s, microbatches=2, schedule="zero_bubble")
     with pytest.raises(pw.PipelineError, match=re.escape("4 stages but 3 slices")):
         pw.pipeline([mlp_layer] * 4, slices=s[:3], microbatches=4)
     with pytest.raises(pw.PipelineError, match=re.escape("must be one of 'gpipe', '1f1b', 'interleaved', 'zero_bubble'; got 'zigzag'")):

@@ -152,6 +152,11 @@ def test_ideal_replay_equals_the_papers_bubble(schedule, chunks):
             theory = pw.theory_bubble(schedule, S, M, chunks)
             for b in r.bubble:
                 assert b == pytest.approx(theory, abs=1e-9), (S, M, r.bubble, theory)
+    # 1F1B also runs fewer microbatches than stages: its warm-up is cut to M, so the bubble stays GPipe's
+    for S, M in ((4, 1), (4, 3), (8, 3)):
+        r = pw.replay(pw.schedule_ops("1f1b", S, M), S)
+        assert r.bubble == pytest.approx([pw.theory_bubble("gpipe", S, M)] * S, abs=1e-9)
+        assert r.live == tuple(min(S - i, M) for i in range(S))
     assert pw.theory_bubble("zero_bubble", 4, 8) < pw.theory_bubble("interleaved", 4, 8, 2) < pw.theory_bubble("1f1b", 4, 8)
     # ZB-H1 keeps 1F1B's activation memory on the first stage; GPipe keeps every microbatch
     assert pw.replay(pw.schedule_ops("zero_bubble", 4, 8), 4).live[0] == pw.replay(pw.schedule_ops("1f1b", 4, 8), 4).live[0] == 4

@@ -18,7 +18,9 @@ order every island receives them.
 
 - GPipe (Huang et al. 2019): all forwards, then all backwards.
 - 1F1B (PipeDream-Flush, Narayanan et al. 2021): stage i runs S-i-1 warm-up
-  forwards, then alternates one forward and one backward, then drains.
+  forwards, then alternates one forward and one backward, then drains. With
+  fewer microbatches than stages the warm-up is cut to M forwards: GPipe's
+  bubble, and no stage keeps more than M inputs.
 - Interleaved 1F1B (Narayanan et al. 2021, §2.2): each slice holds v model
   chunks; microbatches go through the chunks in groups of S. The bubble
   shrinks by v.
@@ -50,10 +52,12 @@ def check_schedule(kind: str, stages: int, microbatches: int, chunks: int = 1, a
             f"`{api}`: {v} model chunks per slice need schedule='interleaved'; schedule={kind!r} runs one "
             f"stage per slice. Pass as many stages as slices, or use schedule='interleaved'."
         )
-    if kind in ("1f1b", "zero_bubble") and M < S:
+    if kind == "zero_bubble" and M < S:
+        # stage i holds back i weight-gradient ops for the drain; with M < S there is no steady
+        # phase to hold them back from, and the paper's schedule (and bubble) is not defined
         raise PipelineError(
-            f"`{api}(schedule={kind!r})` needs at least as many microbatches as stages "
-            f"(M >= S), got M={M} for S={S}. Use microbatches>={S}, or schedule='gpipe'."
+            f"`{api}(schedule='zero_bubble')` needs at least as many microbatches as stages "
+            f"(M >= S), got M={M} for S={S}. Use microbatches>={S}, or schedule='1f1b'."
         )
     if kind == "interleaved" and M % S:
         raise PipelineError(
