@@ -141,6 +141,36 @@ def test_the_step_graph_shows_tied_sums_and_the_global_norm(ctl):
             assert set(leaf.sharding.device_set) == set(st.slice.devices)
 
 
+def test_optax_masks_accumulation_and_injected_hyperparams_work_per_stage(ctl):
+    # what users reach for beyond adamw: decay on matrices only (a mask written as a function of the
+    # tree), gradient accumulation over two steps, a learning rate read from the optimizer state
+    def make():
+        decay = optax.add_decayed_weights(1e-2, mask=lambda tree: jax.tree.map(lambda a: a.ndim > 1, tree))
+        return optax.MultiSteps(optax.chain(decay, optax.inject_hyperparams(optax.adam)(learning_rate=1e-2)), 2)
+
+    pipe, n_blocks = make_pipeline("1f1b", True, make(), clip=None)
+    stage_params, shared = model_params(n_blocks)
+    tokens, targets, weights, positions = batch()
+    state = pipe.init(stage_params, shared=shared)
+    opt, ref = make(), (stage_params, shared)
+    ref_state = opt.init(ref)
+    value_and_grad = jax.jit(jax.value_and_grad(lambda ps: unpipelined(*ps, tokens, targets, weights, positions)))
+    losses, ref_losses = [], []
+    for _ in range(6):
+        state, step_loss = pipe.step(state, tokens, targets, weights=weights, positions=positions)
+        losses.append(step_loss)
+        value, g = value_and_grad(ref)
+        updates, ref_state = opt.update(g, ref_state, ref)
+        ref = optax.apply_updates(ref, updates)
+        ref_losses.append(float(value))
+    losses = [float(v) for v in pw.get(losses)]
+    np.testing.assert_allclose(losses, ref_losses, rtol=2e-4)
+    assert losses[1] == losses[0] and losses[3] == losses[2]  # MultiSteps: params move every other step
+    for got, want in zip(pw.get(state.params), ref[0]):
+        for k in want:
+            np.testing.assert_allclose(np.asarray(got[k]), np.asarray(want[k]), rtol=1e-3, atol=1e-5)
+
+
 @pytest.mark.parametrize("schedule,chunks", [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("interleaved", 4), ("zero_bubble", 1)])
 def test_ideal_replay_equals_the_papers_bubble(schedule, chunks):
     for S in (2, 4, 8):

@@ -826,7 +826,8 @@ def pipeline(
     - ``schedule``: "gpipe", "1f1b", "interleaved" (``len(stages) = v * len(slices)``)
       or "zero_bubble" (ZB-H1).
     - ``optimizer``: an optax GradientTransformation (its state lives per stage,
-      sharded like the params); without it, SGD with ``learning_rate``.
+      sharded like the params; it sees stage j's ``(params, {shared name: value})``,
+      so masks should be functions of the tree); without it, SGD with ``learning_rate``.
     - ``clip_norm``: clip by the global norm of all stages' gradients (a
       cross-stage reduction); an optax clip inside ``optimizer`` would see one stage only.
     - ``remat``: recompute each stage's forward in its backward (True) or keep its residuals (False).
