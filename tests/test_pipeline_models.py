@@ -293,6 +293,9 @@ def test_mistakes_get_errors_that_say_what_to_do(ctl):
         pipe.step(state, tokens[:15], targets[:15], positions=positions[:15])
     with pytest.raises(pw.PipelineError, match=re.escape("a batch of 6 makes microbatches of 3 examples, which do not split over the 'data' axis (2 devices)")):
         pipe.step(state, tokens[:6], targets[:6], positions=positions[:6])  # what jit would refuse, said before tracing
+    weighted = pw.pipeline(stages, slices=slices, microbatches=2, loss=xent, shared={"embed": (0, 1)}, fields={"positions": (0,)})
+    with pytest.raises(pw.PipelineError, match=re.escape("as loss(out, target) when no weights= is passed, but xent(logits, targets, weights) needs more")):
+        weighted.step(weighted.init(stage_params, shared=shared), tokens, targets, positions=positions)
 
 
 def test_forward_gives_the_models_logits_for_a_batch_or_one_prompt(ctl):

@@ -22,6 +22,7 @@ memory, as the run's memory estimate and `PipelineStats` show.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -663,6 +664,12 @@ class Pipeline:
                 f"`{self.name}.{api}(weights=...)` needs `pw.pipeline(loss=...)`: a loss(out, target, weights) that "
                 f"returns the weighted mean over its microbatch, sum(w * l) / sum(w)."
             )
+        if weights is None and self.loss_fn is not None and not _takes(self.loss_fn, 2):
+            raise PipelineError(
+                f"`{self.name}.{api}` calls `pw.pipeline(loss=...)` as loss(out, target) when no weights= is "
+                f"passed, but {getattr(self.loss_fn, '__name__', 'the loss')}{_signature(self.loss_fn)} needs more. "
+                f"Pass weights= (ones for a plain mean), or give the loss's weights a default (weights=None)."
+            )
         batch = {"x": x, "y": y, "w": weights, "fields": dict(fields)}
         B = None
         parts = [("x", x), ("y", y), ("weights", weights)] + [(f"field {n!r}", v) for n, v in fields.items()]
@@ -857,6 +864,24 @@ def pipeline(
         )
     except SpecError as e:
         raise PipelineError(str(e)) from None
+
+
+def _signature(fn: Callable) -> str:
+    try:
+        return str(inspect.signature(fn))
+    except (TypeError, ValueError):
+        return "(...)"
+
+
+def _takes(fn: Callable, n: int) -> bool:
+    """Whether ``fn`` can be called with ``n`` positional arguments (True when Python cannot tell)."""
+    try:
+        inspect.signature(fn).bind(*range(n))
+    except TypeError:
+        return False
+    except ValueError:  # builtins without a signature
+        return True
+    return True
 
 
 def _mse(out, target):
