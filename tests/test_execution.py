@@ -96,6 +96,37 @@ def test_fused_equals_chained(ctl):
     assert p.submit(x).mode == "fused"  # auto picks fused on one slice
 
 
+def test_auto_runs_a_training_loop_chained_rather_than_compiling_every_step(ctl):
+    # fused, 100 calls of one step are 100 inlined copies for XLA to compile (about a minute for
+    # an optimizer step); chained compiles the step once, as a jax.jit loop does
+    s = pw.slice(4, mesh={"data": 4}, name="s")
+
+    def sgd(w, x):
+        g = jax.grad(lambda w: jnp.mean(jnp.tanh(x @ w) ** 2))(w)
+        return w - 0.1 * g
+
+    step = pw.compiled(sgd, slice=s, in_specs=(P(), P("data")), name="step")
+
+    @pw.program
+    def train(w, x):
+        for _ in range(40):
+            w = step(w, x)
+        return w
+
+    @pw.program
+    def once(w, x):
+        return step(w, x) * 2
+
+    w, x = jnp.eye(8) / 2, jnp.ones((16, 8))
+    run = train.submit(w, x)
+    assert run.mode == "chained"  # 40 step nodes, the step compiled once
+    ref = w
+    for _ in range(40):
+        ref = jax.jit(sgd)(ref, x)
+    np.testing.assert_allclose(np.asarray(run.result()), np.asarray(ref), rtol=1e-6)
+    assert once.submit(w, x).mode == "fused"  # a small program still runs as one executable
+
+
 def test_futures_feed_later_runs_without_waiting(ctl):
     s1 = pw.slice(1, name="s1")
     s2 = pw.slice(1, name="s2")

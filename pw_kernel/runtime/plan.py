@@ -270,15 +270,60 @@ def fused(graph: ProgramGraph) -> Plan:
     return _finish("fused", graph, steps, tuple(out_slots), len(graph.values) + len(graph.outputs))
 
 
+#: Programs up to this many equations fuse in auto mode whatever they repeat: compiling them is quick.
+FUSE_SMALL_EQNS = 300
+
+
+def compile_sizes(jaxpr: Any) -> tuple[int, int]:
+    """Equations XLA compiles for ``jaxpr`` fused (every call inlined) and chained (each called jaxpr once).
+
+    A compiled function called N times is one jaxpr object in N call equations: chained
+    compiles it once, fused inlines N copies.
+    """
+    seen: set[int] = set()
+
+    def size(j: Any, dedupe: bool) -> int:
+        n = 0
+        for e in j.eqns:
+            n += 1
+            for p in e.params.values():
+                for sub in p if isinstance(p, (tuple, list)) else (p,):
+                    inner = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr's Jaxpr, or a Jaxpr
+                    if not hasattr(inner, "eqns"):
+                        continue
+                    if dedupe:
+                        if id(inner) in seen:
+                            continue
+                        seen.add(id(inner))
+                    n += size(inner, dedupe)
+        return n
+
+    return size(jaxpr, False), size(jaxpr, True)
+
+
+def auto_mode(graph: ProgramGraph) -> str:
+    """'fused' for a program on one slice unless fusing would compile its code many times over.
+
+    A loop of N calls of one step compiles that step once chained but N inlined copies
+    fused, and XLA's compile time grows faster than the program (100 optimizer steps:
+    about a minute fused, under a second chained), so auto runs such a program chained.
+    """
+    work = sum(1 for n in graph.nodes if n.kind != "transfer")
+    if work <= 1 or fusable(graph) is not None:
+        return "chained"
+    whole, once = compile_sizes(graph.jaxpr.jaxpr)
+    return "fused" if whole <= max(FUSE_SMALL_EQNS, 2 * once) else "chained"
+
+
 def plan_for(graph: ProgramGraph, mode: str) -> Plan:
-    """The cached plan of ``graph`` for ``mode`` ('auto' picks fused when possible and useful)."""
+    """The cached plan of ``graph`` for ``mode`` ('auto': see `auto_mode`)."""
     if mode not in ("auto", "fused", "chained"):
         raise ArgumentError(f"`mode` must be 'auto', 'fused' or 'chained'; got {mode!r}.")
-    if mode == "auto":
-        work = sum(1 for n in graph.nodes if n.kind != "transfer")
-        mode = "fused" if work > 1 and fusable(graph) is None else "chained"
     plan = graph._plans.get(mode)
     if plan is None:
-        plan = fused(graph) if mode == "fused" else chained(graph)
+        if mode == "auto":
+            plan = plan_for(graph, auto_mode(graph))
+        else:
+            plan = fused(graph) if mode == "fused" else chained(graph)
         graph._plans[mode] = plan
     return plan
