@@ -461,7 +461,11 @@ def test_run_widget_follows_a_run_to_done(ctl2):
         "type": "float32[8,8]",
         "sharding": "P('stage', None) on {'stage': 4}",
     }
-    assert w.outputs[1]["type"] == "float32[8,8], float32[8,8]"
+    assert w.outputs[1]["type"] == "2 x float32[8,8]"  # a repeated type once, with its count
+    assert w.outputs[1]["sharding"] == "P('stage', None) on {'stage': 4}"
+    many = RunWidget(run, {"losses": [run.outputs] * 30, "mixed": [jnp.ones(()), jnp.ones(2), jnp.ones(3), jnp.ones(4), jnp.ones(5)]})
+    assert many.outputs[0]["type"] == "30 x float32[8,8]"
+    assert many.outputs[1]["type"] == "float32[], float32[2], float32[3], float32[4], ... (5 in all)"
     wait_until(lambda: w.state == "done", what="the widget to reach done")
     assert (w.done, w.total) == (run.nodes_total, run.nodes_total)
     assert w.run_id == run.id and w.name == "step" and w.program == "step" and w.error == ""

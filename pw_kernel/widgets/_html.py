@@ -316,5 +316,17 @@ def describe_outputs(outputs: Mapping[str, Any] | None) -> list[dict[str, str]]:
                 shardings.append(describe_sharding(getattr(f, "sharding", None)))
                 kinds.add("Future" if isinstance(f, Future) else "Array")
         kind = kinds.pop() if len(kinds) == 1 else "Future" if kinds else ""
-        rows.append({"name": str(name), "kind": kind, "type": ", ".join(types), "sharding": "; ".join(shardings)})
+        rows.append({"name": str(name), "kind": kind, "type": _condensed(types, ", ", counted=True),
+                     "sharding": _condensed(shardings, "; ", counted=False)})
     return rows
+
+
+def _condensed(items: list[str], sep: str, counted: bool, most: int = 4) -> str:
+    """Distinct ``items`` in order, joined: with their counts (``30 x float32[]``) if ``counted``; long lists cut short."""
+    counts = dict.fromkeys(items, 0)
+    for item in items:
+        counts[item] += 1
+    parts = [f"{n} x {item}" if counted and n > 1 else item for item, n in counts.items()]
+    if len(parts) > most:
+        parts = parts[:most] + [f"... ({len(items)} in all)"]
+    return sep.join(parts)
