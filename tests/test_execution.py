@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 
 import jax
 import jax.numpy as jnp
@@ -125,6 +126,28 @@ def test_auto_runs_a_training_loop_chained_rather_than_compiling_every_step(ctl)
         ref = jax.jit(sgd)(ref, x)
     np.testing.assert_allclose(np.asarray(run.result()), np.asarray(ref), rtol=1e-6)
     assert once.submit(w, x).mode == "fused"  # a small program still runs as one executable
+
+
+def deep(x):
+    """A function XLA takes a while to compile (hundreds of ops), as a real model's first step does."""
+    for i in range(300):
+        x = jnp.sin(x) * 1.001 + i
+    return x
+
+
+def test_a_run_says_which_step_it_is_compiling(ctl):
+    from pw_kernel.magics import display
+
+    # declared out_specs: the dispatcher compiles it before its first call (else tracing compiles it)
+    f = pw.compiled(deep, slice=pw.slice(2, name="s"), out_specs=P(), name="deep")
+    run = pw.program(lambda x: f(x), name="first_call").submit(jnp.ones(4))
+    seen, lines = set(), set()
+    while not run.done():
+        seen.add(run.compiling)
+        lines.add(display.progress_line(run))
+        time.sleep(0.001)
+    assert "deep" in seen and run.compiling is None and run.compile_time > 0
+    assert any(re.search(r"nodes, [\d.]+ s, compiling 'deep'$", line) for line in lines), lines
 
 
 def test_futures_feed_later_runs_without_waiting(ctl):

@@ -451,6 +451,22 @@ def test_encoder_and_busy_union():
 
 
 # ---------------------------------------------------------------------- run
+def test_run_widget_says_what_it_is_compiling(ctl2):
+    def deep(x):  # hundreds of ops: XLA takes a while, as with a real model's first step
+        for i in range(300):
+            x = jnp.sin(x) * 1.001 + i
+        return x
+
+    f = pw.compiled(deep, slice=pw.slice(2, name="c"), out_specs=P(), name="deep")
+    run = pw.program(lambda x: f(x), name="first_call").submit(jnp.ones(4))
+    w = RunWidget(run)
+    wait_until(lambda: run.compiling == "deep" or run.done(), what="the compile to start")
+    w._tick(time.monotonic())  # what the widgets' ticker does every half second while nothing else happens
+    assert w.compiling == "deep" and "compiling deep" in w.static_html()
+    wait_until(lambda: w.state == "done", what="the widget to reach done")
+    assert w.compiling == "" and "compiling" not in w.static_html()
+
+
 def test_run_widget_follows_a_run_to_done(ctl2):
     _, _, step, x = two_slice_program()
     run = step.submit(x)

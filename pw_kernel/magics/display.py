@@ -152,9 +152,11 @@ def error_headline(text: str) -> str:
 
 # ---------------------------------------------------------------------- runs
 def progress_line(run) -> str:
-    """One line of progress for a terminal: ``run 3 'In[5]' running 4/10 nodes, 2.3 s``."""
+    """One line of progress for a terminal: ``run 3 'In[5]' running 4/10 nodes, 2.3 s, compiling 'step'``."""
     done, total = run.progress
-    return f"pw_kernel: run {run.id} {run.name!r} {run.state} {done}/{total} nodes, {run.elapsed:.1f} s"
+    line = f"pw_kernel: run {run.id} {run.name!r} {run.state} {done}/{total} nodes, {run.elapsed:.1f} s"
+    compiling = getattr(run, "compiling", None)
+    return f"{line}, compiling {compiling!r}" if compiling else line
 
 
 def run_view(
@@ -169,8 +171,10 @@ def run_view(
     done, total = run.progress
     outputs = outputs or {}
     outs = [(r["name"], f'{r["kind"]} {r["type"]} {r["sharding"]}') for r in describe_outputs(outputs)]
+    compiling = getattr(run, "compiling", None)
+    activity = f" (compiling {compiling!r})" if compiling else ""
     head = (
-        f"run {run.id} {run.name!r}: {run.state}, {done}/{total} nodes, {run.elapsed:.3f} s, "
+        f"run {run.id} {run.name!r}: {run.state}{activity}, {done}/{total} nodes, {run.elapsed:.3f} s, "
         f"mode={run.mode}, tenant={run.tenant!r}"
     )
     lines = [head]
@@ -180,7 +184,8 @@ def run_view(
     text = "\n".join(lines)
 
     parts = [
-        f"<div><b>run {run.id}</b> <code>{esc(run.name)}</code> {_badge(run.state)} {_bar(done, total, run.state)} "
+        f"<div><b>run {run.id}</b> <code>{esc(run.name)}</code> {_badge(run.state)}{esc(activity)} "
+        f"{_bar(done, total, run.state)} "
         f"{done}/{total} nodes · {run.elapsed:.3f} s · mode {esc(run.mode)} · "
         f"tenant <code>{esc(run.tenant)}</code></div>"
     ]

@@ -295,10 +295,13 @@ class Dispatcher:
         st.compile_first = False
         log = self.controller.events
         t0 = log.now()
+        rec.compiling = st.name  # progress views say so: a first call can compile for minutes
         try:
             compiled = st.call.lower(*args).compile()
         except Exception:
             return  # the call itself will raise it, attributed to the node
+        finally:
+            rec.compiling = None
         st.collectives = has_collectives(compiled)
         t1 = log.now()
         rec.compile_ns += t1 - t0

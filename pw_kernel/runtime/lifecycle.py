@@ -90,6 +90,7 @@ class RunRecord:
         "held",
         "events",
         "compile_ns",
+        "compiling",
         "submitted_at",
         "started_at",
         "finished_at",
@@ -137,6 +138,7 @@ class RunRecord:
         self.held: dict[int, Any] = {}  # outputs finished while upstream runs were not done yet
         self.events: list[Any] = []  # NodeEvents of finished steps, appended by the watcher
         self.compile_ns = 0  # time the dispatcher spent compiling this run's executables (first calls)
+        self.compiling: str | None = None  # the step whose executable the dispatcher is compiling now
         self.submitted_at = now
         self.started_at: float | None = None
         self.finished_at: float | None = None

@@ -103,6 +103,17 @@ class Run:
         return self._rec.events
 
     @property
+    def compiling(self) -> str | None:
+        """The step whose executable is being compiled right now (a program's first call), else None.
+
+        Example::
+
+            run = step.submit(x)
+            run.compiling        # 'step' while XLA compiles it, None once it runs
+        """
+        return self._rec.compiling
+
+    @property
     def waiting_for(self) -> str | None:
         """Why a run is not dispatching: None, 'input' (a future not yet dispatched), 'memory' or 'credit'."""
         return self._rec.waiting_for

@@ -278,7 +278,8 @@ def run_html(s: Mapping[str, Any]) -> str:
         f"{esc(state)}</span> "
         f'<span style="display:inline-block;width:140px;height:8px;background:#eee;border-radius:4px;'
         f'vertical-align:middle" title="{done}/{total}"><span style="display:block;height:8px;width:{pct:.0f}%;'
-        f'background:{colour};border-radius:4px"></span></span> {done}/{total} nodes · {s["elapsed"]:.3f} s'
+        f'background:{colour};border-radius:4px"></span></span> {done}/{total} nodes'
+        f'{" · compiling " + esc(s["compiling"]) if s.get("compiling") else ""} · {s["elapsed"]:.3f} s'
         f" · mode {esc(s['mode'])} · tenant <code>{esc(s['tenant'])}</code></div>{err}"
     )
     rows = s.get("outputs") or []

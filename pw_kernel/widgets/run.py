@@ -21,6 +21,8 @@ from ._devices import slice_devices
 
 MAX_MINI_BARS = 1500
 MINI_PERIOD = 0.25  # seconds between two updates of the mini timeline (the bar and counters go at ~10 Hz)
+#: Seconds between two looks at a running run with no events: a compile starts and ends without one.
+QUIET_PERIOD = 0.5
 #: The mini timeline's bar kinds (the ``bars`` trait's fourth field) as (name, colour); run.js's KIND.
 MINI_KINDS: tuple[tuple[str, str], ...] = (("compute", "#4e79a7"), ("glue", "#a0cbe8"), ("transfer", "#bbbbbb"))
 MINI_H = 80  # px the mini timeline's rows share at most
@@ -50,6 +52,7 @@ class RunWidget(PwWidget):
     error = t.Unicode("").tag(sync=True)
     mode = t.Unicode("").tag(sync=True)
     tenant = t.Unicode("").tag(sync=True)
+    compiling = t.Unicode("").tag(sync=True)  # the step XLA is compiling now (a first call), else ""
     lanes = t.List(t.Unicode()).tag(sync=True)
     bars = t.List(t.Float()).tag(sync=True)  # flat: lane, start ns, end ns, kind (0 compute, 1 glue, 2 transfer)
     outputs = t.List(t.Dict()).tag(sync=True)  # the names a cell bound: {name, type, sharding}
@@ -110,8 +113,8 @@ class RunWidget(PwWidget):
         if self.comm is None:
             self._unfollow()
             return None
-        if not self._dirty and not self._pending:
-            return None
+        if not self._dirty and not self._pending and (getattr(self.run, "compiling", None) or "") == self.compiling:
+            return now + QUIET_PERIOD if self.run.state == "running" else None
         with self._lock:
             self._dirty = False
             final = self.run.state in FINAL
@@ -119,8 +122,8 @@ class RunWidget(PwWidget):
         if final:
             self._finish()
             return None
-        # come back for the mini timeline if it was throttled
-        return self._mini_at + MINI_PERIOD if self._pending else None
+        # come back for the mini timeline if it was throttled, and to see a compile start or end
+        return self._mini_at + MINI_PERIOD if self._pending else now + QUIET_PERIOD
 
     def _update(self, now: float, force_mini: bool = False) -> None:
         run = self.run
@@ -145,6 +148,7 @@ class RunWidget(PwWidget):
             self.error = short_error(None if err is None else self._condense(f"{type(err).__name__}: {err}"))
             self.mode = str(getattr(run, "mode", ""))
             self.tenant = str(getattr(run, "tenant", ""))
+            self.compiling = "" if state in FINAL else str(getattr(run, "compiling", None) or "")
             if mini:
                 if len(self.lanes) != len(self._lane_names):
                     self.lanes = list(self._lane_names)
@@ -173,7 +177,10 @@ class RunWidget(PwWidget):
         super().close()
 
     def state_dict(self) -> dict[str, Any]:
-        keys = ("run_id", "name", "program", "state", "done", "total", "elapsed", "error", "mode", "tenant", "outputs")
+        keys = (
+            "run_id", "name", "program", "state", "done", "total", "elapsed", "error", "mode", "tenant", "compiling",
+            "outputs",
+        )
         return {k: getattr(self, k) for k in keys}
 
     def static_html(self) -> str:

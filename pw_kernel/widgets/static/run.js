@@ -89,7 +89,8 @@ function render({ model, el }) {
     fill.style.width = `${pct.toFixed(1)}%`;
     fill.style.background = c;
     bar.title = `${done}/${total} nodes`;
-    count.textContent = `${done}/${total} nodes`;
+    const compiling = model.get("compiling");
+    count.textContent = compiling ? `${done}/${total} nodes · compiling ${compiling}` : `${done}/${total} nodes`;
     const prog = model.get("program");
     const bits = [];
     if (prog && prog !== model.get("name")) bits.push(`program ${prog}`);
