@@ -63,6 +63,25 @@ def unpipelined(stage_params, shared, tokens, targets, weights, positions):
     return xent(head(stage_params[-1], h, embed=shared["embed"]), targets, weights)
 
 
+def train_beside_optax(pipe, state, opt, ref, steps):
+    """``steps`` pipelined steps, submitted without waiting, and the same optax steps on the unpipelined model.
+
+    Returns the pipeline's state, both loss curves and the unpipelined params ``(stage_params, shared)``.
+    """
+    tokens, targets, weights, positions = batch()
+    ref_state = opt.init(ref)
+    value_and_grad = jax.jit(jax.value_and_grad(lambda ps: unpipelined(*ps, tokens, targets, weights, positions)))
+    losses, ref_losses = [], []
+    for _ in range(steps):
+        state, step_loss = pipe.step(state, tokens, targets, weights=weights, positions=positions)
+        losses.append(step_loss)
+        value, g = value_and_grad(ref)
+        updates, ref_state = opt.update(g, ref_state, ref)
+        ref = optax.apply_updates(ref, updates)
+        ref_losses.append(float(value))
+    return state, [float(v) for v in pw.get(losses)], ref_losses, ref
+
+
 LAYOUTS = {  # schedule -> (slices, stage functions); interleaved puts 2 chunks on each slice
     "gpipe": (4, 2),
     "1f1b": (4, 2),
@@ -102,20 +121,9 @@ def test_language_model_equals_unpipelined_and_trains_like_optax(ctl, schedule, 
             r = r[k.idx if hasattr(k, "idx") else k.key]
         np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=2e-4, atol=1e-6, err_msg=jax.tree_util.keystr(path))
 
-    # 20 steps, submitted without waiting, against optax on the unpipelined model
+    # 20 steps against optax on the unpipelined model
     chain = optax.chain(optax.clip_by_global_norm(1.0), opt)
-    ref = (stage_params, shared)
-    ref_state = chain.init(ref)
-    value_and_grad = jax.jit(jax.value_and_grad(lambda ps: unpipelined(*ps, tokens, targets, weights, positions)))
-    losses, ref_losses = [], []
-    for _ in range(20):
-        state, step_loss = pipe.step(state, tokens, targets, weights=weights, positions=positions)
-        losses.append(step_loss)
-        value, g = value_and_grad(ref)
-        updates, ref_state = chain.update(g, ref_state, ref)
-        ref = optax.apply_updates(ref, updates)
-        ref_losses.append(float(value))
-    losses = [float(v) for v in pw.get(losses)]
+    state, losses, ref_losses, ref = train_beside_optax(pipe, state, chain, (stage_params, shared), 20)
     np.testing.assert_allclose(losses, ref_losses, rtol=2e-4)
     assert losses[-1] < 0.7 * losses[0]
     first, last = pw.get(state.shared["embed"])  # the tied copies got the very same updates
@@ -150,20 +158,8 @@ def test_optax_masks_accumulation_and_injected_hyperparams_work_per_stage(ctl):
 
     pipe, n_blocks = make_pipeline("1f1b", True, make(), clip=None)
     stage_params, shared = model_params(n_blocks)
-    tokens, targets, weights, positions = batch()
     state = pipe.init(stage_params, shared=shared)
-    opt, ref = make(), (stage_params, shared)
-    ref_state = opt.init(ref)
-    value_and_grad = jax.jit(jax.value_and_grad(lambda ps: unpipelined(*ps, tokens, targets, weights, positions)))
-    losses, ref_losses = [], []
-    for _ in range(6):
-        state, step_loss = pipe.step(state, tokens, targets, weights=weights, positions=positions)
-        losses.append(step_loss)
-        value, g = value_and_grad(ref)
-        updates, ref_state = opt.update(g, ref_state, ref)
-        ref = optax.apply_updates(ref, updates)
-        ref_losses.append(float(value))
-    losses = [float(v) for v in pw.get(losses)]
+    state, losses, ref_losses, ref = train_beside_optax(pipe, state, make(), (stage_params, shared), 6)
     np.testing.assert_allclose(losses, ref_losses, rtol=2e-4)
     assert losses[1] == losses[0] and losses[3] == losses[2]  # MultiSteps: params move every other step
     for got, want in zip(pw.get(state.params), ref[0]):
