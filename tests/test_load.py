@@ -91,3 +91,27 @@ def test_a_hundred_runs_each_reading_the_previous_runs_futures(ctl):
     other = pw.slice(1, name="other")
     pw.compiled(lambda v: v - 1, slice=other, name="next")(np.ones(3, np.float32)).result(timeout=60)
     assert live_buffers() <= baseline
+
+
+def test_a_long_training_loop_keeps_a_bounded_history(ctl):
+    # every run keeps its node events for the timeline; a loop of many-node steps must not keep them all
+    pw.init(pw.Config(max_events=400))
+    s = pw.slice(2, name="s")
+    f = pw.compiled(lambda x: x * 0.5 + 1, slice=s, name="f")
+
+    @pw.program(mode="chained")
+    def step(x):
+        for _ in range(10):
+            x = f(x)
+        return x
+
+    x = jnp.ones(4)
+    for _ in range(200):  # 2,000 node events
+        x = step(x)
+    x.result()
+    c = pw.controller()
+    c.runs[-1].wait()
+    kept = sum(len(r.events) for r in c.runs)
+    assert kept <= 400 and len(c.events.nodes) <= 400
+    assert len(c.runs) >= 20 and c.runs[-1].events  # the recent runs and their timelines stay
+    np.testing.assert_allclose(np.asarray(x), np.full(4, 2.0), rtol=1e-6)  # x -> x/2 + 1 converges to 2

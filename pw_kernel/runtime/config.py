@@ -38,8 +38,10 @@ class Config:
     max_inflight_collectives: int | None = None
     #: Check state-machine invariants on every transition (on in tests).
     validate: bool = dataclasses.field(default_factory=lambda: _env_flag("PW_VALIDATE"))
-    #: Completed node events kept in the log (oldest dropped first).
-    max_events: int = 1_000_000
+    #: Completed node events kept, in the event log and in the runs of `controller().runs` alike
+    #: (the oldest events and finished runs go first). About 350 bytes each: a long training loop
+    #: of pipelined steps (a hundred events per step) would otherwise grow by ~35 KB a step.
+    max_events: int = 200_000
     #: Default execution mode of programs.
     mode: Mode = "auto"
     #: Bytes per device that runs may reserve (memory-aware admission). None: the device's

@@ -125,6 +125,7 @@ class Controller:
         )
         self._recent: collections.deque = collections.deque(maxlen=self.config.keep_outputs)
         self.runs: list[Run] = []
+        self._kept_events = 0  # node events of the finished runs in self.runs (see _retire)
         self._live: dict[int, Run] = {}  # runs not yet final, by id
         self._ids = itertools.count()
         self._closed = False
@@ -385,10 +386,21 @@ class Controller:
         run._retired = True  # after its event and its futures: whoever `wait()`s sees it all
         if run._final is not None:
             run._final.set()
-        if len(self.runs) > self.config.keep_runs:
-            # Forget the oldest tenth at once, so this stays cheap per run (not a rebuild per run).
-            excess = len(self.runs) - self.config.keep_runs + self.config.keep_runs // 10
-            self.runs[:] = [r for k, r in enumerate(self.runs) if k >= excess or not r.done()]
+        self._kept_events += len(run.events)
+        keep_runs, keep_events = self.config.keep_runs, self.config.max_events
+        if len(self.runs) > keep_runs or self._kept_events > keep_events:
+            # Forget the oldest finished runs down to 90% of both budgets at once, so this stays
+            # cheap per run. Events weigh more than runs: a pipelined step holds a hundred of them.
+            runs, events = len(self.runs) - keep_runs + keep_runs // 10, self._kept_events - keep_events * 9 // 10
+            kept = []
+            for r in self.runs:
+                if (runs > 0 or events > 0) and r._retired and r is not run:  # the newest stays
+                    runs -= 1
+                    events -= len(r.events)
+                    self._kept_events -= len(r.events)
+                else:
+                    kept.append(r)
+            self.runs[:] = kept
 
     def _collective_limit(self, island: Island | None) -> int:
         """How many steps with collectives ``island`` may queue (see `Config.max_inflight_collectives`)."""
