@@ -234,6 +234,39 @@ pair = (h, b(h))
     np.testing.assert_allclose(nb.ns["pair"][1], [6.0, 10.0])
 
 
+def test_registered_pytrees_are_traced_and_programs_called_in_a_cell_join_it(nb):
+    nb.run(
+        """
+import dataclasses
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class State:            # how optax states, flax structs and pw.PipelineState reach a cell
+    w: jax.Array
+    step: jax.Array
+
+@pw.program
+def update(st, x):
+    return State(st.w - 0.5 * a(x), st.step + 1)
+
+state = State(jnp.array([4.0, 4.0]), jnp.array(0))
+"""
+    )
+    runs = len(pw.controller().runs)
+    nb.run(
+        """%%pathways --block
+for _ in range(3):
+    state = update(state, v)   # a program called in a cell is part of the cell's program
+"""
+    )
+    assert len(pw.controller().runs) == runs + 1
+    # its arrays are the program's inputs (v, w, step), not constants baked into the executables
+    assert len(pw.controller().runs[-1].graph.inputs) == 3
+    state = nb.ns["state"]
+    assert type(state).__name__ == "State" and int(state.step) == 3
+    np.testing.assert_allclose(np.asarray(state.w), [1.0, -2.0])  # 4 - 3 * 0.5 * 2v
+
+
 def test_a_later_cell_reads_futures_of_an_earlier_one_without_waiting(nb):
     nb.run(
         """%%pathways --name producer

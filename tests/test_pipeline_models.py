@@ -167,6 +167,29 @@ def test_optax_masks_accumulation_and_injected_hyperparams_work_per_stage(ctl):
             np.testing.assert_allclose(np.asarray(got[k]), np.asarray(want[k]), rtol=1e-3, atol=1e-5)
 
 
+def test_steps_called_inside_a_program_are_one_run_equal_to_separate_steps(ctl):
+    # what a `%%pathways` cell with `state, loss = pipe.step(...)` in a loop traces
+    pipe, n_blocks = make_pipeline("1f1b", True, optax.adam(1e-2))
+    stage_params, shared = model_params(n_blocks)
+    tokens, targets, weights, positions = batch()
+    state = pipe.init(stage_params, shared=shared)
+
+    @pw.program
+    def two_steps(state, tokens, targets, weights, positions):
+        state, first = pipe.step(state, tokens, targets, weights=weights, positions=positions)
+        state, second = pipe.step(state, tokens, targets, weights=weights, positions=positions)
+        return state, first, second
+
+    runs = len(pw.controller().runs)
+    new, first, second = pw.get(two_steps(state, tokens, targets, weights, positions))
+    assert len(pw.controller().runs) == runs + 1
+    one, l1 = pipe.step(state, tokens, targets, weights=weights, positions=positions)
+    two, l2 = pipe.step(one, tokens, targets, weights=weights, positions=positions)
+    np.testing.assert_allclose([float(first), float(second)], [float(l1.result()), float(l2.result())], rtol=1e-6)
+    for a, b in zip(jax.tree_util.tree_leaves(new.params), jax.tree_util.tree_leaves(pw.get(two.params))):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
+
+
 @pytest.mark.parametrize("schedule,chunks", [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("interleaved", 4), ("zero_bubble", 1)])
 def test_ideal_replay_equals_the_papers_bubble(schedule, chunks):
     for S in (2, 4, 8):

@@ -199,3 +199,33 @@ def test_compiled_functions_created_inside_a_program_are_nodes(two):
     g = p.trace(jnp.ones(4))
     assert [n.name for n in g.nodes if n.kind == "compute"] == ["made_here"]
     np.testing.assert_array_equal(np.asarray(p(jnp.ones(4)).result()), [6.0] * 4)
+
+
+def test_a_program_called_inside_a_program_becomes_part_of_it(two):
+    # as a jax.jit called inside a jax.jit: one graph, one run, the inner program's nodes inlined
+    s1, s2 = two
+    f = pw.compiled(lambda x: x * 2, slice=s1, name="f")
+    g = pw.compiled(lambda x: x - 1, slice=s2, name="g")
+
+    @pw.program
+    def inner(x):
+        return g(f(x) + 1)
+
+    @pw.program
+    def outer(x):
+        y = inner(x)
+        return inner(y), f(np.float32(3.0))  # a compiled call on a constant is a node here too
+
+    graph = outer.trace(jnp.ones(4))
+    assert [n.name for n in graph.nodes if n.kind == "compute"] == ["f", "g", "f:1", "g:1", "f:2"]
+    runs = len(pw.controller().runs)
+    y, z = outer(jnp.ones(4))
+    np.testing.assert_allclose(np.asarray(y.result()), np.full(4, 4.0))  # inner(x) = 2x: inner(inner(1))
+    assert float(z.result()) == 6.0 and len(pw.controller().runs) == runs + 1
+
+    @pw.program
+    def submits(x):
+        return inner.submit(x).outputs
+
+    with pytest.raises(pw.ArgumentError, match=re.escape("`inner.submit` was called while another program is being traced")):
+        submits.trace(jnp.ones(4))

@@ -49,10 +49,14 @@ _LIB_DIRS = tuple(
 
 
 def _is_traced(value: Any) -> bool:
-    """Arrays and futures (and pytrees made only of them and hashable constants) are traced inputs."""
+    """Arrays and futures (and pytrees made only of them and hashable constants) are traced inputs.
+
+    Any registered pytree counts: lists and dicts, and also optax states, a `pw.PipelineState`,
+    dataclasses registered with JAX.
+    """
     if isinstance(value, (pw.Future, jax.Array, np.ndarray, np.generic)):
         return True
-    if not isinstance(value, (list, tuple, dict)):
+    if jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(value)):
         return False
     leaves = jax.tree_util.tree_leaves(value)
     if not any(isinstance(x, (pw.Future, jax.Array, np.ndarray, np.generic)) for x in leaves):

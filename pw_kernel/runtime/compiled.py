@@ -60,6 +60,11 @@ def lookup(jit_name: str) -> CompiledFunction | None:
     return _registry.get(jit_name)
 
 
+def in_program_trace() -> bool:
+    """Whether this thread is tracing a program now (a program called here becomes part of it)."""
+    return getattr(_tracing, "seen", None) is not None
+
+
 class tracing_scope:
     """While active on this thread, compiled functions called under a trace are kept alive."""
 
@@ -163,7 +168,7 @@ class CompiledFunction:
         return self
 
     def __call__(self, *args, **kwargs):
-        if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((args, kwargs))):
+        if in_program_trace() or any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((args, kwargs))):
             seen = getattr(_tracing, "seen", None)
             if seen is not None:
                 seen[self.jit_name] = self

@@ -636,6 +636,8 @@ class Pipeline:
             want = set(st.slice.devices)
             for what, tree in trees:
                 for leaf in jax.tree_util.tree_leaves(tree):
+                    if isinstance(leaf, jax.core.Tracer):
+                        continue  # a step inside a program being traced: that program places its inputs
                     have = getattr(leaf, "sharding", None)
                     devs = set(have.device_set) if have is not None else None
                     if devs != want:

@@ -9,7 +9,9 @@ from typing import Any
 
 from typing import TYPE_CHECKING
 
+from .compiled import in_program_trace
 from .devices import VirtualSlice
+from .errors import ArgumentError
 from .graph import ProgramGraph
 from .tracing import is_traced_leaf, signature, trace_program
 
@@ -86,6 +88,12 @@ class Program:
         **kwargs,
     ) -> Run:
         """Trace (or reuse the trace) and submit; returns the Run (its futures are ``run.outputs``)."""
+        if in_program_trace():
+            raise ArgumentError(
+                f"`{self.name}.submit` was called while another program is being traced (a `@pw.program` or a "
+                f"`%%pathways` cell): a run cannot start inside a program. Call `{self.name}(...)` there instead: "
+                f"it becomes part of the enclosing program."
+            )
         graph, leaves = self._trace(args, kwargs)
         return self._controller().submit(
             graph,
@@ -100,6 +108,20 @@ class Program:
         )
 
     def __call__(self, *args, **kwargs):
+        """Submit a run and return its outputs as futures; inside another program, become part of it.
+
+        Example::
+
+            @pw.program
+            def train(state, batch):
+                for _ in range(3):
+                    state = step(state, batch)   # `step`, a program too, is inlined here
+                return state
+        """
+        if in_program_trace():
+            # Like a jax.jit called inside a jax.jit: its compiled functions and glue become nodes of
+            # the program being traced (one run, one graph), with this program's own options unused.
+            return self.fn(*args, **kwargs)
         return self.submit(*args, _claim=True, **kwargs).outputs
 
     @property
