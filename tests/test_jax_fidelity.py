@@ -299,3 +299,38 @@ def test_bare_partition_specs_in_a_compiled_function_mean_its_slices_axes(ctl):
     with jax.set_mesh(mesh):
         want = jax.jit(f)(a, b)
     same(pw.compiled(f, slice=s)(a, b), want)
+
+
+@pytest.mark.parametrize("axis_type", [jax.sharding.AxisType.Auto, jax.sharding.AxisType.Explicit])
+def test_static_arguments_as_jax_jit_takes_them(ctl, axis_type):
+    s = pw.slice(2, mesh={"d": 2}, axis_types=axis_type)
+
+    def layers(x, n, *, scale=1.0):  # Python control flow on n: n must be static
+        for _ in range(n):
+            x = jnp.tanh(x) * 2
+        return x * scale
+
+    x = jax.device_put(jnp.arange(4.0), s.sharding("d"))
+    step = pw.compiled(layers, slice=s, static_argnums=1, static_argnames="scale")
+    ref = jax.jit(layers, static_argnums=1, static_argnames="scale")
+    same(step(x, 3, scale=0.5), ref(x, 3, scale=0.5))
+
+    @pw.program
+    def deeper(x):
+        return step(step(x, 1), 2, scale=2.0)
+
+    same(deeper(x), ref(ref(x, 1), 2, scale=2.0))
+    # in_specs cover the other arguments, as jit's in_shardings do
+    sharded = pw.compiled(layers, slice=s, static_argnums=(1,), in_specs=(P("d"),))
+    want = jax.jit(layers, static_argnums=(1,), in_shardings=(s.sharding("d"),))
+    same(sharded(x, 2), want(x, 2))
+
+
+def test_jit_options_it_does_not_take_are_refused_with_what_to_do(ctl):
+    s = pw.slice(2)
+    with pytest.raises(pw.ArgumentError, match="it does not donate buffers yet.*Leave it out"):
+        pw.compiled(lambda x: x * 2, slice=s, donate_argnums=0)
+    with pytest.raises(pw.ArgumentError, match="got 'backend', which it does not take. It takes slice, in_specs"):
+        pw.compiled(lambda x: x * 2, slice=s, backend="cpu")
+    with pytest.raises(pw.ArgumentError, match=r"static_argnums=...\)` takes ints, as jax.jit does; got 'n'"):
+        pw.compiled(lambda x, n: x * n, slice=s, static_argnums="n")

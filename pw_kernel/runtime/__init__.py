@@ -97,6 +97,9 @@ def compiled(
     in_specs: Any = None,
     out_specs: Any = None,
     name: str | None = None,
+    static_argnums: int | Sequence[int] | None = None,
+    static_argnames: str | Sequence[str] | None = None,
+    **jit_options: Any,
 ):
     """Compile ``fn`` for a slice: `jax.jit` with NamedShardings on the slice's mesh.
 
@@ -106,12 +109,25 @@ def compiled(
     on the slice keeps its sharding (one from elsewhere gets the same spec on the
     slice, or is replicated), an output gets the sharding XLA propagates.
     Usable as a decorator: ``@pw.compiled(slice=s, in_specs=P("d"))``.
+    ``static_argnums`` / ``static_argnames`` are `jax.jit`'s: those arguments are
+    Python values baked into the trace (``in_specs`` then cover the others).
 
     Example::
 
         a = pw.compiled(lambda x: x * 2, slice=s)
         fut = a(jnp.array([1.0, 2.0]))     # a one-node program; returns a Future
     """
+    if jit_options:
+        donate = [k for k in jit_options if k.startswith("donate")]
+        raise ArgumentError(
+            f"`pw.compiled` got {', '.join(map(repr, jit_options))}, which it does not take"
+            + (
+                ": it does not donate buffers yet (a donated value may still be read by another node or "
+                "a future of the dataflow). Leave it out: memory use is that of jax.jit without donation."
+                if donate
+                else ". It takes slice, in_specs, out_specs, name, static_argnums and static_argnames."
+            )
+        )
     if isinstance(slice, str):
         slice = controller().resources.get(slice)
     if slice is None:
@@ -121,7 +137,10 @@ def compiled(
         )
 
     def wrap(f: Callable) -> CompiledFunction:
-        cf = CompiledFunction(f, slice=slice, in_specs=in_specs, out_specs=out_specs, name=name)
+        cf = CompiledFunction(
+            f, slice=slice, in_specs=in_specs, out_specs=out_specs, name=name,
+            static_argnums=static_argnums, static_argnames=static_argnames,
+        )
         return cf.bind(Program(cf, name=cf.name, slice=cf.slice, controller=controller))
 
     return wrap if fn is None else wrap(fn)

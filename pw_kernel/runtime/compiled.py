@@ -8,7 +8,7 @@ import itertools
 import re
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -128,6 +128,8 @@ class CompiledFunction:
         in_specs: Any = None,
         out_specs: Any = None,
         name: str | None = None,
+        static_argnums: int | Sequence[int] | None = None,
+        static_argnames: str | Sequence[str] | None = None,
     ):
         if not callable(fn):
             raise ArgumentError(f"`pw.compiled` needs a callable; got {fn!r} of type {type(fn).__name__}.")
@@ -156,7 +158,15 @@ class CompiledFunction:
 
         body.__name__ = f"{_safe(self.name)}{_MARK}{self.uid}"
         self.jit_name = body.__name__
+        # Static arguments as jax.jit has them: Python values baked into the trace (a program's
+        # constants, part of its trace-cache key); in_specs then cover the other arguments only.
+        self.static_argnums = _as_tuple(static_argnums, int, "static_argnums")
+        self.static_argnames = _as_tuple(static_argnames, str, "static_argnames")
         kw = {k: v for k, v in (("in_shardings", self.in_shardings), ("out_shardings", self.out_shardings)) if v is not None}
+        if self.static_argnums:
+            kw["static_argnums"] = self.static_argnums
+        if self.static_argnames:
+            kw["static_argnames"] = self.static_argnames
         self.jitted = jax.jit(body, **kw)
         _registry[self.jit_name] = self
         self._program = None
@@ -173,7 +183,10 @@ class CompiledFunction:
             if seen is not None:
                 seen[self.jit_name] = self
             if self._explicit and not kwargs:
-                args = _reshard(args, self.in_shardings)
+                static = {i % len(args) for i in self.static_argnums} if args else set()
+                dynamic = _reshard(tuple(a for i, a in enumerate(args) if i not in static), self.in_shardings)
+                it = iter(dynamic)
+                args = tuple(a if i in static else next(it) for i, a in enumerate(args))
             with slice_mesh(self.slice):
                 return self.jitted(*args, **kwargs)  # being traced inside a program: one node
         if self._program is None:
@@ -217,6 +230,20 @@ def _reshard(args: tuple, shardings: Any) -> tuple:
         else a
         for sh, a in zip(shardings, args)
     )
+
+
+def _as_tuple(value: Any, kind: type, what: str) -> tuple:
+    """``static_argnums=1`` or ``(0, 2)`` as a tuple, as jax.jit takes them; a clear error otherwise."""
+    if value is None:
+        return ()
+    items = (value,) if isinstance(value, kind) else value
+    try:
+        items = tuple(items)
+    except TypeError:
+        items = (value,)
+    if not all(isinstance(v, kind) for v in items):
+        raise ArgumentError(f"`pw.compiled({what}=...)` takes {kind.__name__}s, as jax.jit does; got {value!r}.")
+    return items
 
 
 def _safe(name: str) -> str:
