@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import threading
-import time
 
 import jax
 import jax.numpy as jnp
@@ -138,16 +137,24 @@ def deep(x):
 def test_a_run_says_which_step_it_is_compiling(ctl):
     from pw_kernel.magics import display
 
+    c = pw.controller()
+    seen = []  # what a progress view reads of the run when its compile event arrives
+
+    def on_event(ev):
+        if getattr(ev, "kind", None) == "compile":
+            run = c.run(ev.run_id)
+            seen.append((ev.node, run.compiling, display.progress_line(run)))
+
+    unsubscribe = c.events.subscribe(on_event)
     # declared out_specs: the dispatcher compiles it before its first call (else tracing compiles it)
     f = pw.compiled(deep, slice=pw.slice(2, name="s"), out_specs=P(), name="deep")
-    run = pw.program(lambda x: f(x), name="first_call").submit(jnp.ones(4))
-    seen, lines = set(), set()
-    while not run.done():
-        seen.add(run.compiling)
-        lines.add(display.progress_line(run))
-        time.sleep(0.001)
-    assert "deep" in seen and run.compiling is None and run.compile_time > 0
-    assert any(re.search(r"nodes, [\d.]+ s, compiling 'deep'$", line) for line in lines), lines
+    run = pw.program(lambda x: f(x), name="first_call").submit(jnp.ones(4)).wait()
+    unsubscribe()
+    (node, compiling, line), = seen
+    assert node == "compile deep" and compiling == "deep"
+    assert re.search(r"nodes, [\d.]+ s, compiling 'deep'$", line), line
+    assert run.compiling is None and run.compile_time > 0
+    assert "compiling" not in display.progress_line(run)
 
 
 def test_futures_feed_later_runs_without_waiting(ctl):

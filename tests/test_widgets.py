@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 
 import jax
@@ -457,12 +458,32 @@ def test_run_widget_says_what_it_is_compiling(ctl2):
             x = jnp.sin(x) * 1.001 + i
         return x
 
-    f = pw.compiled(deep, slice=pw.slice(2, name="c"), out_specs=P(), name="deep")
-    run = pw.program(lambda x: f(x), name="first_call").submit(jnp.ones(4))
-    w = RunWidget(run)
-    wait_until(lambda: run.compiling == "deep" or run.done(), what="the compile to start")
-    w._tick(time.monotonic())  # what the widgets' ticker does every half second while nothing else happens
-    assert w.compiling == "deep" and "compiling deep" in w.static_html()
+    pw.init(pw.Config(max_inflight=1))  # one step in flight: `deep` is not even compiled while `held` runs
+    c = pw.controller()
+    shown = []  # what the widget shows once its ticker looks while the compile event is out
+
+    def on_event(ev):
+        if getattr(ev, "kind", None) == "compile" and ev.node == "compile deep" and widgets:
+            w = widgets[0]
+            w._tick(time.monotonic())  # what the widgets' ticker does every half second meanwhile
+            shown.append((w.compiling, w.static_html()))
+
+    widgets = []
+    unsubscribe = c.events.subscribe(on_event)
+    s = pw.slice(2, name="c")
+    gate = threading.Event()
+    held = pw.compiled(lambda x: jax.pure_callback(lambda a: gate.wait(30) and a, jax.ShapeDtypeStruct((4,), jnp.float32), x),
+                       slice=s, out_specs=P(), name="held")
+    f = pw.compiled(deep, slice=s, out_specs=P(), name="deep")
+    # `held` stays in flight until the gate opens, so `deep` compiles only after the widget exists
+    run = pw.program(lambda x: f(held(x)), name="first_call", mode="chained").submit(jnp.ones(4))
+    widgets.append(RunWidget(run))
+    gate.set()
+    run.wait()
+    unsubscribe()
+    [(compiling, html)] = shown
+    assert compiling == "deep" and "compiling deep" in html
+    w = widgets[0]
     wait_until(lambda: w.state == "done", what="the widget to reach done")
     assert w.compiling == "" and "compiling" not in w.static_html()
 

@@ -299,9 +299,8 @@ class Dispatcher:
         try:
             compiled = st.call.lower(*args).compile()
         except Exception:
-            return  # the call itself will raise it, attributed to the node
-        finally:
             rec.compiling = None
+            return  # the call itself will raise it, attributed to the node
         st.collectives = has_collectives(compiled)
         t1 = log.now()
         rec.compile_ns += t1 - t0
@@ -313,6 +312,7 @@ class Dispatcher:
         ev.end = t1
         rec.events.append(ev)
         log.emit_node(ev)
+        rec.compiling = None  # after its event: a view reading the run on that event sees what compiled
 
     def _hand_over(self, rec: RunRecord, cursor: int, sent_on: dict, published: list, cost: int, batch: list) -> None:
         """Report steps dispatched, then give them to the watcher (in that order: credit is counted first)."""
