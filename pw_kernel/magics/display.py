@@ -155,8 +155,7 @@ def progress_line(run) -> str:
     """One line of progress for a terminal: ``run 3 'In[5]' running 4/10 nodes, 2.3 s, compiling 'step'``."""
     done, total = run.progress
     line = f"pw_kernel: run {run.id} {run.name!r} {run.state} {done}/{total} nodes, {run.elapsed:.1f} s"
-    compiling = getattr(run, "compiling", None)
-    return f"{line}, compiling {compiling!r}" if compiling else line
+    return f"{line}, compiling {run.compiling!r}" if run.compiling else line
 
 
 def run_view(
@@ -171,8 +170,7 @@ def run_view(
     done, total = run.progress
     outputs = outputs or {}
     outs = [(r["name"], f'{r["kind"]} {r["type"]} {r["sharding"]}') for r in describe_outputs(outputs)]
-    compiling = getattr(run, "compiling", None)
-    activity = f" (compiling {compiling!r})" if compiling else ""
+    activity = f" (compiling {run.compiling!r})" if run.compiling else ""
     head = (
         f"run {run.id} {run.name!r}: {run.state}{activity}, {done}/{total} nodes, {run.elapsed:.3f} s, "
         f"mode={run.mode}, tenant={run.tenant!r}"

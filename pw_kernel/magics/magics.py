@@ -48,21 +48,23 @@ _LIB_DIRS = tuple(
 )
 
 
+#: Values a cell traces as program inputs (other leaves are constants).
+_ARRAYS = (pw.Future, jax.Array, np.ndarray, np.generic)
+
+
 def _is_traced(value: Any) -> bool:
     """Arrays and futures (and pytrees made only of them and hashable constants) are traced inputs.
 
     Any registered pytree counts: lists and dicts, and also optax states, a `pw.PipelineState`,
     dataclasses registered with JAX.
     """
-    if isinstance(value, (pw.Future, jax.Array, np.ndarray, np.generic)):
+    if isinstance(value, _ARRAYS):
         return True
-    if jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(value)):
-        return False
-    leaves = jax.tree_util.tree_leaves(value)
-    if not any(isinstance(x, (pw.Future, jax.Array, np.ndarray, np.generic)) for x in leaves):
+    leaves, treedef = jax.tree_util.tree_flatten(value)
+    if jax.tree_util.treedef_is_leaf(treedef) or not any(isinstance(x, _ARRAYS) for x in leaves):
         return False
     for x in leaves:
-        if not isinstance(x, (pw.Future, jax.Array, np.ndarray, np.generic)):
+        if not isinstance(x, _ARRAYS):
             try:
                 hash(x)
             except TypeError:

@@ -183,10 +183,7 @@ class CompiledFunction:
             if seen is not None:
                 seen[self.jit_name] = self
             if self._explicit and not kwargs:
-                static = {i % len(args) for i in self.static_argnums} if args else set()
-                dynamic = _reshard(tuple(a for i, a in enumerate(args) if i not in static), self.in_shardings)
-                it = iter(dynamic)
-                args = tuple(a if i in static else next(it) for i, a in enumerate(args))
+                args = _reshard(args, self.in_shardings, self.static_argnums)
             with slice_mesh(self.slice):
                 return self.jitted(*args, **kwargs)  # being traced inside a program: one node
         if self._program is None:
@@ -212,24 +209,29 @@ def slice_mesh(s: VirtualSlice) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
 
 
-def _reshard(args: tuple, shardings: Any) -> tuple:
-    """``args`` resharded to ``shardings`` (a pytree prefix of them; None leaves what it covers alone)."""
+def _reshard(args: tuple, shardings: Any, static: tuple[int, ...] = ()) -> tuple:
+    """``args`` resharded to ``shardings`` (a pytree prefix of them; None leaves what it covers alone).
+
+    The positions in ``static`` are static arguments: left as they are and, as in jax.jit's
+    in_shardings, not counted by ``shardings``.
+    """
     if shardings is None:
         return args
+    static = {i % len(args) for i in static}
+    dynamic = [i for i in range(len(args)) if i not in static]
     if not isinstance(shardings, tuple):
-        shardings = (shardings,) * len(args)
+        shardings = (shardings,) * len(dynamic)
 
     def one(sh, sub):
         if not isinstance(sh, NamedSharding):
             return sub
         return jax.tree_util.tree_map(lambda x: jax.sharding.reshard(x, sh), sub)
 
-    return tuple(
-        jax.tree_util.tree_map(one, sh, a, is_leaf=lambda x: x is None or isinstance(x, NamedSharding))
-        if sh is not None
-        else a
-        for sh, a in zip(shardings, args)
-    )
+    out = list(args)
+    for sh, i in zip(shardings, dynamic):
+        if sh is not None:
+            out[i] = jax.tree_util.tree_map(one, sh, args[i], is_leaf=lambda x: x is None or isinstance(x, NamedSharding))
+    return tuple(out)
 
 
 def _as_tuple(value: Any, kind: type, what: str) -> tuple:

@@ -161,6 +161,7 @@ class Pipeline:
         self.S, self.V, self.M, self.schedule = S, V, microbatches, schedule
         self.chunks = V // S
         self.loss_fn = loss  # None: mean squared error
+        self._loss_without_weights = loss is None or _takes(loss, 2)  # loss(out, target) can be called
         self.optimizer = optimizer
         self.learning_rate = learning_rate
         self.clip_norm = None if clip_norm is None else float(clip_norm)
@@ -666,7 +667,7 @@ class Pipeline:
                 f"`{self.name}.{api}(weights=...)` needs `pw.pipeline(loss=...)`: a loss(out, target, weights) that "
                 f"returns the weighted mean over its microbatch, sum(w * l) / sum(w)."
             )
-        if weights is None and self.loss_fn is not None and not _takes(self.loss_fn, 2):
+        if weights is None and not self._loss_without_weights:
             raise PipelineError(
                 f"`{self.name}.{api}` calls `pw.pipeline(loss=...)` as loss(out, target) when no weights= is "
                 f"passed, but {getattr(self.loss_fn, '__name__', 'the loss')}{_signature(self.loss_fn)} needs more. "

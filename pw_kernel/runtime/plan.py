@@ -16,7 +16,7 @@ from .devices import remote_device_id
 from .errors import ArgumentError, FusedModeError
 from .graph import Node, ProgramGraph, nbytes_of
 from .remote import RemoteCall, RemoteTransfer
-from .tracing import jit_of
+from .tracing import jit_of, sub_jaxprs
 
 ExecMode = Literal["fused", "chained"]
 
@@ -283,19 +283,14 @@ def compile_sizes(jaxpr: Any) -> tuple[int, int]:
     seen: set[int] = set()
 
     def size(j: Any, dedupe: bool) -> int:
-        n = 0
+        n = len(j.eqns)
         for e in j.eqns:
-            n += 1
-            for p in e.params.values():
-                for sub in p if isinstance(p, (tuple, list)) else (p,):
-                    inner = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr's Jaxpr, or a Jaxpr
-                    if not hasattr(inner, "eqns"):
+            for inner in sub_jaxprs(e):
+                if dedupe:
+                    if id(inner) in seen:
                         continue
-                    if dedupe:
-                        if id(inner) in seen:
-                            continue
-                        seen.add(id(inner))
-                    n += size(inner, dedupe)
+                    seen.add(id(inner))
+                n += size(inner, dedupe)
         return n
 
     return size(jaxpr, False), size(jaxpr, True)

@@ -121,17 +121,18 @@ def _bind(eqn, args):
     return eqn.primitive.bind(*args, **bind_params)
 
 
+def sub_jaxprs(eqn: Any):
+    """The Jaxprs nested in an equation's params (a call's body, a cond's branches, a scan's body)."""
+    for p in eqn.params.values():
+        for sub in p if isinstance(p, (tuple, list)) else (p,):
+            inner = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr's Jaxpr, or a Jaxpr
+            if hasattr(inner, "eqns"):
+                yield inner
+
+
 def calls_host(eqns: Sequence[Any]) -> bool:
     """Whether these equations (or any jaxpr nested in their params) call back into Python."""
-    for e in eqns:
-        if "callback" in e.primitive.name:
-            return True
-        for p in e.params.values():
-            for sub in p if isinstance(p, (tuple, list)) else (p,):
-                inner = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr's Jaxpr, or a Jaxpr
-                if hasattr(inner, "eqns") and calls_host(inner.eqns):
-                    return True
-    return False
+    return any("callback" in e.primitive.name or any(calls_host(j.eqns) for j in sub_jaxprs(e)) for e in eqns)
 
 
 class _GuardedCallback:

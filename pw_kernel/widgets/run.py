@@ -113,7 +113,7 @@ class RunWidget(PwWidget):
         if self.comm is None:
             self._unfollow()
             return None
-        if not self._dirty and not self._pending and (getattr(self.run, "compiling", None) or "") == self.compiling:
+        if not self._dirty and not self._pending and (self.run.compiling or "") == self.compiling:
             return now + QUIET_PERIOD if self.run.state == "running" else None
         with self._lock:
             self._dirty = False
@@ -148,7 +148,7 @@ class RunWidget(PwWidget):
             self.error = short_error(None if err is None else self._condense(f"{type(err).__name__}: {err}"))
             self.mode = str(getattr(run, "mode", ""))
             self.tenant = str(getattr(run, "tenant", ""))
-            self.compiling = "" if state in FINAL else str(getattr(run, "compiling", None) or "")
+            self.compiling = "" if state in FINAL else (run.compiling or "")
             if mini:
                 if len(self.lanes) != len(self._lane_names):
                     self.lanes = list(self._lane_names)
