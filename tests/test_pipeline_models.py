@@ -317,6 +317,22 @@ def test_mistakes_get_errors_that_say_what_to_do(ctl):
         weighted.step(weighted.init(stage_params, shared=shared), tokens, targets, positions=positions)
 
 
+def test_a_pipeline_under_a_notebooks_set_mesh_says_what_to_do(ctl):
+    # today's JAX style: a notebook sets its own Explicit mesh, then pipelines over other slices
+    pipe = pw.pipeline([embed, head], slices=[pw.slice(2, mesh={"data": 2}) for _ in range(2)], microbatches=2,
+                       loss=xent, shared={"embed": (0, 1)}, fields={"positions": (0,)})
+    stage_params, shared = model_params(0)
+    state = pipe.init(stage_params, shared=shared)
+    tokens, targets, weights, positions = batch()
+    mesh = jax.make_mesh((2, 4), ("x", "y"), axis_types=(jax.sharding.AxisType.Explicit,) * 2)
+    with jax.set_mesh(mesh):
+        with pytest.raises(pw.PipelineError, match=re.escape("runs under `jax.set_mesh` with the mesh (x: 2, y: 4; Explicit, Explicit)")) as err:
+            pipe.step(state, tokens, targets, weights=weights, positions=positions)
+    assert "`jax.set_mesh(None)` clears a mesh set for the whole notebook" in str(err.value)
+    state, loss = pipe.step(state, tokens, targets, weights=weights, positions=positions)  # outside it, it runs
+    assert np.isfinite(float(loss.result()))
+
+
 def test_forward_gives_the_models_logits_for_a_batch_or_one_prompt(ctl):
     pipe, n_blocks = make_pipeline("interleaved", True, None, clip=None)
     stage_params, shared = model_params(n_blocks)

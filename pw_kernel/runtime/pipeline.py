@@ -36,6 +36,7 @@ from .devices import VirtualSlice
 from .errors import PipelineError, SpecError
 from .graph import nbytes_of
 from .program import Program
+from .tracing import context_mesh_hint
 from .schedules import Schedule, check_schedule, schedule_ops
 
 
@@ -724,6 +725,7 @@ class Pipeline:
                 desc = ", ".join(f"{a.dtype}{list(a.shape)}" for a in jax.tree_util.tree_leaves(h))
                 raise PipelineError(
                     f"`{self.name}`: {prev} {desc}, which stage {st.index} cannot take: {type(e).__name__}: {e}"
+                    f"{context_mesh_hint([st.slice])}"
                 ) from None
             h = h_next
 

@@ -259,7 +259,7 @@ def node_executable(eqns, invars, outvars, in_sh, out_sh, key: Any | None = None
     return fn
 
 
-def _context_mesh_hint(slices: Sequence[VirtualSlice | None]) -> str:
+def context_mesh_hint(slices: Sequence[VirtualSlice | None]) -> str:
     """Why code under `jax.set_mesh` may fail on a slice with another mesh, and what to do; or ""."""
     ctx = jax.sharding.get_abstract_mesh()
     if ctx.empty:
@@ -272,7 +272,8 @@ def _context_mesh_hint(slices: Sequence[VirtualSlice | None]) -> str:
         f"\nThis code runs under `jax.set_mesh` with the mesh {_mesh_str(ctx)}, but it runs on slice(s) {names}: "
         f"code written for the context mesh (`shard_map` without `mesh=`, bare PartitionSpecs, Explicit axes) "
         f"sees another mesh than its arrays'. Make the slice from the context mesh, `pw.slice(mesh=m)`, or "
-        f"call the program outside the `jax.set_mesh` block."
+        f"call the program outside the `jax.set_mesh` block (`jax.set_mesh(None)` clears a mesh set for the "
+        f"whole notebook)."
     )
 
 
@@ -562,7 +563,7 @@ def _trace_program(
         if "not a valid JAX type" in str(e):
             hint = "\nA program must return arrays (or pytrees of arrays); return non-array values outside it."
         slices = [cf.slice for cf in (getattr(compiled_mod._tracing, "seen", None) or {}).values()]
-        hint += _context_mesh_hint([*slices, default_slice])
+        hint += context_mesh_hint([*slices, default_slice])
         raise TracingError(
             f"`pw.program` {name!r} could not be traced: {type(e).__name__}: {e}{_fmt_source(src)}{hint}"
         ) from e
