@@ -15,220 +15,48 @@ Example::
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 # Importing the runtime starts no JAX backend, so the device count can still be chosen after it.
-from .runtime import (
-    FIFO,
-    AdmissionError,
-    ArgumentError,
-    CancelledError,
-    CompiledFunction,
-    Config,
-    ControlFlowError,
-    Controller,
-    ControllerShutdownError,
-    Edge,
-    EventLog,
-    FairShare,
-    Future,
-    FusedModeError,
-    HostCallbackError,
-    InputFailedError,
-    Island,
-    IslandLostError,
-    Node,
-    NodeError,
-    NodeEvent,
-    PathwaysError,
-    Pipeline,
-    PipelineError,
-    PipelineState,
-    PipelineStats,
-    Policy,
-    Priority,
-    Program,
-    ProgramGraph,
-    Run,
-    RunEvent,
-    SliceError,
-    SliceReleasedError,
-    SpecError,
-    Status,
-    TimeoutError,
-    TracingError,
-    Value,
-    VirtualSlice,
-    add_ray_islands,
-    compiled,
-    configure_cpu_devices,
-    controller,
-    get,
-    init,
-    pipeline,
-    program,
-    replay,
-    schedule_ops,
-    shutdown,
-    theory_bubble,
-)
+from .runtime import *  # noqa: F403 - the runtime's public names are pw's
+from .runtime import __all__ as _runtime_all
+from .runtime import configure_cpu_devices
+from .train import *  # noqa: F403
+from .train import __all__ as _train_all
+from .widgets.reprs import register as _register_views
 
 configure_cpu_devices()  # 8 simulated CPU devices unless JAX already started or the user chose
+_register_views()  # how runtime objects draw themselves in a notebook (the views' side; nothing imported yet)
 
 __version__ = "0.1.0"
 
-
-def devices() -> tuple:
-    """The physical devices the controller drives.
-
-    Example::
-
-        len(pw.devices())   # 8 on a laptop
-    """
-    return controller().devices
-
-
-def islands() -> list[Island]:
-    """The islands (groups of devices with a fast interconnect).
-
-    Example::
-
-        [i.id for i in pw.islands()]
-    """
-    return list(controller().islands)
+#: The views, imported on first use: they need the notebook stack (anywidget), the runtime does not.
+_VIEWS = ("show_mesh", "timeline", "show_pipeline")
+#: The runtime's names for the layers above, not for users.
+_LAYERS = frozenset(
+    {"DEFAULT_CPU_DEVICES", "FINAL", "TraceRow", "backends_started", "busy_time", "chrome_trace",
+     "context_mesh_hint", "describe_sharding", "nbytes_of", "short_error", "transition_edges",
+     "configure_cpu_devices"}
+)
 
 
-def slice(  # noqa: A001
-    n: int | None = None, mesh=None, name: str | None = None, island=None, axis_types=None
-) -> VirtualSlice:
-    """Ask the resource manager for ``n`` devices arranged as ``mesh`` (a dict axis -> size).
-
-    Placement balances load: 1:1 onto free devices while there are some, then
-    time-multiplexed. The slice lives on one island (``island=`` to choose).
-    ``axis_types`` (a `jax.sharding.AxisType`, or one per axis) makes Explicit
-    axes; the default is Auto. ``mesh`` may also be a `jax.sharding.Mesh` of the
-    notebook's own (``jax.make_mesh``): the slice is then that very mesh, its
-    devices and axis types, so pw results and the notebook's arrays combine.
-
-    Example::
-
-        s = pw.slice(4, mesh={"data": 2, "model": 2}, name="a")
-        s.mesh, s.devices, s.sharding("data", None)
-        t = pw.slice(mesh=jax.make_mesh((2, 4), ("x", "y")))  # Explicit axes, as jax.make_mesh gives
-    """
-    try:
-        return controller().slice(n, mesh=mesh, name=name, island=island, axis_types=axis_types)
-    except PathwaysError as e:
-        # The message names the call and the fix; the resource manager's frames would only bury it.
-        raise e.with_traceback(None) from None
-
-
-def show_mesh(obj=None, **kwargs):
-    """A MeshWidget: a slice's device mesh, where an array's (or future's) shards live, or every device.
-
-    Example::
-
-        pw.show_mesh(s); pw.show_mesh(x); pw.show_mesh()
-    """
-    from .widgets import show_mesh as _show_mesh
-
-    return _show_mesh(obj, **kwargs)
-
-
-def timeline(runs=None, live: bool = True, **kwargs):
-    """A live per-device TimelineWidget of every run (or of ``runs``); ``.to_perfetto(path)`` exports it.
-
-    Example::
-
-        tl = pw.timeline()
-        tl.to_perfetto("trace.json")
-    """
-    from .widgets import timeline as _timeline
-
-    return _timeline(runs, live=live, **kwargs)
-
-
-def show_pipeline(stats, **kwargs):
-    """A timeline of pipelined steps with each one's per-slice bubble and live activations beside it.
-
-    Example::
-
-        run = pipe.submit_step(state, x, y, mode="chained").wait()
-        pw.show_pipeline(pipe.stats(run))
-    """
-    from .widgets import show_pipeline as _show_pipeline
-
-    return _show_pipeline(stats, **kwargs)
+def __getattr__(name: str) -> Any:
+    if name in _VIEWS:
+        value = getattr(importlib.import_module(".widgets", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'pw_kernel' has no attribute {name!r}")
 
 
 def load_ipython_extension(ipython) -> None:
     """`%load_ext pw_kernel`: register the `%%pathways` / `%pathways` magics (imported lazily)."""
-    from .magics import load_ipython_extension as load
-
-    load(ipython)
+    importlib.import_module(".magics", __name__).load_ipython_extension(ipython)
 
 
 def unload_ipython_extension(ipython) -> None:
     """`%unload_ext pw_kernel`."""
-    from .magics import unload_ipython_extension as unload
-
-    unload(ipython)
+    importlib.import_module(".magics", __name__).unload_ipython_extension(ipython)
 
 
-__all__ = [
-    "AdmissionError",
-    "ArgumentError",
-    "CancelledError",
-    "CompiledFunction",
-    "Config",
-    "ControlFlowError",
-    "Controller",
-    "ControllerShutdownError",
-    "Edge",
-    "EventLog",
-    "FIFO",
-    "FairShare",
-    "Future",
-    "FusedModeError",
-    "HostCallbackError",
-    "InputFailedError",
-    "IslandLostError",
-    "Island",
-    "Node",
-    "NodeError",
-    "NodeEvent",
-    "PathwaysError",
-    "Pipeline",
-    "PipelineError",
-    "PipelineState",
-    "PipelineStats",
-    "Policy",
-    "Priority",
-    "Program",
-    "ProgramGraph",
-    "Run",
-    "RunEvent",
-    "SliceError",
-    "SliceReleasedError",
-    "SpecError",
-    "Status",
-    "TimeoutError",
-    "TracingError",
-    "Value",
-    "VirtualSlice",
-    "add_ray_islands",
-    "compiled",
-    "controller",
-    "devices",
-    "get",
-    "init",
-    "islands",
-    "pipeline",
-    "program",
-    "replay",
-    "schedule_ops",
-    "show_mesh",
-    "show_pipeline",
-    "shutdown",
-    "slice",
-    "theory_bubble",
-    "timeline",
-]
+__all__ = sorted({*_runtime_all, *_train_all, *_VIEWS} - _LAYERS)

@@ -17,7 +17,7 @@ from fresh_python import run_python
 from jax.sharding import PartitionSpec as P
 
 import pw_kernel as pw
-from pw_kernel.runtime import has_collectives
+from pw_kernel.runtime.trace.compiled import has_collectives
 
 TRAIN = """
 import jax, jax.numpy as jnp, numpy as np

@@ -139,7 +139,7 @@ def test_sharded_value_round_trips(ctl):
 
 
 def test_a_device_count_asked_in_xla_flags_but_not_granted_is_explained(ctl, monkeypatch):
-    from pw_kernel.runtime import device_flags_ignored
+    from pw_kernel.runtime.config import device_flags_ignored
 
     monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
     msg = device_flags_ignored(jax.devices())

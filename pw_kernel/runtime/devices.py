@@ -8,6 +8,7 @@ free devices remain and time-multiplexed (oversubscribed) after that.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import math
@@ -44,6 +45,10 @@ class Island:
     @property
     def size(self) -> int:
         return len(self.devices)
+
+    def device_id(self, k: int) -> int:
+        """The id events use for this island's device ``k`` (a local device's own id; see `remote_device_id`)."""
+        return remote_device_id(self, k) if self.remote is not None else self.devices[k].id
 
     def __repr__(self) -> str:
         if self.remote is not None:
@@ -154,6 +159,24 @@ class VirtualSlice:
         self.check_live("VirtualSlice.sharding")
         check_spec_axes(pspec, self, "VirtualSlice.sharding")
         return NamedSharding(self.mesh, pspec)
+
+    def tracing_mesh(self) -> contextlib.AbstractContextManager:
+        """While tracing code for this slice: its mesh as the context mesh when it has Explicit axes.
+
+        Only when no `jax.set_mesh` is in effect, so the code's bare PartitionSpecs
+        (``out_sharding=P(...)``, `jax.sharding.reshard`) mean the slice's axes, as they would
+        under ``jax.set_mesh(s.mesh)``. A pipeline's stages each get their own slice's mesh,
+        which no single `jax.set_mesh` could give.
+
+        Example::
+
+            with s.tracing_mesh():
+                jax.make_jaxpr(step)(x)
+        """
+        explicit = any(t == jax.sharding.AxisType.Explicit for t in self.mesh.axis_types)
+        if explicit and jax.sharding.get_abstract_mesh().empty:
+            return jax.sharding.use_abstract_mesh(self.mesh.abstract_mesh)
+        return contextlib.nullcontext()
 
     def release(self) -> None:
         """Give the devices back to the resource manager; later use raises SliceReleasedError."""

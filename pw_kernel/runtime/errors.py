@@ -87,18 +87,6 @@ class IslandLostError(PathwaysError, RuntimeError):
     """A remote island's actor (or its node) died; runs that used it fail with this."""
 
 
-class PipelineError(PathwaysError, ValueError):
-    """A pipeline that cannot be built as asked (schedule, shapes, placement)."""
-
-
-class GraphvizError(PathwaysError):
-    """graphviz's ``dot`` is missing or failed; ``.dot`` holds the DOT source."""
-
-    def __init__(self, message: str, dot: str):
-        super().__init__(message)
-        self.dot = dot
-
-
 class InvalidTransition(AssertionError):
     """An internal bug: a run lifecycle event that its state does not accept."""
 

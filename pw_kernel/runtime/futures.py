@@ -14,10 +14,10 @@ import numpy as np
 from jax.sharding import Sharding
 
 from .errors import ArgumentError, CancelledError, TimeoutError
-from .graph import as_dtype, describe_sharding
+from .trace.graph import as_dtype, describe_sharding
 
 if TYPE_CHECKING:
-    from .lifecycle import OutputCell
+    from .core.records import OutputCell
     from .run import Run
 
 

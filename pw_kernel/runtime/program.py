@@ -9,14 +9,14 @@ from typing import Any
 
 from typing import TYPE_CHECKING
 
-from .compiled import in_program_trace
+from .trace.compiled import in_program_trace
 from .devices import VirtualSlice
 from .errors import ArgumentError
-from .graph import ProgramGraph
-from .tracing import is_traced_leaf, signature, trace_program
+from .trace.graph import ProgramGraph
+from .trace.tracing import is_traced_leaf, signature, trace_program
 
 if TYPE_CHECKING:
-    from .controller import Controller
+    from .exec.controller import Controller
     from .run import Run
 
 

@@ -12,12 +12,12 @@ import jax
 
 from .errors import PathwaysError, TimeoutError
 from .futures import Future, check_timeout, get
-from .lifecycle import FINAL, RunRecord, RunState
+from .core.records import FINAL, RunRecord, RunState
 
 if TYPE_CHECKING:
-    from .controller import Controller
-    from .events import NodeEvent
-    from .graph import ProgramGraph
+    from .exec.controller import Controller
+    from .exec.events import NodeEvent
+    from .trace.graph import ProgramGraph
 
 
 class Run:

@@ -31,7 +31,7 @@ _EXPORTS = {
     "RunWidget": ".run",
     "show_pipeline": ".pipeline",
     "stats_html": ".pipeline",
-    "GraphvizError": ".graph",
+    "GraphvizError": ".errors",
     "graph_dot": ".graph",
     "graph_svg": ".graph",
     "graph_html": ".graph",
@@ -43,8 +43,8 @@ _EXPORTS = {
 }
 
 if TYPE_CHECKING:
+    from .errors import GraphvizError
     from .graph import (
-        GraphvizError,
         display_graph,
         dot_to_svg,
         graph_dot,

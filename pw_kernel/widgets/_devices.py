@@ -2,7 +2,7 @@
 
 A local island's devices are JAX devices and events name them by ``device.id``.
 An island on another host (run by a Ray actor) has local stand-in devices for
-tracing; its events use `remote_device_id` instead, and the event log names
+tracing; its events use `Island.device_id` instead, and the event log names
 them (``EventLog.device_names``). Views go through here so lanes, mesh cells
 and events agree.
 """
@@ -13,7 +13,6 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from ..runtime import remote_device_id
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +35,7 @@ def island_devices(island: Any, names: Mapping[int, str] | None = None) -> list[
     out = []
     for k, d in enumerate(island.devices):
         if _remote(island):
-            dev_id = remote_device_id(island, k)
+            dev_id = island.device_id(k)
             kind = ""
         else:
             dev_id = int(d.id)

@@ -39,7 +39,8 @@ import shutil
 import threading
 from typing import Any
 
-from ..runtime import GraphvizError, describe_sharding
+from ..runtime import describe_sharding
+from .errors import GraphvizError
 from . import _html
 
 DOT_TIMEOUT = 30.0  # seconds; large graphs take dot a while, a hung dot must not hang the kernel

@@ -31,12 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from .compiled import CompiledFunction, slice_mesh
-from .devices import VirtualSlice
-from .errors import PipelineError, SpecError
-from .graph import nbytes_of
-from .program import Program
-from .tracing import context_mesh_hint
+from ..runtime import CompiledFunction, Program, SpecError, VirtualSlice, context_mesh_hint, nbytes_of
+from .errors import PipelineError
 from .schedules import Schedule, check_schedule, schedule_ops
 
 
@@ -295,7 +291,7 @@ class Pipeline:
                 found.update(tdef=tdef, recipe=recipe)
                 return out, tuple(kept)
 
-            with slice_mesh(st.slice):
+            with st.slice.tracing_mesh():
                 shapes = jax.eval_shape(fwd, *avals)
             mb = self._mb_rows(args[2])
             axis_ok = st.act_spec != P()
@@ -718,7 +714,7 @@ class Pipeline:
         for st in self.stages:
             fl = {n: jax.tree_util.tree_map(mb, fields[n]) for n in st.fields if n in fields}
             try:
-                with slice_mesh(st.slice):
+                with st.slice.tracing_mesh():
                     h_next = jax.eval_shape(lambda p, sh, x, fl: st.fn(p, x, **sh, **fl), state.params[st.index], self._shared_of(state, st), h, fl)
             except Exception as e:
                 prev = f"stage {st.index - 1} outputs" if st.index else "the microbatch is"
@@ -789,9 +785,7 @@ class Pipeline:
 
             pipe.memory(state, tokens, targets)   # {'slice0': 412160, ...}
         """
-        from .plan import plan_for
-
-        peak = plan_for(self.trace(state, x, y, weights=weights, **fields), "chained").peak_bytes
+        peak = self._controller().plan(self.trace(state, x, y, weights=weights, **fields), "chained").peak_bytes
         out: dict[str, int] = {}
         for st in self.stages:
             out[st.slice.name] = max(out.get(st.slice.name, 0), max(peak.get(d.id, 0) for d in st.slice.devices))
@@ -799,7 +793,7 @@ class Pipeline:
 
     def stats(self, run) -> Any:
         """Bubble, live activations and the ideal-device replay of a finished step run; see `PipelineStats`."""
-        from .pipeline_stats import pipeline_stats
+        from .stats import pipeline_stats
 
         return pipeline_stats(self, run)
 

@@ -12,11 +12,11 @@ from typing import Any, Literal
 
 from jax.sharding import NamedSharding, PartitionSpec
 
-from .devices import remote_device_id
-from .errors import ArgumentError, FusedModeError
-from .graph import Node, ProgramGraph, nbytes_of
-from .remote import RemoteCall, RemoteTransfer
-from .tracing import jit_of, sub_jaxprs
+from ..devices import remote_device_id
+from ..errors import ArgumentError, FusedModeError
+from ..trace.graph import Node, ProgramGraph, nbytes_of
+from ..remote.client import RemoteCall, RemoteTransfer
+from ..trace.tracing import jit_of, sub_jaxprs
 
 ExecMode = Literal["fused", "chained"]
 

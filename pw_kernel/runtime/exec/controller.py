@@ -15,18 +15,19 @@ from typing import Any, NamedTuple
 import jax
 
 from .callback_logs import quiet_while
-from .config import Config, configure_cpu_devices, device_flags_ignored
-from .devices import Island, ResourceManager, VirtualSlice, build_islands, remote_device_id
+from ..config import Config, configure_cpu_devices, device_flags_ignored
+from ..devices import Island, ResourceManager, VirtualSlice, build_islands, remote_device_id
 from .dispatch import Dispatcher
-from .errors import AdmissionError, ArgumentError, ControllerShutdownError, PathwaysError
+from ..errors import AdmissionError, ArgumentError, ControllerShutdownError, PathwaysError
 from .events import EventLog, RunEvent
-from .futures import Future
-from .graph import ProgramGraph
-from .lifecycle import FINAL, Emit, Finish, Lifecycle, Reject, Resolve, RunRecord, Wake, Work
-from .plan import plan_for
-from .remote import stand_in_devices
-from .run import Run
-from .scheduler import Policy
+from ..futures import Future
+from ..trace.graph import ProgramGraph
+from ..core.lifecycle import Lifecycle
+from ..core.records import FINAL, Emit, Finish, Reject, Resolve, RunRecord, Wake, Work
+from ..core.plan import plan_for
+from ..remote.client import stand_in_devices
+from ..run import Run
+from ..core.scheduler import Policy
 
 
 class RunSummary(NamedTuple):
@@ -224,6 +225,15 @@ class Controller:
             if not (may_inline and self.dispatcher.dispatch_inline()):
                 self.dispatcher.wake()
         return run
+
+    def plan(self, graph: ProgramGraph, mode: str | None = None):
+        """How ``graph`` would run here: its steps, slots and peak memory per device (cached per mode).
+
+        Example::
+
+            pw.controller().plan(step.trace(x)).peak_bytes
+        """
+        return plan_for(graph, mode or self.config.mode)
 
     def add_remote_islands(self, remotes) -> list[Island]:
         """Register remote islands (see `pw.add_ray_islands`); returns the new Island objects."""

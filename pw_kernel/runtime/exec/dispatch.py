@@ -19,15 +19,15 @@ from typing import TYPE_CHECKING
 
 import jax
 
-from .compiled import has_collectives
-from .errors import HostCallbackError
+from ..trace.compiled import has_collectives
+from ..errors import HostCallbackError
 from .events import NodeEvent
-from .lifecycle import FINAL, Work
-from .remote import bursting, flush_remote
+from ..core.records import FINAL, Work
+from ..remote.client import bursting, flush_remote
 
 if TYPE_CHECKING:
     from .controller import Controller
-    from .lifecycle import RunRecord
+    from ..core.records import RunRecord
 
 _BATCH = 256  # nodes per hand-off to the watcher
 _INLINE_STEPS = 64  # steps a submitting thread dispatches itself before the dispatcher thread takes over

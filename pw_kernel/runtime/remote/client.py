@@ -41,9 +41,9 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from .devices import Island
-from .errors import IslandLostError, PathwaysError
-from .graph import as_dtype
+from ..devices import Island
+from ..errors import IslandLostError, PathwaysError
+from ..trace.graph import as_dtype
 
 
 _MISSING = object()

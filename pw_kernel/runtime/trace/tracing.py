@@ -22,13 +22,13 @@ from jax.extend.core import Literal
 from jax.sharding import NamedSharding, PartitionSpec, Sharding
 
 from . import compiled as compiled_mod
-from .devices import ResourceManager, VirtualSlice
-from .errors import ControlFlowError, PathwaysError, SpecError, TracingError
-from .futures import Future
+from ..devices import ResourceManager, VirtualSlice
+from ..errors import ControlFlowError, PathwaysError, SpecError, TracingError
+from ..futures import Future
 from .graph import Node, ProgramGraph, Value, as_dtype
 
 _JAX_DIR = os.path.dirname(jax.__file__)
-_PW_DIR = os.path.dirname(os.path.dirname(__file__))
+_PW_DIR = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))  # pw_kernel/
 
 
 def is_traced_leaf(x: Any) -> bool:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import itertools
 import re
@@ -14,8 +13,8 @@ from typing import Any
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from .devices import VirtualSlice, check_spec_axes
-from .errors import ArgumentError, SpecError
+from ..devices import VirtualSlice, check_spec_axes
+from ..errors import ArgumentError, SpecError
 
 # The jit eqn in a jaxpr carries the function's __name__; a unique suffix maps
 # it back to the CompiledFunction that made it (see tracing.py).
@@ -184,7 +183,7 @@ class CompiledFunction:
                 seen[self.jit_name] = self
             if self._explicit and not kwargs:
                 args = _reshard(args, self.in_shardings, self.static_argnums)
-            with slice_mesh(self.slice):
+            with self.slice.tracing_mesh():
                 return self.jitted(*args, **kwargs)  # being traced inside a program: one node
         if self._program is None:
             raise ArgumentError(
@@ -196,17 +195,6 @@ class CompiledFunction:
 
     def __repr__(self) -> str:
         return f"CompiledFunction({self.name!r}, slice={self.slice.name!r}, in_specs={self.in_specs}, out_specs={self.out_specs})"
-
-
-def slice_mesh(s: VirtualSlice) -> contextlib.AbstractContextManager:
-    """While tracing code for slice ``s``: its mesh as the context mesh when the slice has Explicit axes
-    and no `jax.set_mesh` is in effect, so the code's bare PartitionSpecs (``out_sharding=P(...)``,
-    `jax.sharding.reshard`) mean the slice's axes, as they would under ``jax.set_mesh(s.mesh)``. A
-    pipeline's stages each get their own slice's mesh, which no single `jax.set_mesh` could give."""
-    explicit = any(t == jax.sharding.AxisType.Explicit for t in s.mesh.axis_types)
-    if explicit and jax.sharding.get_abstract_mesh().empty:
-        return jax.sharding.use_abstract_mesh(s.mesh.abstract_mesh)
-    return contextlib.nullcontext()
 
 
 def _reshard(args: tuple, shardings: Any, static: tuple[int, ...] = ()) -> tuple:

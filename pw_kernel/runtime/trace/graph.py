@@ -23,7 +23,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, Sharding
 
-from .devices import Island, VirtualSlice
+from ..devices import Island, VirtualSlice
 
 Shape = tuple[int, ...]
 NodeKind = Literal["compute", "glue", "transfer"]
@@ -210,12 +210,6 @@ class ProgramGraph:
             counts[n.kind] = counts.get(n.kind, 0) + 1
         return counts
 
-    def to_dot(self) -> str:
-        """Graphviz source: nodes coloured by slice, transfers as diamonds, edges labelled with shape and dtype."""
-        from ..widgets.graph import graph_dot  # the runtime holds data; the views draw it (no notebook stack needed)
-
-        return graph_dot(self)
-
     def summary(self) -> str:
         kinds = ", ".join(f"{k} {kind}" for kind, k in self.kinds().items())
         slices = ", ".join(s.name for s in self.slices)
@@ -230,22 +224,6 @@ class ProgramGraph:
             at = "" if n.kind == "transfer" else f" [{where}]"
             lines.append(f"  {n.id:3d} {n.kind:8s} {n.name}{at} ({ins}) -> ({outs})")
         return "\n".join(lines)
-
-    def _repr_svg_(self) -> str | None:
-        from ..widgets.graph import repr_svg  # graphviz `dot` in a subprocess; None without it
-
-        return repr_svg(self)
-
-    def _repr_html_(self) -> str:
-        from ..widgets.graph import graph_html  # summary + inline SVG, or the install hint + DOT source
-
-        return graph_html(self)
-
-    def _ipython_display_(self) -> None:
-        """In a notebook: the graph as a widget that zooms, pans and searches (static HTML beside it)."""
-        from ..widgets.graph import display_graph  # anywidget is imported there, only when there is one
-
-        display_graph(self)
 
 
 # ------------------------------------------------------------ output names

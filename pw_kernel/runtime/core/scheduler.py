@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol, TypeVar, runtime_checkable
 
-from .errors import ArgumentError
+from ..errors import ArgumentError
 
 
 class Schedulable(Protocol):

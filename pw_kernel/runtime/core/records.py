@@ -1,0 +1,185 @@
+"""What the lifecycle knows of a run, and what it asks others to do: records, output cells, effects.
+
+A `RunRecord` is read freely and changed only by the lifecycle's transitions.
+Effects are small frozen values the transitions return and the controller
+applies, in one place (`Controller._apply`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from .plan import Plan
+
+RunState = Literal["queued", "running", "done", "failed", "cancelled"]
+FINAL: frozenset[str] = frozenset({"done", "failed", "cancelled"})
+WaitingFor = Literal["input", "memory", "credit"]
+
+
+class OutputCell:
+    """One program output: the value once its step was dispatched, and the run that makes it.
+
+    A later run that reads this output holds the cell, not the future: it can start
+    as soon as ``value`` is set (dispatched, not finished), and it fails if the
+    producer failed.
+    """
+
+    __slots__ = ("producer", "index", "value")
+
+    def __init__(self, producer: RunRecord, index: int):
+        self.producer = producer
+        self.index = index
+        self.value: Any = None
+
+
+class RunRecord:
+    """What the lifecycle knows of one run. Read freely; changed only by transitions.
+
+    ``slots`` are the run's value slots: set at start, written by the dispatcher
+    while it holds the run (between `next_work` and the `dispatched` report),
+    dropped when the run becomes final.
+    """
+
+    __slots__ = (
+        "id",
+        "name",
+        "program",
+        "plan",
+        "tenant",
+        "weight",
+        "priority",
+        "inputs",
+        "source_map",
+        "state",
+        "error",
+        "cursor",
+        "dispatched",
+        "done",
+        "total",
+        "slots",
+        "reserved",
+        "waiting_for",
+        "cells",
+        "resolved",
+        "upstream",
+        "downstream",
+        "held",
+        "events",
+        "compile_ns",
+        "compiling",
+        "submitted_at",
+        "started_at",
+        "finished_at",
+    )
+
+    def __init__(
+        self,
+        run_id: int,
+        name: str,
+        program: str,
+        plan: Plan,
+        inputs: Sequence[Any],
+        *,
+        tenant: str = "default",
+        weight: float = 1.0,
+        priority: int = 0,
+        source_map: dict[str, str] | None = None,
+        now: float = 0.0,
+    ):
+        self.id = run_id
+        self.name = name
+        self.program = program  # the graph's name, for error messages
+        self.plan = plan
+        self.tenant = tenant
+        self.weight = weight
+        self.priority = priority
+        self.inputs: list[Any] = list(inputs)  # arrays, or OutputCells of other runs
+        self.source_map: dict[str, str] = dict(source_map or {})
+        self.state: RunState = "queued"
+        self.error: BaseException | None = None
+        self.cursor = 0  # index of the next step to dispatch
+        self.dispatched = 0
+        self.done = 0
+        self.total = len(plan.steps)
+        self.slots: list[Any] | None = None
+        self.reserved: dict[int, int] = {}
+        self.waiting_for: WaitingFor | None = None
+        self.cells = [OutputCell(self, j) for j in range(len(plan.output_slots))]
+        self.resolved = [False] * len(self.cells)
+        # Runs whose outputs this one read before they were done (it started on dispatched values),
+        # and the reverse. A run is done only once its upstream are: a producer that fails late
+        # (a guarded host callback) fails its readers too, and their outputs are never resolved.
+        self.upstream: list[OutputCell] = []  # the cells read, one per producer
+        self.downstream: list[RunRecord] = []
+        self.held: dict[int, Any] = {}  # outputs finished while upstream runs were not done yet
+        self.events: list[Any] = []  # NodeEvents of finished steps, appended by the watcher
+        self.compile_ns = 0  # time the dispatcher spent compiling this run's executables (first calls)
+        self.compiling: str | None = None  # the step whose executable the dispatcher is compiling now
+        self.submitted_at = now
+        self.started_at: float | None = None
+        self.finished_at: float | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"RunRecord({self.id}, {self.name!r}, {self.state}, cursor={self.cursor}, "
+            f"dispatched={self.dispatched}, done={self.done}/{self.total})"
+        )
+
+
+# ------------------------------------------------------------------- effects
+@dataclasses.dataclass(frozen=True, slots=True)
+class Emit:
+    """Emit a run event: ``rec`` entered ``state``."""
+
+    rec: RunRecord
+    state: str
+    error: BaseException | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Resolve:
+    """Set the futures of these outputs ``(j, value)`` of ``rec``."""
+
+    rec: RunRecord
+    outputs: tuple[tuple[int, Any], ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Reject:
+    """Fail (or, with ``cancelled``, cancel) the futures of outputs ``indices`` of ``rec``."""
+
+    rec: RunRecord
+    indices: tuple[int, ...]
+    error: BaseException
+    cancelled: bool = False
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Finish:
+    """``rec`` is final: wake whoever waits on the run, retire it."""
+
+    rec: RunRecord
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Wake:
+    """Something a waiting dispatcher may act on changed (a run, credit or memory)."""
+
+
+Effect = Emit | Resolve | Reject | Finish | Wake
+WAKE = Wake()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Work:
+    """What the dispatcher may do next: up to ``quantum`` steps of ``rec`` from its cursor."""
+
+    rec: RunRecord
+    quantum: int
+    inline: bool = False  # dispatched by the submitting thread (which must never block on a step)
+
+
+__all__ = ["FINAL", "WAKE", "Effect", "Emit", "Finish", "OutputCell", "Reject", "Resolve", "RunRecord", "RunState", "Wake", "WaitingFor", "Work"]

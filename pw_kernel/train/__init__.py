@@ -1,0 +1,46 @@
+"""The training layer: model training built on the runtime's public face only.
+
+It owns pipelines (`pw.pipeline`: stages on slices, microbatches streamed
+through them as one program per training step, with the GPipe, 1F1B,
+interleaved and zero-bubble schedules, their ideal replay and measured
+statistics). It holds no run state of its own: a training step is a program
+the controller runs like any other.
+
+Example::
+
+    from pw_kernel.train import pipeline
+    pipe = pipeline([stage0, stage1], slices=[a, b], microbatches=8, schedule="1f1b")
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+
+from ..runtime import VirtualSlice, controller
+from .errors import PipelineError
+from .pipeline import Pipeline, PipelineState
+from .pipeline import pipeline as _pipeline
+from .schedules import SCHEDULES, Replay, Schedule, replay, schedule_ops, theory_bubble
+from .stats import PipelineStats, SliceStats
+
+
+@functools.wraps(_pipeline)
+def pipeline(stages: Sequence[Callable], slices: Sequence[VirtualSlice], microbatches: int, *args, **kwargs) -> Pipeline:
+    return _pipeline(stages, slices, microbatches, *args, controller=controller, **kwargs)
+
+
+__all__ = [
+    "SCHEDULES",
+    "Pipeline",
+    "PipelineError",
+    "PipelineState",
+    "PipelineStats",
+    "Replay",
+    "Schedule",
+    "SliceStats",
+    "pipeline",
+    "replay",
+    "schedule_ops",
+    "theory_bubble",
+]
