@@ -75,7 +75,7 @@ def test_only_executables_with_collectives_are_bounded(ctl):
 
     run = many.submit(x)
     run.wait(60)
-    assert not any(st.collectives for st in run._rec.plan.steps)
+    assert not any(st.collectives for st in run.plan.steps)
     np.testing.assert_allclose(np.asarray(pw.get(run.outputs)), np.ones((8, 4)) * 2**40)
 
 

@@ -142,7 +142,7 @@ def test_ctrl_c_while_completing_a_lone_call_on_the_waiting_thread(ctl):
     stop = pw.controller().events.subscribe(lambda e: reported.set() if getattr(e, "node", None) == "grind" else None)
     # Ctrl-C while `.result()` waits for the device (seconds) on this thread. The presser starts
     # first: starting a thread between the call and `.result()` would let the watcher take the node.
-    presser = ctrl_c_once_main_is_in("_wait_ready")
+    presser = ctrl_c_once_main_is_in("wait_ready")
     fut = grind(x)
     with pytest.raises(KeyboardInterrupt):
         fut.result()

@@ -22,13 +22,12 @@ def make_plan(n_steps: int, *, island: int = 0, peak: dict[int, int] | None = No
     """A chain of ``n_steps`` steps over slots 0..n (slot 0 the input), publishing the last slot."""
     steps = [
         Step(
-            name=f"s{k}", kind="compute", call=None, ins=(k,), outs=(k + 1,), frees=(), publishes=(),
+            name=f"s{k}", kind="compute", call=None, ins=(k,), outs=(k + 1,), frees=(),
+            publishes=((0, 0),) if k == n_steps - 1 else (),
             island=island, src_island=None, devices=(0,), nbytes=4, shapes="", node=None,
         )
         for k in range(n_steps)
     ]
-    if steps:
-        steps[-1].publishes = ((0, 0),)
     return Plan(
         mode="chained", steps=steps, n_slots=n_steps + 1, input_slots=tuple(range(n_inputs)), const_slots={},
         output_slots=(n_steps,), output_step=(n_steps - 1,), peak_bytes=dict(peak or {}),
@@ -299,3 +298,34 @@ def test_a_chained_plan_frees_each_value_after_its_last_reader_and_estimates_pea
 def test_an_unknown_mode_is_refused():
     with pytest.raises(pw.ArgumentError, match="`mode` must be 'auto', 'fused' or 'chained'; got 'eager'"):
         plan_for(None, "eager")
+
+
+def test_a_failure_spreads_through_10000_chained_runs_in_flight_without_recursion():
+    """Each run started on the previous one's dispatched output; the first fails late; every reader fails with it.
+
+    The lifecycle cascades through a work list, so the depth of the chain is a loop's length, not a stack's.
+    """
+    n = 10_000
+    life = Lifecycle(max_inflight=4 * n, n_islands=1, validate=False)
+    first, plan = make_plan(1), make_plan(1, n_inputs=1)
+    recs = [record(0, first)]
+    life.submit(recs[0])
+    for k in range(1, n):
+        recs.append(record(k, plan, inputs=[recs[-1].cells[0]]))
+        life.submit(recs[-1])
+    started = 0
+    while True:  # start each run and dispatch its one step: every reader starts on a dispatched value
+        work, _ = life.next_work(0.0)
+        if work is None:
+            break
+        life.handle(work.rec, "dispatched", 0.0, 1, ((0, 1, 0, 0),), [(0, f"v{work.rec.id}")])
+        started += 1
+    assert started == n and all(r.state == "running" for r in recs)
+    for r in recs[1:]:  # the readers finish their own step first: each waits only for its producer
+        assert life.handle(r, "completed", 1.0, ((0, 1, 0, 0),), [(0, "y")], None) == []
+    failure = (plan.steps[0], RuntimeError("late host callback error"))
+    effects = life.handle(recs[0], "completed", 2.0, ((0, 1, 0, 0),), [], failure)
+    assert [r.state for r in recs] == ["failed"] * n
+    assert isinstance(recs[-1].error, InputFailedError) and "run 9998" in str(recs[-1].error)
+    assert kinds(effects).count("Finish") == n and not life.queue
+    life.check()

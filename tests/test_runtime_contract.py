@@ -39,6 +39,11 @@ def test_transition_table_is_the_documented_state_machine():
         ("cancelled", "dispatched"),
         ("cancelled", "completed"),
         ("cancelled", "step_failed"),
+        # a cascade may recommend two of these for one reader (two of its producers ended): the first decides
+        ("failed", "upstream_done"),
+        ("failed", "upstream_failed"),
+        ("cancelled", "upstream_done"),
+        ("cancelled", "upstream_failed"),
     }
     assert not any(state == "done" for state, _ in TRANSITIONS)  # done is final: no event reaches it
     edges = set(transition_edges())
@@ -54,7 +59,7 @@ def test_an_invalid_event_is_refused_and_validation_is_on(ctl):
     run.wait(30)
     assert run.state == "done"
     with ctl.lock, pytest.raises(InvalidTransition, match="no transition for event 'start' in state 'done'"):
-        ctl.lifecycle.handle(run._rec, "start", 0.0)
+        ctl.lifecycle.handle(run.record, "start", 0.0)
     ctl.lifecycle.check()
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import functools
 import math
 import time
 from typing import TYPE_CHECKING, Any
@@ -33,26 +32,6 @@ def check_timeout(timeout: float | None, api: str) -> float | None:
             f"0 to check without waiting, or a positive number of seconds."
         )
     return float(timeout)
-
-
-def _wait_ready(value: Any, fut: concurrent.futures.Future) -> None:
-    """Until ``value`` is computed (or ``fut`` is resolved by someone else): short sleeps, so Ctrl-C works.
-
-    ``block_until_ready`` would wait in C, where a KeyboardInterrupt cannot reach
-    the waiting thread until the device is done.
-    """
-    is_ready = getattr(value, "is_ready", None)
-    if is_ready is None:
-        return
-    delay = 1e-5
-    while not fut.done():
-        try:
-            if is_ready():
-                return
-        except Exception:
-            return  # it failed: the run's error, naming the node, is raised by the caller
-        time.sleep(delay)
-        delay = min(delay * 2, 1e-3)
 
 
 class Future(concurrent.futures.Future):
@@ -110,9 +89,7 @@ class Future(concurrent.futures.Future):
                 # Dispatched: watch the device here, as a jax.Array does, rather than wait for the
                 # watcher thread to notice first; then complete the node on this thread.
                 try:
-                    wait = functools.partial(_wait_ready, value, self)
-                    if not self.run.help_complete(wait):  # a Ctrl-C held back in there comes out at its end
-                        wait()  # the watcher thread is completing: it resolves this future
+                    self.run.complete_here(value, self.done)
                 except KeyboardInterrupt:
                     self.run.cancel()
                     raise

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
 import time
 import weakref
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -42,7 +42,8 @@ class Run:
         self.tenant = rec.tenant
         self.weight = rec.weight
         self.priority = rec.priority
-        self._retired = False  # final, futures set and event emitted (the controller sets it)
+        self._retired = False  # final, futures set and event emitted (see `retire`)
+        self._lock = threading.Lock()  # between `retire` and a thread that starts waiting
         #: Whether the user has read this run's error (``fut.exception()``, or ``fut.result()`` raising
         #: it): the kernel's failure report then has nothing to add.
         self.error_seen = False
@@ -60,6 +61,11 @@ class Run:
         self._weak = [weakref.ref(f) for f in futures]
 
     # ------------------------------------------------------ from the record
+    @property
+    def record(self) -> RunRecord:
+        """What the lifecycle knows of this run (read it; only the lifecycle's transitions change it)."""
+        return self._rec
+
     @property
     def state(self) -> RunState:
         return self._rec.state
@@ -186,7 +192,7 @@ class Run:
     def _wait_retired(self, timeout: float | None) -> bool:
         if self._retired:
             return True
-        with self._owner.lock:
+        with self._lock:
             if self._retired:
                 return True
             if self._final is None:
@@ -198,13 +204,45 @@ class Run:
         self.wait(timeout)
         return get(self.outputs)
 
-    def help_complete(self, wait: Callable[[], None] | None = None) -> bool:
-        """Complete dispatched steps on this thread if no other thread is at it (what a waiter does).
+    def complete_here(self, value: Any, done) -> None:
+        """Wait for a dispatched output ``value`` on this thread, completing pending steps here meanwhile."""
+        self._owner.complete_here(value, done)
 
-        ``wait`` (the waiter's own wait for its value) runs once the steps are claimed.
-        Returns False if another thread was completing them or nothing was pending.
-        """
-        return self._owner.dispatcher.help(wait)
+    # ------------------------------------------- effects the controller applies (its lock held)
+    def claim(self) -> None:
+        """Hold the futures until ``outputs`` is first read, even if the run ends before that."""
+        self._unclaimed = self._futures
+
+    def resolve(self, outputs) -> None:
+        """Set the futures of outputs ``(j, value)``."""
+        futures = self._futures
+        for j, value in outputs:
+            futures[j].set_result(value)
+
+    def reject(self, indices, error: BaseException, cancelled: bool) -> None:
+        """Fail (or mark cancelled) the futures of outputs ``indices``."""
+        futures = self._futures
+        for j in indices:
+            fut = futures[j]
+            if cancelled:
+                concurrent.futures.Future.cancel(fut)  # mark CANCELLED (Future.cancel cancels the run)
+                fut.set_running_or_notify_cancel()
+            else:
+                fut.set_exception(error)
+
+    def retire(self) -> list[Future]:
+        """The run is final: let go of the futures (returned), wake whoever waits on the run."""
+        futures, self._futures = self._futures, None
+        with self._lock:
+            self._retired = True  # after its event and its futures: whoever `wait()`s sees it all
+            if self._final is not None:
+                self._final.set()
+        return futures
+
+    @property
+    def retired(self) -> bool:
+        """Final, with its futures set and its event emitted."""
+        return self._retired
 
     def cancel(self) -> bool:
         """Cancel: nodes not yet dispatched are dropped, futures raise CancelledError. False if already final."""

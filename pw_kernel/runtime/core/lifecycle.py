@@ -18,6 +18,7 @@ queue (`_leave`), an output is resolved (`_resolve`, exactly once each).
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -107,10 +108,34 @@ class Lifecycle:
         self.credit_wanted = False
         self.blocked = False  # a queued run waits for memory or for an input
         self._last_end: dict[int, int] = {}  # validation: device -> end of its last node event
+        # Transitions that a transition recommends (a failed producer fails its readers, a done one
+        # may finish them), applied in order by the outermost `handle`: dask's recommendations loop,
+        # so a cascade through 10,000 chained runs is a loop, not 10,000 nested calls.
+        self._later: collections.deque = collections.deque()
+        self._cascading = False
 
     # ---------------------------------------------------------------- events
     def handle(self, rec: RunRecord, event: str, now: float, *args: Any) -> list:
-        """Apply ``event`` to ``rec`` through the table; returns the effects to apply."""
+        """Apply ``event`` to ``rec`` through the table, then every transition it recommends; returns the effects."""
+        effects = self._transition(rec, event, now, args)
+        if self._cascading or not self._later:
+            return effects
+        self._cascading = True
+        try:
+            later = self._later
+            while later:
+                r, ev, t, a = later.popleft()
+                effects += self._transition(r, ev, t, a)
+        finally:
+            self._cascading = False
+            self._later.clear()
+        return effects
+
+    def recommend(self, rec: RunRecord, event: str, now: float, *args: Any) -> None:
+        """Queue a transition for after the current one (only inside a handler)."""
+        self._later.append((rec, event, now, args))
+
+    def _transition(self, rec: RunRecord, event: str, now: float, args: tuple) -> list:
         key = (rec.state, event)
         fn = TRANSITIONS.get(key)
         if fn is None:
@@ -270,9 +295,7 @@ class Lifecycle:
                 rec.resolved[j] = True
             effects.append(Reject(rec, pending, error, cancelled=state == "cancelled"))
         effects.append(Finish(rec))
-        readers, rec.downstream = rec.downstream, []
-        for reader in readers:  # they computed on what this run made: they fail with it
-            effects += self.handle(reader, "upstream_failed", now, rec)
+        self._release_readers(rec, "upstream_failed", now)  # they computed on what this run made: they fail with it
         if self.blocked or self.credit_wanted:
             effects.append(WAKE)
         return effects
@@ -310,10 +333,30 @@ class Lifecycle:
         effects.append(Finish(rec))
         if self.blocked:  # its memory may let a queued run start
             effects.append(WAKE)
+        self._release_readers(rec, "upstream_done", now)
+        return effects
+
+    def _release_readers(self, rec: RunRecord, event: str, now: float) -> None:
+        """``rec`` is final: detach the runs that read it before it was, and recommend ``event`` for each.
+
+        The cell is detached here, so a reader never holds a final producer while it waits its turn.
+        """
         readers, rec.downstream = rec.downstream, []
         for reader in readers:
-            effects += self.handle(reader, "upstream_done", now, rec)
-        return effects
+            cell = next(c for c in reader.upstream if c.producer is rec)
+            reader.upstream.remove(cell)
+            self.recommend(reader, event, now, cell)
+
+    def compiling(self, rec: RunRecord, step_name: str | None, event: Any = None) -> None:
+        """The dispatcher started (``step_name``) or finished (None, with its compile ``event``) compiling for ``rec``.
+
+        Bookkeeping, not a change of state: progress views show what compiles, and a run's
+        compile time and its compile events are what `Run.compile_time` and `Run.events` read.
+        """
+        rec.compiling = step_name
+        if event is not None:
+            rec.compile_ns += event.end - event.dispatch
+            rec.events.append(event)
 
     @staticmethod
     def input_error(rec: RunRecord, cell: OutputCell) -> InputFailedError:
@@ -430,8 +473,10 @@ def _completed(
     per_island: Sequence[tuple[int, int, int, int]],
     published: Sequence[tuple[int, Any]],
     failure: tuple[Step, BaseException] | None,
+    events: Sequence[Any] = (),
 ) -> list:
-    """Steps finished on their devices: give credit back, resolve what they made, fail or finish the run."""
+    """Steps finished on their devices: give credit back, record their node events, resolve what they made,
+    fail or finish the run."""
     n = 0
     for island, k, kc, kh in per_island:
         life.inflight[island] -= k
@@ -440,6 +485,8 @@ def _completed(
         life.completed[island] += k
         n += k
     rec.done += n
+    if events:
+        rec.events.extend(events)
     effects: list = [WAKE] if life.credit_wanted else []
     if rec.state != "running":
         return effects  # steps of a run that already failed or was cancelled, draining
@@ -457,18 +504,21 @@ def _completed(
 
 
 @_on(("running", "upstream_done"), to=("running", "done"))
-def _upstream_done(life: Lifecycle, rec: RunRecord, now: float, src: RunRecord) -> list:
-    """A run this one read from before it was done is done: this one may be too."""
-    rec.upstream = [c for c in rec.upstream if c.producer is not src]
+def _upstream_done(life: Lifecycle, rec: RunRecord, now: float, cell: OutputCell) -> list:
+    """A run this one read from before it was done is done (its cell already detached): this one may be too."""
     return life._finish_if_complete(rec, now)
 
 
 @_on(("running", "upstream_failed"), to=("failed",))
-def _upstream_failed(life: Lifecycle, rec: RunRecord, now: float, src: RunRecord) -> list:
+def _upstream_failed(life: Lifecycle, rec: RunRecord, now: float, cell: OutputCell) -> list:
     """A run this one read from failed after this one started on its (dispatched) output."""
-    cell = next(c for c in rec.upstream if c.producer is src)
-    rec.upstream.remove(cell)  # src has let go of its readers already
     return life._leave(rec, "failed", now, life.input_error(rec, cell))
+
+
+@_on(("failed", "upstream_done"), ("cancelled", "upstream_done"), ("failed", "upstream_failed"),
+     ("cancelled", "upstream_failed"))
+def _upstream_late(life: Lifecycle, rec: RunRecord, now: float, cell: OutputCell) -> list:
+    return []  # recommended before this run ended by another way in the same cascade
 
 
 @_on(("running", "step_failed"), to=("failed",))

@@ -21,9 +21,29 @@ from ..trace.tracing import jit_of, sub_jaxprs
 ExecMode = Literal["fused", "chained"]
 
 
-@dataclasses.dataclass(eq=False)
+class Executable:
+    """What execution learns about a step's executable as it runs: compiled yet, collectives, device time.
+
+    A plan is cached and shared by every run of its graph, so its steps never
+    change once planned; what the dispatcher and the completion watcher find
+    out (a first call compiled it, its compiled code holds collectives, how long
+    it takes on its devices) lives here, the one mutable part a step points at.
+    """
+
+    __slots__ = ("compile_first", "collectives", "cost")
+
+    def __init__(self, compile_first: bool = False):
+        self.compile_first = compile_first  # a jax.jit not yet run by this step: compile it ahead (its own event)
+        self.collectives = False  # its compiled executable holds collectives (known once compiled)
+        self.cost = 1000  # ns of device time, a running mean updated by the watcher (fair share charges it)
+
+    def __repr__(self) -> str:
+        return f"Executable(compile_first={self.compile_first}, collectives={self.collectives}, cost={self.cost})"
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
 class Step:
-    """One dispatchable unit: a graph node (or, fused, the whole program)."""
+    """One dispatchable unit: a graph node (or, fused, the whole program). Immutable once planned."""
 
     name: str
     kind: str
@@ -40,9 +60,12 @@ class Step:
     node: Node | None
     remote: bool = False  # runs on a remote island: the watcher reads its timing from the actor
     host_callbacks: bool = False  # may block the thread that dispatches it (XLA:CPU runs callbacks there)
-    compile_first: bool = False  # a jax.jit not yet run by this step: compile it ahead (its own event)
-    collectives: bool = False  # its compiled executable holds collectives (known once compiled)
-    cost: int = 1000  # ns of device time, a running mean updated by the watcher
+    exe: Executable = dataclasses.field(default_factory=Executable)
+
+    @property
+    def collectives(self) -> bool:
+        """Whether its compiled executable holds collectives (False until it has been compiled)."""
+        return self.exe.collectives
 
 
 @dataclasses.dataclass(eq=False)
@@ -118,7 +141,7 @@ def _step_for(node: Node, graph: ProgramGraph, call, ins, outs, name=None, kind=
         node=node,
         remote=getattr(call, "lands_remote", False),
         host_callbacks=node.host_callbacks,
-        compile_first=hasattr(call, "lower"),
+        exe=Executable(compile_first=hasattr(call, "lower")),
     )
 
 
@@ -138,9 +161,14 @@ def _finish(mode: ExecMode, graph: ProgramGraph, steps: list[Step], outputs: tup
     for j, (slot, k) in enumerate(zip(outputs, output_step)):
         if k >= 0:
             publishes.setdefault(k, []).append((j, slot))
-    for k, st in enumerate(steps):
-        st.frees = tuple(frees.get(k, ()))
-        st.publishes = tuple((j, st.outs.index(slot)) for j, slot in publishes.get(k, ()))
+    steps = [
+        dataclasses.replace(
+            st,
+            frees=tuple(frees.get(k, ())),
+            publishes=tuple((j, st.outs.index(slot)) for j, slot in publishes.get(k, ())),
+        )
+        for k, st in enumerate(steps)
+    ]
     return Plan(
         mode=mode,
         steps=steps,
@@ -261,12 +289,16 @@ def fused(graph: ProgramGraph) -> Plan:
         out_vals = [dataclasses.replace(graph.values[v], sharding=sh) for v, sh in zip(graph.outputs, out_sh)]
         call = RemoteCall(call, s.island.remote, in_vals, out_vals, _export_key(call))
     step = _step_for(anchor, graph, call, fused_slots, [], name=f"{graph.name}[fused]", kind="compute", wrap_remote=False)
-    step.outs = tuple(out_slots)
-    step.nbytes = sum(graph.values[v].nbytes for v in graph.outputs)
-    step.shapes = f"{len(work)} nodes fused"
-    step.host_callbacks = any(n.host_callbacks for n in work)
-    step.compile_first = hasattr(call, "lower")
-    steps.append(step)
+    steps.append(
+        dataclasses.replace(
+            step,
+            outs=tuple(out_slots),
+            nbytes=sum(graph.values[v].nbytes for v in graph.outputs),
+            shapes=f"{len(work)} nodes fused",
+            host_callbacks=any(n.host_callbacks for n in work),
+            exe=Executable(compile_first=hasattr(call, "lower")),
+        )
+    )
     return _finish("fused", graph, steps, tuple(out_slots), len(graph.values) + len(graph.outputs))
 
 

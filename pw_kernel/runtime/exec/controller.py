@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import atexit
 import collections
-import concurrent.futures
 import dataclasses
 import itertools
 import threading
@@ -16,8 +15,9 @@ import jax
 
 from .callback_logs import quiet_while
 from ..config import Config, configure_cpu_devices, device_flags_ignored
-from ..devices import Island, ResourceManager, VirtualSlice, build_islands, remote_device_id
-from .dispatch import Dispatcher
+from ..devices import Island, ResourceManager, VirtualSlice, build_islands
+from .completion import Completion
+from .dispatcher import Dispatcher
 from ..errors import AdmissionError, ArgumentError, ControllerShutdownError, PathwaysError
 from .events import EventLog, RunEvent
 from ..futures import Future
@@ -25,7 +25,7 @@ from ..trace.graph import ProgramGraph
 from ..core.lifecycle import Lifecycle
 from ..core.records import FINAL, Emit, Finish, Reject, Resolve, RunRecord, Wake, Work
 from ..core.plan import plan_for
-from ..remote.client import stand_in_devices
+from ..remote.client import Bursts, stand_in_devices
 from ..run import Run
 from ..core.scheduler import Policy
 
@@ -130,7 +130,12 @@ class Controller:
         self._live: dict[int, Run] = {}  # runs not yet final, by id
         self._ids = itertools.count()
         self._closed = False
-        self.dispatcher = Dispatcher(self, self.lock)
+        self.bursts = Bursts()  # remote islands with ops buffered by the dispatch burst under way
+        self.completion = Completion(self, self.lock)
+        self.dispatcher = Dispatcher(self, self.lock, self.completion)
+        self.threads: tuple[threading.Thread, ...] = (self.dispatcher.thread, self.completion.thread)
+        self.dispatcher.start()
+        self.completion.start()
         # A failing host callback fails its node, reported once; JAX's log line would repeat it, raw.
         self._unquiet = quiet_while(lambda: bool(self._live))
 
@@ -221,7 +226,7 @@ class Controller:
             effects = self.lifecycle.submit(rec)
             self._apply([e for e in effects if type(e) is not Wake])
             if claim:  # the caller takes the outputs next: they must outlive a run that ends before that
-                run._unclaimed = run._futures
+                run.claim()
             if not (may_inline and self.dispatcher.dispatch_inline()):
                 self.dispatcher.wake()
         return run
@@ -244,11 +249,12 @@ class Controller:
                 n = len(r.info["devices"])
                 island = Island(next_id, tuple(stand_in_devices(n, "pw.add_ray_islands")), r.info["platform"], remote=r)
                 r.island = island
+                r.bursts = self.bursts
                 next_id += 1
                 added.append(island)
                 self.events.island_names[island.id] = f"island {island.id} (Ray: {r.info['host']} pid {r.info['pid']})"
                 for k, d in enumerate(r.info["devices"]):
-                    self.events.device_names[remote_device_id(island, k)] = f"{r.info['platform']}:{d}@{island.id}"
+                    self.events.device_names[island.device_id(k)] = f"{r.info['platform']}:{d}@{island.id}"
             self.resources.add_islands(added)
             self.islands = self.resources.islands
             self.lifecycle.add_islands(len(self.islands))
@@ -299,7 +305,7 @@ class Controller:
         with self.lock:
             if run.state in FINAL:
                 return False
-            self._apply(self.lifecycle.handle(run._rec, "cancel", time.time()))
+            self._apply(self.lifecycle.handle(run.record, "cancel", time.time()))
             return True
 
     def cancel_all(self) -> int:
@@ -314,8 +320,12 @@ class Controller:
             self._closed = True
             now = time.time()
             for run in list(self._live.values()):
-                self._apply(self.lifecycle.handle(run._rec, "shutdown", now))
-        self.dispatcher.stop(timeout)
+                self._apply(self.lifecycle.handle(run.record, "shutdown", now))
+        self.dispatcher.stop()
+        self.completion.stop()
+        for t in self.threads:
+            if t is not threading.current_thread():
+                t.join(timeout)
         self.resources.release_all()
         self._unquiet()
 
@@ -323,9 +333,9 @@ class Controller:
     def closed(self) -> bool:
         return self._closed
 
-    @property
-    def threads(self) -> list[threading.Thread]:
-        return self.dispatcher.threads
+    def complete_here(self, value: Any, done) -> None:
+        """A caller waits for a dispatched ``value`` and completes pending steps on its own thread meanwhile."""
+        self.completion.wait_here(value, done)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "running"
@@ -341,15 +351,22 @@ class Controller:
 
     def on_dispatched(self, rec: RunRecord, cursor: int, per_island, published, cost: int) -> None:
         """The dispatcher sent ``rec``'s steps up to ``cursor`` (lock held)."""
-        self.lifecycle.handle(rec, "dispatched", 0.0, cursor, per_island, published)
+        effects = self.lifecycle.handle(rec, "dispatched", 0.0, cursor, per_island, published)
+        if effects:
+            self._apply(effects)
         if cost:
             self.lifecycle.policy.charge(rec, cost)
+
+    def on_compiling(self, rec: RunRecord, step_name: str | None, event=None) -> None:
+        """The dispatcher compiles ``step_name`` for ``rec`` (None: done), with its compile event once timed."""
+        with self.lock:
+            self.lifecycle.compiling(rec, step_name, event)
 
     def on_completed(self, rec: RunRecord, per_island, published, failure, events) -> None:
         """The watcher saw steps of ``rec`` finish (``failure``: the first that raised, with its error)."""
         if self.lifecycle.validate:
             self.lifecycle.check_events(events)
-        effects = self.lifecycle.handle(rec, "completed", time.time(), per_island, published, failure)
+        effects = self.lifecycle.handle(rec, "completed", time.time(), per_island, published, failure, events)
         if effects:
             self._apply(effects)
 
@@ -363,9 +380,7 @@ class Controller:
         for e in effects:
             kind = type(e)
             if kind is Resolve:
-                futures = self._live[e.rec.id]._futures
-                for j, value in e.outputs:
-                    futures[j].set_result(value)
+                self._live[e.rec.id].resolve(e.outputs)
             elif kind is Wake:
                 self.dispatcher.wake()
             elif kind is Emit:
@@ -373,14 +388,7 @@ class Controller:
                 msg = None if e.error is None else f"{type(e.error).__name__}: {e.error}"
                 self.events.emit_run(RunEvent(rec.id, rec.name, rec.tenant, e.state, self.events.now(), msg))
             elif kind is Reject:
-                futures = self._live[e.rec.id]._futures
-                for j in e.indices:
-                    fut = futures[j]
-                    if e.cancelled:
-                        concurrent.futures.Future.cancel(fut)  # mark CANCELLED (Future.cancel cancels the run)
-                        fut.set_running_or_notify_cancel()
-                    else:
-                        fut.set_exception(e.error)
+                self._live[e.rec.id].reject(e.indices, e.error, e.cancelled)
             elif kind is Finish:
                 self._retire(self._live.pop(e.rec.id))
             else:  # pragma: no cover - a new effect without its applier
@@ -388,14 +396,11 @@ class Controller:
 
     def _retire(self, run: Run) -> None:
         """A run became final: wake its waiters, keep its outputs among the most recent, forget old runs."""
-        futures, run._futures = run._futures, None
+        futures = run.retire()
         if self.lifecycle.validate:
             assert all(f.done() for f in futures), run
         if self.config.keep_outputs > 0:
             self._recent.append(futures)
-        run._retired = True  # after its event and its futures: whoever `wait()`s sees it all
-        if run._final is not None:
-            run._final.set()
         self._kept_events += len(run.events)
         keep_runs, keep_events = self.config.keep_runs, self.config.max_events
         if len(self.runs) > keep_runs or self._kept_events > keep_events:
@@ -404,7 +409,7 @@ class Controller:
             runs, events = len(self.runs) - keep_runs + keep_runs // 10, self._kept_events - keep_events * 9 // 10
             kept = []
             for r in self.runs:
-                if (runs > 0 or events > 0) and r._retired and r is not run:  # the newest stays
+                if (runs > 0 or events > 0) and r.retired and r is not run:  # the newest stays
                     runs -= 1
                     events -= len(r.events)
                     self._kept_events -= len(r.events)

@@ -30,7 +30,6 @@ Ray is imported only here, and only when `add_ray_islands` is called.
 from __future__ import annotations
 
 import itertools
-import os
 import queue
 import threading
 import time
@@ -38,123 +37,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec
 
 from ..devices import Island
 from ..errors import IslandLostError, PathwaysError
 from ..trace.graph import as_dtype
-
-
-_MISSING = object()
-
-
-def to_wire(x) -> Any:
-    """A value as bytes can carry it between processes: a numpy array, or for a typed
-    PRNG key (which numpy cannot hold) its implementation's name and its key data."""
-    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.extended):
-        return ("prng_key", str(jax.random.key_impl(x)), np.asarray(jax.random.key_data(x)))
-    return np.asarray(x)
-
-
-def from_wire(value) -> Any:
-    """The value `to_wire` packed: numpy as it came, a key wrapped again around its key data."""
-    if isinstance(value, tuple) and value[0] == "prng_key":
-        return jax.random.wrap_key_data(value[2], impl=value[1])
-    return value
-
-
-def _spec_tuple(sharding) -> tuple:
-    return tuple(sharding.spec) if isinstance(sharding, NamedSharding) else ()
-
-
-class _IslandActor:
-    """Runs in the island's own process: owns its JAX devices and the buffers behind handles."""
-
-    def __init__(self) -> None:
-        import jax as _jax
-
-        self.jax = _jax
-        self.devices = _jax.devices()
-        self.buffers: dict[int, Any] = {}
-        self.executables: dict[str, Any] = {}
-        self.freed: set[int] = set()  # handles freed before the node making them ran
-        self.calls = 0  # run_many calls, for tests and benchmarks
-
-    def describe(self) -> dict:
-        import socket
-
-        return {
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            "platform": self.devices[0].platform,
-            "devices": [d.id for d in self.devices],
-            "device_kind": self.devices[0].device_kind,
-        }
-
-    def clock(self) -> int:
-        return time.perf_counter_ns()
-
-    def _sharding(self, mesh_shape, axis_names, device_idx, spec):
-        from jax.sharding import Mesh
-
-        devs = np.array([self.devices[i] for i in device_idx], dtype=object).reshape(mesh_shape)
-        return NamedSharding(Mesh(devs, tuple(axis_names)), PartitionSpec(*spec))
-
-    def load(self, key: str, blob: bytes, layout: tuple, in_specs: list, out_specs: list) -> None:
-        exported = self.jax.export.deserialize(blob)
-        in_sh = tuple(self._sharding(*layout, s) for s in in_specs)
-        out_sh = tuple(self._sharding(*layout, s) for s in out_specs)
-        self.executables[key] = self.jax.jit(exported.call, in_shardings=in_sh, out_shardings=out_sh)
-
-    def run_many(self, ops: list) -> tuple[list, tuple | None]:
-        """Run consecutive nodes of one dispatch burst, in order: one actor call for all of them.
-
-        Returns each node's (start, end) on this process's clock, and (index, message) of
-        the node that raised (the nodes after it are not run), or None.
-        """
-        self.calls += 1
-        times: list = []
-        for key, in_ids, out_ids in ops:
-            start = time.perf_counter_ns()
-            try:
-                outs = self.executables[key](*[self.buffers[i] for i in in_ids])
-                self.jax.block_until_ready(outs)  # the actor's mailbox is the island's ordered queue
-            except Exception as e:
-                return times, (len(times), f"{type(e).__name__}: {e}")
-            for i, o in zip(out_ids, outs):
-                self._store(i, o)
-            times.append((start, time.perf_counter_ns()))
-        return times, None
-
-    def _store(self, handle: int, value) -> None:
-        if handle in self.freed:  # freed before it was made (its last reference died first)
-            self.freed.discard(handle)
-        else:
-            self.buffers[handle] = value
-
-    def put(self, handle: int, value, layout: tuple, spec: tuple) -> tuple[list, None]:
-        start = time.perf_counter_ns()
-        value = from_wire(value)
-        self._store(handle, self.jax.device_put(value, self._sharding(*layout, spec)).block_until_ready())
-        return [(start, time.perf_counter_ns())], None
-
-    def reshard(self, src: int, handle: int, layout: tuple, spec: tuple) -> tuple[list, None]:
-        start = time.perf_counter_ns()
-        out = self.jax.device_put(self.buffers[src], self._sharding(*layout, spec)).block_until_ready()
-        self._store(handle, out)
-        return [(start, time.perf_counter_ns())], None
-
-    def get(self, handle: int):
-        return to_wire(self.buffers[handle])
-
-    def free(self, handles: list[int]) -> None:
-        for h in handles:
-            if self.buffers.pop(h, _MISSING) is _MISSING:
-                self.freed.add(h)
-
-    def stats(self) -> dict:
-        return {"buffers": len(self.buffers), "executables": len(self.executables), "run_calls": self.calls}
+from .actor import MISSING, IslandActor, from_wire, spec_tuple, to_wire
 
 
 class _Ticket:
@@ -167,7 +54,7 @@ class _Ticket:
         self.ref = None
         self.error: BaseException | None = None
         self.sent = threading.Event()
-        self._result: Any = _MISSING
+        self._result: Any = MISSING
 
     def wait_ref(self):
         self.sent.wait()
@@ -176,7 +63,7 @@ class _Ticket:
         return self.ref
 
     def ready(self) -> bool:
-        if self._result is not _MISSING:
+        if self._result is not MISSING:
             return True
         if not self.sent.is_set():
             return False
@@ -189,7 +76,7 @@ class _Ticket:
 
     def result(self) -> Any:
         """What the actor returned (read once, then kept: every output of the call shares it)."""
-        if self._result is _MISSING:
+        if self._result is MISSING:
             import ray
 
             try:
@@ -206,7 +93,7 @@ class RemoteIsland:
     island's mailbox: a thread of its own sends them in order, so a transfer
     that waits for a local value (``np.asarray``) or serialises bytes never
     holds up the dispatcher. Steps dispatched in one burst are buffered and
-    handed to the mailbox together (`flush_remote`), and consecutive nodes
+    handed to the mailbox together (`Bursts.flush`), and consecutive nodes
     among them travel in one ``run_many`` call.
     """
 
@@ -220,6 +107,7 @@ class RemoteIsland:
         self._handles = itertools.count(1)
         self._lock = threading.Lock()
         self.island: Island | None = None
+        self.bursts: Bursts | None = None  # the controller's, set when it registers the island
         # Ops of the current dispatch burst (only the dispatching thread touches it), then the
         # mailbox: a SimpleQueue, whose put is safe from __del__ on any thread (frees).
         self._burst: list = []
@@ -268,7 +156,7 @@ class RemoteIsland:
 
     def _open(self) -> None:
         if not self._burst:
-            bursting.append(self)
+            self.bursts.islands.append(self)
 
     def flush(self) -> None:
         """Hand the burst's ops to the mailbox thread (started on first use)."""
@@ -338,14 +226,27 @@ class RemoteIsland:
         return f"RemoteIsland({self._where()}, {len(self.info['devices'])} {self.info['platform']} devices{state})"
 
 
-#: islands with a burst not yet handed to their mailbox (only the dispatching thread touches it)
-bursting: list[RemoteIsland] = []
+class Bursts:
+    """The remote islands with ops buffered in the current dispatch burst, one set per controller.
 
+    Only the thread that dispatches touches it (one at a time: the dispatcher's
+    ``busy`` token); the dispatcher flushes it when it hands steps over, so the
+    steps of one burst reach each island's mailbox together.
+    """
 
-def flush_remote() -> None:
-    """Hand every buffered remote op to its island's mailbox (the dispatcher, when it hands steps over)."""
-    while bursting:
-        bursting.pop().flush()
+    __slots__ = ("islands",)
+
+    def __init__(self) -> None:
+        self.islands: list[RemoteIsland] = []
+
+    def __bool__(self) -> bool:
+        return bool(self.islands)
+
+    def flush(self) -> None:
+        """Hand every buffered op to its island's mailbox."""
+        islands = self.islands
+        while islands:
+            islands.pop().flush()
 
 
 def _layout(sharding) -> tuple:
@@ -393,7 +294,8 @@ class RemoteArray:
 
         isl = self.island
         isl.check("fetch")
-        flush_remote()  # no-op off the dispatching thread: what made this value was handed over
+        if isl.bursts:  # empty off the dispatching thread: what made this value was handed over
+            isl.bursts.flush()
         handle = self.handle
         ticket = _Ticket(isl)
         isl.post([("call", lambda: isl.actor.get.remote(handle), ticket)])
@@ -440,8 +342,8 @@ class RemoteCall:
             self.key,
             blob,
             _layout(ref_sh),
-            [_spec_tuple(v.sharding) for v in self.in_values],
-            [_spec_tuple(v.sharding) for v in self.out_values],
+            [spec_tuple(v.sharding) for v in self.in_values],
+            [spec_tuple(v.sharding) for v in self.out_values],
         )
         isl.call(lambda: isl.actor.load.remote(*args))
         isl.loaded.add(self.key)  # the mailbox sends the load before the run below
@@ -477,7 +379,7 @@ class RemoteTransfer:
         dst = self.dst
         dst.check("transfer")
         handle = dst.new_handle()
-        layout, spec = _layout(want), _spec_tuple(want)
+        layout, spec = _layout(want), spec_tuple(want)
         if isinstance(x, RemoteArray) and x.island is dst:  # a reshard inside the island
             ticket = dst.call(lambda: dst.actor.reshard.remote(x.handle, handle, layout, spec))
         elif isinstance(x, RemoteArray):  # island to island: actor to actor through the object store
@@ -511,7 +413,7 @@ def start_ray_islands(
     if not ray.is_initialized():
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
     if _actor_class is None:
-        _actor_class = ray.remote(_IslandActor)
+        _actor_class = ray.remote(IslandActor)
     env_vars = dict(env or {})
     if platform == "cpu":
         env_vars.setdefault("JAX_PLATFORMS", "cpu")
@@ -537,10 +439,6 @@ def start_ray_islands(
         t1 = time.perf_counter_ns()
         remotes.append(RemoteIsland(actor, info, (t0 + t1) // 2 - remote_now))
     return remotes
-
-
-def remote_island_of(slice_) -> RemoteIsland | None:
-    return None if slice_ is None else slice_.island.remote
 
 
 def stand_in_devices(n: int, api: str) -> Sequence[jax.Device]:

@@ -1,0 +1,281 @@
+"""Completion: steps the dispatcher sent are waited for in dispatch order, timed, and reported finished.
+
+Two parties complete: the watcher thread, and a caller waiting for a future's
+value, which claims the pending batches and completes them on its own thread
+(no hand-off on the way to an interactive result). Whoever holds the
+``completing`` token waits for the batch's outputs (no lock), stamps each
+node's start and end, emits its node event, and reports the batch to the
+controller in one locked call. Completion decides nothing about runs: the
+lifecycle does, from these reports.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import jax
+
+from ..errors import HostCallbackError
+from .interrupts import interrupts_deferred
+
+if TYPE_CHECKING:
+    from .controller import Controller
+
+BATCH = 256  # nodes per hand-off to the watcher
+_POLL_S = 0.001  # a watcher with recent work looks for new batches this often (the timeline's resolution)
+_POLL_IDLE_S = 1.0  # ... and sleeps until woken after this long without any (a notify costs the caller)
+
+
+def wait_ready(value: Any, done: Callable[[], bool]) -> None:
+    """Until ``value`` is computed (or ``done()``: someone else resolved it): short sleeps, so Ctrl-C works.
+
+    ``block_until_ready`` would wait in C, where a KeyboardInterrupt cannot reach
+    the waiting thread until the device is done.
+    """
+    is_ready = getattr(value, "is_ready", None)
+    if is_ready is None:
+        return
+    delay = 1e-5
+    while not done():
+        try:
+            if is_ready():
+                return
+        except Exception:
+            return  # it failed: the run's error, naming the node, is raised by the caller
+        time.sleep(delay)
+        delay = min(delay * 2, 1e-3)
+
+
+class Completion:
+    """The batches dispatched and not yet completed, the watcher thread, and a waiting caller's shortcut."""
+
+    def __init__(self, controller: Controller, lock: threading.RLock):
+        self.controller = controller
+        self.lock = lock  # the controller's
+        self._watch = threading.Condition(lock)
+        self._pending: collections.deque = collections.deque()  # batches in dispatch order (under the lock)
+        self._completing = False  # the token: the watcher thread, or a waiting caller, completes
+        self._watcher_asleep = False  # waiting without a timeout: a new batch must wake it
+        self._stopping = False
+        self.last_end: dict[int, int] = {}  # device -> end of its last node
+        self.bury: Callable[[list], None] = lambda batches: None  # the dispatcher frees buffers between bursts
+        self.thread = threading.Thread(target=self._watch_loop, name="pw-watcher", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        with self._watch:
+            self._stopping = True
+            self._watch.notify_all()
+
+    def add(self, batch: list) -> None:
+        """A batch of dispatched steps, in dispatch order (lock held)."""
+        self._pending.append(batch)
+        # A polling watcher finds the batch within _POLL_S; waking it per batch would make it
+        # fight the submitting thread for the GIL on every interactive call.
+        if self._watcher_asleep or len(batch) >= BATCH or self.controller.lifecycle.credit_wanted:
+            self._watch.notify()
+
+    def wait_here(self, value: Any, done: Callable[[], bool]) -> None:
+        """A caller waits for ``value`` (an output already dispatched): it completes the pending steps itself.
+
+        A Ctrl-C while waiting comes out of here (the caller cancels the run).
+        """
+        wait = lambda: wait_ready(value, done)  # noqa: E731
+        if not self._help(wait):  # a Ctrl-C held back in there comes out at its end
+            wait()  # another thread is completing: it resolves the caller's future
+
+    def _help(self, wait: Callable[[], None] | None = None) -> bool:
+        """Complete what is pending on this thread if no other thread is completing (a waiter's shortcut).
+
+        A thread about to wait for a future claims the pending batches first (so
+        the watcher thread leaves them alone), runs ``wait`` (its own
+        interruptible wait for the value), then completes them itself: no
+        hand-off between threads on the way to the result. A Ctrl-C in ``wait``
+        gives the batches back to the watcher.
+        """
+        with self.lock:
+            if self._completing or not self._pending:
+                return False
+            batches = self._take()
+        if wait is not None:
+            try:
+                wait()
+            except BaseException:
+                with self.lock:
+                    self._pending.extendleft(reversed(batches))
+                    self._completing = False
+                    self._watch.notify()
+                raise
+        with interrupts_deferred:  # a Ctrl-C in the middle would leave those nodes unreported
+            self._finish(batches)
+        return True
+
+    def _take(self) -> list:
+        """Claim every pending batch (lock held)."""
+        self._completing = True
+        batches = list(self._pending)
+        self._pending.clear()
+        return batches
+
+    def _finish(self, batches: list) -> None:
+        """Wait for ``batches`` and time them (no lock), then report them all at once (one lock)."""
+        reports: list = []
+        for batch in batches:
+            try:
+                self._complete(batch, reports)
+            except BaseException as e:  # a bug of ours: those runs fail, the watcher goes on
+                reports += self._segments(batch, {0: e}, stamped=False, first_only=True)
+        with self.lock:
+            try:
+                on_completed = self.controller.on_completed
+                for report in reports:
+                    on_completed(*report)
+            finally:
+                self.bury(batches)  # the dispatcher frees their buffers between its bursts
+                self._completing = False
+                if self._pending:
+                    self._watch.notify()
+
+    def _watch_loop(self) -> None:
+        quiet_since = None
+        while True:
+            with self.lock:
+                while not self._pending or self._completing:
+                    if self._stopping and not self._pending:
+                        return
+                    if quiet_since is not None and time.monotonic() - quiet_since > _POLL_IDLE_S:
+                        # Long quiet: sleep until a batch arrives (the next one wakes us).
+                        self._watcher_asleep = True
+                        self._watch.wait()
+                        self._watcher_asleep = False
+                        quiet_since = None
+                    else:
+                        if quiet_since is None:
+                            quiet_since = time.monotonic()
+                        self._watch.wait(_POLL_S)
+                batches = self._take()
+            quiet_since = None
+            self._finish(batches)
+            batches = None  # drop our references: an idle dispatcher frees nothing for us
+
+    def _complete(self, batch: list, reports: list) -> None:
+        """Wait for a batch of nodes in dispatch order, stamp their times, emit their events; add reports.
+
+        All per-node work here holds the GIL that the dispatcher needs, so it is
+        kept to a few attribute writes: `is_ready` before blocking (tiny nodes are
+        long done and need no GIL release), one error check for the whole batch.
+        """
+        c = self.controller
+        log = c.events
+        now = log.now
+        last_end = self.last_end
+        epoch = log.epoch
+        guarded = []  # nodes whose host callbacks may have recorded an exception
+        for i, (_, st, ev, outs) in enumerate(batch):
+            if st.host_callbacks:
+                guarded.append(i)
+            for a in outs:
+                try:
+                    if not a.is_ready():
+                        a.block_until_ready()
+                except AttributeError:
+                    pass  # not a device array (a numpy float0 gradient of an integer input): ready
+                except Exception:
+                    pass  # found and attributed below
+            end = now()
+            start = ev.dispatch
+            if st.remote:  # ran on a remote island: its own clock, corrected
+                try:
+                    r_start, r_end = outs[0].timing()
+                    start = max(start, r_start - epoch)
+                    end = max(start, r_end - epoch)
+                except Exception:
+                    pass
+            for d in st.devices:
+                prev = last_end.get(d, 0)
+                if prev > start:
+                    start = prev
+            ev.start = start
+            ev.end = end if end > start else start
+            exe = st.exe
+            exe.cost += (ev.end - start - exe.cost) >> 2  # running mean of device time, for fair share
+            for d in st.devices:
+                last_end[d] = ev.end
+        failed: dict[int, BaseException] = {}  # batch index -> error of the first failing node of a run
+        try:
+            jax.block_until_ready([item[3] for item in batch])
+        except Exception:  # an asynchronous failure: find the first failing node of each run
+            seen: set[int] = set()
+            for i, (rec, _, _, outs) in enumerate(batch):
+                if rec.id not in seen:
+                    try:
+                        jax.block_until_ready(outs)
+                    except Exception as e:
+                        failed[i] = e
+                        seen.add(rec.id)
+        for i in guarded:
+            self._callback_failure(batch, i, failed)
+        emit = log.emit_node
+        for i, (rec, _, ev, _) in enumerate(batch):
+            err = failed.get(i) if failed else None
+            if err is not None:
+                ev.error = f"{type(err).__name__}: {err}"
+            emit(ev)  # recorded on its run by the report (the lifecycle's `completed`)
+        reports += self._segments(batch, failed)
+
+    @staticmethod
+    def _callback_failure(batch: list, i: int, failed: dict) -> None:
+        """Node ``i``'s guarded host callback raised, letting its computation finish: fail the node now
+        (unless an earlier node of its run failed first: ``failed`` keeps one failure per run).
+
+        Steps with host callbacks run one at a time per island, so everything the executable's
+        callbacks recorded was raised by this node (once per device, perhaps: the first counts).
+        """
+        rec, st = batch[i][0], batch[i][1]
+        errors = getattr(st.call, "callback_errors", None)
+        if not errors:
+            return
+        first = errors[0]
+        errors.clear()
+        other = next((j for j in failed if batch[j][0] is rec), None)
+        if other is not None and other < i:
+            return
+        failed.pop(other, None)
+        failed[i] = HostCallbackError(first)
+
+    @staticmethod
+    def _segments(batch: list, failed: dict, stamped: bool = True, first_only: bool = False) -> list:
+        """One `on_completed` report per run of consecutive items of one run (a batch is usually one)."""
+        out = []
+        lo, n = 0, len(batch)
+        for hi in range(1, n + 1):
+            if hi < n and batch[hi][0] is batch[lo][0]:
+                continue
+            rec = batch[lo][0]
+            per_island: dict[int, list[int]] = {}
+            published = []
+            failure = None
+            for i in range(lo, hi):
+                _, st, _, outs = batch[i]
+                counts = per_island.get(st.island)
+                if counts is None:
+                    counts = per_island[st.island] = [0, 0, 0]
+                counts[0] += 1
+                counts[1] += st.collectives
+                counts[2] += st.host_callbacks
+                if failure is None:
+                    err = failed.get(0 if first_only else i)
+                    if err is not None:
+                        failure = (st, err)
+                    for j, pos in st.publishes:
+                        published.append((j, outs[pos]))
+            events = [batch[i][2] for i in range(lo, hi)] if stamped else []
+            out.append((rec, tuple((i, *counts) for i, counts in per_island.items()), published, failure, events))
+            lo = hi
+        return out

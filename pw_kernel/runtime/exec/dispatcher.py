@@ -1,0 +1,253 @@
+"""Parallel asynchronous dispatch: the dispatcher calls steps' executables and reports what it sent.
+
+Shapes are static, so node k+1 can be dispatched as soon as node k has been
+*dispatched*: JAX arrays are futures themselves, and XLA orders the work on
+each device. The dispatcher only waits when an island has ``max_inflight``
+nodes outstanding. It hands what it sent to `Completion`, which waits for it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from ..core.records import FINAL, Work
+from ..trace.compiled import has_collectives
+from .completion import BATCH, Completion
+from .events import NodeEvent
+from .interrupts import interrupts_deferred
+
+if TYPE_CHECKING:
+    from ..core.records import RunRecord
+    from .controller import Controller
+
+_INLINE_STEPS = 64  # steps a submitting thread dispatches itself before the dispatcher thread takes over
+_NONE_SENT = (0, 0, 0)  # an island with nothing sent yet in this burst: [steps, with collectives, with callbacks]
+_FLUSH_NS = 1_000_000  # or sooner: no node waits more than 1 ms to be watched (the timeline's resolution)
+
+
+class Dispatcher:
+    """Executes steps and reports what happened; decides nothing about runs (the lifecycle does).
+
+    Owns the dispatcher thread: it asks the controller for work, runs up to a
+    quantum of steps without the lock, reports them dispatched and hands them
+    to `Completion`. A submitting thread may dispatch a lone run itself
+    (`dispatch_inline`).
+    """
+
+    def __init__(self, controller: Controller, lock: threading.RLock, completion: Completion):
+        self.controller = controller
+        self.lock = lock  # the controller's: plain `with self.lock` where nobody waits (cheaper than cond)
+        self.cond = threading.Condition(lock)
+        self.completion = completion
+        completion.bury = self._bury
+        self.bursts = controller.bursts  # remote islands with ops buffered in the current burst
+        self.seq = 0
+        self._stopping = False
+        self.busy = False  # a thread (this one's dispatcher, or a submitter inline) is dispatching
+        self._idle = True
+        # Watched batches whose buffers the dispatcher frees between bursts: freeing device
+        # buffers on the watcher thread while the dispatcher dispatches slows dispatch ~2x.
+        self.graveyard: list = []
+        self.thread = threading.Thread(target=self._dispatch_loop, name="pw-dispatcher", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def wake(self) -> None:
+        """Tell the dispatcher something changed (caller holds the controller lock)."""
+        self.cond.notify()
+
+    def stop(self) -> None:
+        with self.cond:
+            self._stopping = True
+            self.cond.notify_all()
+
+    def _bury(self, batches: list) -> None:
+        """Completed batches whose buffers this thread frees between its bursts (lock held)."""
+        if not self._idle:  # freeing device buffers on the watcher thread while we dispatch slows dispatch ~2x
+            self.graveyard.extend(batches)
+
+    # ------------------------------------------------------------ dispatcher
+    def _dispatch_loop(self) -> None:
+        c = self.controller
+        while True:
+            with self.cond:
+                work = None if self.busy else c.next_work()
+                while work is None:
+                    if self._stopping:
+                        return
+                    self._idle = True
+                    self.graveyard.clear()
+                    self.cond.wait()
+                    self._idle = False
+                    work = None if self.busy else c.next_work()
+                self.busy = True
+                dead, self.graveyard = self.graveyard, []
+            del dead  # free finished nodes' buffers here, between bursts (see _bury)
+            self.execute(work)
+
+    def dispatch_inline(self) -> bool:
+        """On a submitting thread, holding the lock: dispatch the next work here if no thread is dispatching.
+
+        Dispatching a small run on the thread that submitted it saves two thread
+        hand-offs (the latency of a lone interactive call). The lock is held
+        throughout, so no other thread can start dispatching meanwhile: one
+        order per island, as gang scheduling needs. Returns False (nothing done)
+        when the dispatcher thread is at work or there is nothing to dispatch.
+        """
+        if self.busy or self._stopping or not _INLINE_STEPS or threading.current_thread() in self.controller.threads:
+            return False
+        if len(self.controller.lifecycle.queue) > 1:
+            # Other runs are in flight (a stream of calls, each fed the last one's future): the
+            # dispatcher thread then overlaps dispatch with the caller's next submit, which pays
+            # more than the hand-off saves. Inline is for the lone interactive call.
+            return False
+        work = self.controller.next_work()
+        if work is None:
+            return False
+        # A Ctrl-C in the middle would leave steps dispatched but unreported: it waits until they are.
+        with interrupts_deferred:
+            try:
+                self._dispatch(work.rec, min(work.quantum, _INLINE_STEPS), inline=True)
+            except Exception as e:  # a bug of ours: fail the run, keep the controller alive
+                self.controller.on_step_failed(work.rec, None, e)
+        if self.controller.lifecycle.has_work():
+            self.cond.notify()  # what the inline dispatch left is the dispatcher thread's
+        return True
+
+    def execute(self, work: Work) -> None:
+        """The dispatcher thread: dispatch ``work`` without the lock (``busy`` is ours), then give it back."""
+        try:
+            self._dispatch(work.rec, work.quantum)
+        except BaseException as e:  # a bug of ours: fail the run, keep the controller alive
+            with self.lock:
+                self.controller.on_step_failed(work.rec, None, e)
+        finally:
+            with self.lock:
+                self.busy = False
+
+    def _dispatch(self, rec: RunRecord, quantum: int, inline: bool = False) -> None:
+        """Dispatch up to ``quantum`` of ``rec``'s next steps; no lock held around JAX calls."""
+        c = self.controller
+        life = c.lifecycle
+        steps = rec.plan.steps
+        slots = rec.slots
+        if slots is None:  # cancelled or failed between pick and here
+            return
+        log = c.events
+        clock, epoch = time.perf_counter_ns, log.epoch
+        # Hand work to the watcher in batches: one wake-up per batch instead of per node keeps
+        # the two threads from trading the GIL on every tiny node.
+        batch: list = []
+        flush_at = clock() - epoch + _FLUSH_NS
+        inflight = life.inflight  # read without the lock: only completions lower them meanwhile
+        coll_inflight, coll_limits = life.collectives_inflight, life.max_collectives
+        cb_inflight = life.callbacks_inflight
+        limit = life.max_inflight
+        sent_on: dict[int, list[int]] = {}  # island -> [steps, with collectives] sent in this burst, not yet reported
+        published: list = []
+        k = start = rec.cursor
+        n_steps = len(steps)
+        cost = 0
+        failed = None
+        while k < n_steps and k - start < quantum:
+            st = steps[k]
+            exe = st.exe
+            island = st.island
+            sent = sent_on.get(island, _NONE_SENT)
+            if inflight[island] + sent[0] >= limit or rec.state in FINAL:
+                break
+            if inline and (st.host_callbacks or exe.compile_first):
+                # A callback could hold the submitting thread until it returns, a compile for
+                # seconds: the call must return at once, so these are the dispatcher thread's.
+                break
+            if exe.compile_first:
+                if batch:  # let the watcher time what is in flight while this thread compiles
+                    self._hand_over(rec, k, sent_on, published, cost, batch)
+                    batch, sent_on, published, cost, sent = [], {}, [], 0, _NONE_SENT
+                self._compile(rec, st, [slots[i] for i in st.ins])
+            if exe.collectives and coll_inflight[island] + sent[1] >= coll_limits[island]:
+                break  # credit comes back as earlier collective steps finish
+            if st.host_callbacks and cb_inflight[island] + sent[2]:
+                break  # one at a time: what a guarded callback raised belongs to the one in flight
+            t = clock() - epoch
+            try:
+                ins = st.ins
+                outs = st.call(slots[ins[0]]) if len(ins) == 1 else st.call(*[slots[i] for i in ins])
+            except Exception as e:
+                failed = (st, e)
+                break
+            if len(outs) == 1:
+                slots[st.outs[0]] = outs[0]
+            else:
+                for i, o in zip(st.outs, outs):
+                    slots[i] = o
+            for i in st.frees:
+                slots[i] = None
+            for j, pos in st.publishes:
+                published.append((j, outs[pos]))
+            self.seq += 1
+            ev = NodeEvent(
+                self.seq, rec.id, rec.name, rec.tenant, st.name, st.kind, st.devices, island, st.src_island, t,
+                st.nbytes, st.shapes,
+            )
+            if sent is _NONE_SENT:
+                sent = sent_on[island] = [0, 0, 0]
+            sent[0] += 1
+            sent[1] += exe.collectives
+            sent[2] += st.host_callbacks
+            batch.append((rec, st, ev, outs))
+            k += 1
+            cost += exe.cost
+            if len(batch) >= BATCH or t >= flush_at:
+                self._hand_over(rec, k, sent_on, published, cost, batch)
+                batch, sent_on, published, cost = [], {}, [], 0
+                flush_at = t + _FLUSH_NS
+        if batch or k != rec.cursor:
+            self._hand_over(rec, k, sent_on, published, cost, batch)
+        elif self.bursts:
+            self.bursts.flush()  # a failed first step may have buffered its executable's load
+        if failed is not None:
+            with self.lock:
+                c.on_step_failed(rec, *failed)
+
+    def _compile(self, rec: RunRecord, st, args: list) -> None:
+        """Compile a step's executable before its first call, as a "compile" event on the host lane.
+
+        Otherwise XLA compiles inside the first call, and its time (often 100x a
+        later call) shows up as that node's device time, or inside a transfer.
+        Later calls (of any step sharing the executable) hit JAX's cache.
+        """
+        c = self.controller
+        exe = st.exe
+        exe.compile_first = False
+        log = c.events
+        t0 = log.now()
+        c.on_compiling(rec, st.name)  # progress views say so: a first call can compile for minutes
+        try:
+            compiled = st.call.lower(*args).compile()
+        except Exception:
+            c.on_compiling(rec, None)
+            return  # the call itself will raise it, attributed to the node
+        exe.collectives = has_collectives(compiled)
+        self.seq += 1
+        ev = NodeEvent(
+            self.seq, rec.id, rec.name, rec.tenant, f"compile {st.name}", "compile", (), st.island, None, t0, 0,
+            st.shapes,
+        )
+        ev.end = log.now()
+        c.on_compiling(rec, st.name, ev)  # on the run before it is emitted: a view reading the run on it sees it
+        log.emit_node(ev)
+        c.on_compiling(rec, None)  # after its event: the run says what it compiled until that event is out
+
+    def _hand_over(self, rec: RunRecord, cursor: int, sent_on: dict, published: list, cost: int, batch: list) -> None:
+        """Report steps dispatched, then give them to the watcher (in that order: credit is counted first)."""
+        if self.bursts:
+            self.bursts.flush()  # the remote steps among them go to their islands' mailboxes now
+        with self.lock:
+            per_island = tuple((island, *counts) for island, counts in sent_on.items())
+            self.controller.on_dispatched(rec, cursor, per_island, published, cost)
+            if batch:
+                self.completion.add(batch)

@@ -1,0 +1,127 @@
+"""The side of a remote island that runs inside its Ray actor: its devices, buffers and executables.
+
+This module is what Ray ships to the island's process: it imports only jax and
+numpy, and nothing of the controller. The controller talks to it through
+`client.py` (the actor's methods are its whole protocol: describe, clock, load,
+run_many, put, reshard, get, free, stats).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+MISSING = object()  # a sentinel: no such buffer
+
+
+def to_wire(x) -> Any:
+    """A value as bytes can carry it between processes: a numpy array, or for a typed
+    PRNG key (which numpy cannot hold) its implementation's name and its key data."""
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.extended):
+        return ("prng_key", str(jax.random.key_impl(x)), np.asarray(jax.random.key_data(x)))
+    return np.asarray(x)
+
+
+def from_wire(value) -> Any:
+    """The value `to_wire` packed: numpy as it came, a key wrapped again around its key data."""
+    if isinstance(value, tuple) and value[0] == "prng_key":
+        return jax.random.wrap_key_data(value[2], impl=value[1])
+    return value
+
+
+def spec_tuple(sharding) -> tuple:
+    return tuple(sharding.spec) if isinstance(sharding, NamedSharding) else ()
+
+
+class IslandActor:
+    """Runs in the island's own process: owns its JAX devices and the buffers behind handles."""
+
+    def __init__(self) -> None:
+        import jax as _jax
+
+        self.jax = _jax
+        self.devices = _jax.devices()
+        self.buffers: dict[int, Any] = {}
+        self.executables: dict[str, Any] = {}
+        self.freed: set[int] = set()  # handles freed before the node making them ran
+        self.calls = 0  # run_many calls, for tests and benchmarks
+
+    def describe(self) -> dict:
+        import socket
+
+        return {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "platform": self.devices[0].platform,
+            "devices": [d.id for d in self.devices],
+            "device_kind": self.devices[0].device_kind,
+        }
+
+    def clock(self) -> int:
+        return time.perf_counter_ns()
+
+    def _sharding(self, mesh_shape, axis_names, device_idx, spec):
+        from jax.sharding import Mesh
+
+        devs = np.array([self.devices[i] for i in device_idx], dtype=object).reshape(mesh_shape)
+        return NamedSharding(Mesh(devs, tuple(axis_names)), PartitionSpec(*spec))
+
+    def load(self, key: str, blob: bytes, layout: tuple, in_specs: list, out_specs: list) -> None:
+        exported = self.jax.export.deserialize(blob)
+        in_sh = tuple(self._sharding(*layout, s) for s in in_specs)
+        out_sh = tuple(self._sharding(*layout, s) for s in out_specs)
+        self.executables[key] = self.jax.jit(exported.call, in_shardings=in_sh, out_shardings=out_sh)
+
+    def run_many(self, ops: list) -> tuple[list, tuple | None]:
+        """Run consecutive nodes of one dispatch burst, in order: one actor call for all of them.
+
+        Returns each node's (start, end) on this process's clock, and (index, message) of
+        the node that raised (the nodes after it are not run), or None.
+        """
+        self.calls += 1
+        times: list = []
+        for key, in_ids, out_ids in ops:
+            start = time.perf_counter_ns()
+            try:
+                outs = self.executables[key](*[self.buffers[i] for i in in_ids])
+                self.jax.block_until_ready(outs)  # the actor's mailbox is the island's ordered queue
+            except Exception as e:
+                return times, (len(times), f"{type(e).__name__}: {e}")
+            for i, o in zip(out_ids, outs):
+                self._store(i, o)
+            times.append((start, time.perf_counter_ns()))
+        return times, None
+
+    def _store(self, handle: int, value) -> None:
+        if handle in self.freed:  # freed before it was made (its last reference died first)
+            self.freed.discard(handle)
+        else:
+            self.buffers[handle] = value
+
+    def put(self, handle: int, value, layout: tuple, spec: tuple) -> tuple[list, None]:
+        start = time.perf_counter_ns()
+        value = from_wire(value)
+        self._store(handle, self.jax.device_put(value, self._sharding(*layout, spec)).block_until_ready())
+        return [(start, time.perf_counter_ns())], None
+
+    def reshard(self, src: int, handle: int, layout: tuple, spec: tuple) -> tuple[list, None]:
+        start = time.perf_counter_ns()
+        out = self.jax.device_put(self.buffers[src], self._sharding(*layout, spec)).block_until_ready()
+        self._store(handle, out)
+        return [(start, time.perf_counter_ns())], None
+
+    def get(self, handle: int):
+        return to_wire(self.buffers[handle])
+
+    def free(self, handles: list[int]) -> None:
+        for h in handles:
+            if self.buffers.pop(h, MISSING) is MISSING:
+                self.freed.add(h)
+
+    def stats(self) -> dict:
+        return {"buffers": len(self.buffers), "executables": len(self.executables), "run_calls": self.calls}
