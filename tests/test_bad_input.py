@@ -44,7 +44,7 @@ def test_slice_larger_than_the_devices(env):
     assert "python -m pw_kernel install --user --devices 9" in str(err.value)
     assert "JAX_NUM_CPU_DEVICES=9" in str(err.value) and "Config(islands" not in str(err.value)
     # the traceback ends at the call the user made, not in the resource manager
-    assert err.traceback[-1].name == "slice" and err.traceback[-1].path.name == "__init__.py"
+    assert err.traceback[-1].name == "slice" and err.traceback[-1].path.name == "api.py"
 
 
 def test_slice_larger_than_an_island_but_not_than_the_devices(ctl):
@@ -55,7 +55,7 @@ def test_slice_larger_than_an_island_but_not_than_the_devices(ctl):
 
 
 def test_mesh_that_does_not_multiply_to_n(env):
-    with raises(pw.SliceError, "`pw.slice(4, mesh={'a': 3})`: the mesh has 3 = 3 devices, not 4"):
+    with raises(pw.SliceError, "`pw.slice(4, mesh={'a': 3})`: the mesh has 3 devices, not 4"):
         pw.slice(4, mesh={"a": 3})
 
 

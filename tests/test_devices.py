@@ -102,7 +102,7 @@ def test_release_returns_devices_and_allows_the_name_again(ctl):
     "args, kwargs, message",
     [
         ((16,), {}, "`pw.slice(16)`: no island has 16 devices"),
-        ((4,), {"mesh": {"data": 3}}, "the mesh has 3 = 3 devices, not 4"),
+        ((4,), {"mesh": {"data": 3}}, "the mesh has 3 devices, not 4"),
         ((4,), {"mesh": {"data": 2, "model": 3}}, "the mesh has 2 x 3 = 6 devices, not 4"),
         ((2,), {"island": 7}, "`pw.slice(island=7)`: no such island"),
         ((0,), {}, "needs a positive int number of devices; got 0"),

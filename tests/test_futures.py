@@ -61,6 +61,9 @@ def test_timeouts(gated):
         fut.result(timeout="soon")
     with pytest.raises(pw.TimeoutError):
         fut.run.wait(timeout=0.01)
+    with pytest.raises(pw.TimeoutError, match=re.escape("`pw.get(timeout=0.2)`: ")) as info:
+        pw.get({"y": fut}, timeout=0.2)
+    assert "not ready after 0.2 s" in str(info.value)  # the user's timeout, not what was left of it
     assert isinstance(pw.TimeoutError("x"), concurrent.futures.TimeoutError)
     gate.set()
     assert fut.result(timeout=60) is not None

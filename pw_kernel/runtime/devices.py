@@ -182,6 +182,11 @@ class VirtualSlice:
         """Give the devices back to the resource manager; later use raises SliceReleasedError."""
         self._manager.release(self)
 
+    def mark_released(self) -> bool:
+        """The resource manager took the devices back (under its lock); False if it already had."""
+        was_live, self._released = not self._released, True
+        return was_live
+
     def check_live(self, api: str) -> None:
         if self._released:
             raise SliceReleasedError(
@@ -340,9 +345,8 @@ class ResourceManager:
 
     def release(self, s: VirtualSlice) -> None:
         with self._lock:
-            if s._released:
+            if not s.mark_released():
                 return
-            s._released = True
             if self._slices.get(s.name) is s:
                 del self._slices[s.name]
             for d in s.devices:
@@ -366,9 +370,9 @@ class ResourceManager:
                 )
         total = math.prod(mesh.values())
         if total != n:
-            shape = " x ".join(str(v) for v in mesh.values())
+            shape = " x ".join(str(v) for v in mesh.values()) + " = " if len(mesh) > 1 else ""
             raise SliceError(
-                f"`pw.slice({n}, mesh={dict(mesh)!r})`: the mesh has {shape} = {total} devices, not {n}. "
+                f"`pw.slice({n}, mesh={dict(mesh)!r})`: the mesh has {shape}{total} devices, not {n}. "
                 f"Make the axis sizes multiply to {n}, or ask for pw.slice({total}, ...)."
             )
         return {str(k): int(v) for k, v in mesh.items()}

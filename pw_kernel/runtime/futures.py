@@ -188,10 +188,17 @@ def get(tree: Any, timeout: float | None = None) -> Any:
     deadline = None if timeout is None else time.monotonic() + timeout
 
     def one(x):
-        if isinstance(x, Future):
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if not isinstance(x, Future):
+            return x
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        try:
             return x.result(left)
-        return x
+        except TimeoutError:  # say it with the user's timeout, not what was left of it for this leaf
+            raise TimeoutError(
+                f"`pw.get(timeout={timeout:g})`: {x._label()} not ready after {timeout:g} s (run is "
+                f"{x.run.state}, {x.run.nodes_done}/{x.run.nodes_total} nodes done). Wait longer, or cancel "
+                f"with `fut.cancel()`."
+            ) from None
 
     return jax.tree_util.tree_map(one, tree)
 
