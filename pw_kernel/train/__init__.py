@@ -6,6 +6,14 @@ interleaved and zero-bubble schedules, their ideal replay and measured
 statistics). It holds no run state of its own: a training step is a program
 the controller runs like any other.
 
+One module per concept: `pipeline` (the `Pipeline` users call and the
+`pipeline` factory that checks its arguments), `stages` (each stage's compiled
+forward and backward nodes), `state` (`PipelineState` and placing params and
+optimizer state on the slices), `step` (the traced training step: schedule
+order, accumulation, shared-gradient sums, clipping, optimizer update),
+`schedules` (op orders and their ideal replay), `stats` (`PipelineStats` of a
+finished step) and `errors`.
+
 Example::
 
     from pw_kernel.train import pipeline
@@ -19,9 +27,10 @@ from collections.abc import Callable, Sequence
 
 from ..runtime import VirtualSlice, controller
 from .errors import PipelineError
-from .pipeline import Pipeline, PipelineState
+from .pipeline import Pipeline
 from .pipeline import pipeline as _pipeline
 from .schedules import SCHEDULES, Replay, Schedule, replay, schedule_ops, theory_bubble
+from .state import PipelineState
 from .stats import PipelineStats, SliceStats
 
 
