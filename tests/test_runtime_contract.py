@@ -149,4 +149,5 @@ def test_the_readme_picture_of_the_lifecycle_is_drawn_from_the_table():
     assert drawn == lifecycle_dot(), "the table changed: run `python -m pw_kernel.widgets.lifecycle docs`"
     svg = (ROOT / "docs" / "lifecycle.svg").read_text()
     assert "<svg" in svg and all(f">{state}<" in svg for state in ("queued", "running", "done", "failed", "cancelled"))
-    assert "docs/lifecycle.svg" in (ROOT / "README.md").read_text()
+    assert "](lifecycle.svg)" in (ROOT / "docs" / "architecture.md").read_text()  # the architecture doc shows it
+    assert "](docs/architecture.md)" in (ROOT / "README.md").read_text()  # ... and the README links there
