@@ -1,6 +1,6 @@
 """The training layer: model training built on the runtime's public face only.
 
-It owns pipelines (`pw.pipeline`: stages on slices, microbatches streamed
+It owns pipelines and checkpoints (`pw.pipeline`: stages on slices, microbatches streamed
 through them as one program per training step, with the GPipe, 1F1B,
 interleaved and zero-bubble schedules, their ideal replay and measured
 statistics). It holds no run state of its own: a training step is a program
@@ -12,7 +12,9 @@ forward and backward nodes), `state` (`PipelineState` and placing params and
 optimizer state on the slices), `step` (the traced training step: schedule
 order, accumulation, shared-gradient sums, clipping, optimizer update),
 `schedules` (op orders and their ideal replay), `stats` (`PipelineStats` of a
-finished step) and `errors`.
+finished step), `checkpoint` (`CheckpointManager`: asynchronous saves from
+futures, orbax underneath) and `restore` (reading back onto any slice layout),
+and `errors`.
 
 Example::
 
@@ -26,7 +28,8 @@ import functools
 from collections.abc import Callable, Sequence
 
 from ..runtime import VirtualSlice, controller
-from .errors import PipelineError
+from .checkpoint import CheckpointManager
+from .errors import CheckpointError, PipelineError
 from .pipeline import Pipeline
 from .pipeline import pipeline as _pipeline
 from .schedules import SCHEDULES, Replay, Schedule, replay, schedule_ops, theory_bubble
@@ -41,6 +44,8 @@ def pipeline(stages: Sequence[Callable], slices: Sequence[VirtualSlice], microba
 
 __all__ = [
     "SCHEDULES",
+    "CheckpointError",
+    "CheckpointManager",
     "Pipeline",
     "PipelineError",
     "PipelineState",

@@ -9,4 +9,8 @@ class PipelineError(PathwaysError, ValueError):
     """A pipeline that cannot be built as asked (schedule, shapes, placement)."""
 
 
-__all__ = ["PipelineError"]
+class CheckpointError(PathwaysError, RuntimeError):
+    """A checkpoint that cannot be written or read as asked (no such step, shapes that differ, a failed save)."""
+
+
+__all__ = ["CheckpointError", "PipelineError"]

@@ -26,6 +26,7 @@ from .errors import PipelineError
 from .schedules import Schedule, check_schedule, schedule_ops
 from .stages import Stage, StageNodes
 from .state import PipelineState, Placement
+from .restore import abstract_pipeline_state, restore_pipeline
 from .stats import PipelineStats, pipeline_stats
 from .step import TrainingStep
 
@@ -141,6 +142,34 @@ class Pipeline:
             state = pipe.init([p0, p1, p2, p3], shared={"embed": E})
         """
         return self._placement.init(params, shared)
+
+    def abstract_state(self, params: Sequence[Any], shared: Mapping[str, Any] | None = None) -> PipelineState:
+        """The state `init` would make, as `jax.ShapeDtypeStruct`s with shardings on this pipeline's slices.
+
+        Nothing is placed: ``params`` may themselves be abstract (anything with shape and
+        dtype). The optimizer state's structure is `jax.eval_shape` of its init.
+
+        Example::
+
+            target = pipe.abstract_state(params, shared={"embed": E})
+            target.opt_state[0]      # ShapeDtypeStructs sharded like stage 0's params
+        """
+        return abstract_pipeline_state(self, self._placement, params, shared)
+
+    def restore(self, manager: Any, step: int | None = None, *, key: str | None = None) -> PipelineState:
+        """The pipeline state saved at ``step`` (default: the latest), on this pipeline's own slices.
+
+        Whatever slices saved it: the same stages on fewer or more slices, other mesh
+        shapes, other ``param_specs``; the optimizer state comes back sharded like its
+        params. ``key``: where the state sits in the saved tree, when it holds several.
+
+        Example::
+
+            ckpt.save(step, {"state": state})
+            ...                                         # a new kernel, other slices
+            state = pipe.restore(ckpt)
+        """
+        return restore_pipeline(self, self._placement, manager, step, key)
 
     def place(self, params: Sequence[Any]) -> list[Any]:
         """Put each stage's params on its slice (for a pipeline without shared params or optimizer); see `init`."""

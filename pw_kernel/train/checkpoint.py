@@ -1,0 +1,406 @@
+"""Checkpoints written asynchronously from futures, restored onto any slice layout (orbax-checkpoint underneath).
+
+`CheckpointManager.save(step, tree)` returns at once: the tree is snapshotted
+(futures and arrays are immutable values; numpy arrays are copied; a data
+iterator's position is read now), and a saver thread of its own, never the
+controller's, waits for each future and hands the arrays to orbax's
+asynchronous `CheckpointManager`, which writes them and finalizes the step
+atomically. A `pw.PipelineState` is saved in a layout-free form (each stage's
+params and optimizer state, one copy of each shared param), so
+`Pipeline.restore` can put it on another set of slices.
+
+On disk it is plain orbax: a step directory with a ``state`` item (a
+`StandardSave` pytree) and a ``data`` item (JSON: where the pipeline states
+are, and each data iterator's state), which
+``ocp.CheckpointManager(dir).restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))``
+opens.
+"""
+
+from __future__ import annotations
+
+import base64
+import collections.abc
+import dataclasses
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from ..runtime import Future, NodeEvent, controller, nbytes_of
+from .errors import CheckpointError
+from .state import PipelineState
+
+STATE, DATA = "state", "data"  # the orbax items of a step
+
+
+def _orbax():
+    try:
+        import orbax.checkpoint as ocp
+    except ImportError:
+        raise CheckpointError(
+            "`pw.CheckpointManager` writes with orbax-checkpoint, which is not installed: "
+            "`pip install 'pw_kernel[train]'` (or `pip install orbax-checkpoint`)."
+        ) from None
+    return ocp
+
+
+def is_iterator_with_state(x: Any) -> bool:
+    """A data iterator whose position can be saved and restored (grain's have get_state/set_state)."""
+    return callable(getattr(x, "get_state", None)) and callable(getattr(x, "set_state", None))
+
+
+def _is_leaf(x: Any) -> bool:
+    # Any iterator is a leaf: a generator is not a container of what it will yield.
+    return x is None or isinstance(x, (Future, PipelineState, collections.abc.Iterator)) or is_iterator_with_state(x)
+
+
+def canonical(state: PipelineState) -> dict:
+    """A pipeline state without its layout: per-stage params and optimizer state, one copy of each shared param."""
+    return {
+        "params": list(state.params),
+        "shared": {n: copies[0] for n, copies in state.shared.items()},
+        "opt_state": None if state.opt_state is None else list(state.opt_state),
+    }
+
+
+def _encode_state(st: Any) -> Any:
+    """An iterator's state as JSON can hold it (grain's DataLoader gives bytes)."""
+    if isinstance(st, bytes):
+        return {"__bytes__": base64.b64encode(st).decode()}
+    return st
+
+
+def _decode_state(st: Any) -> Any:
+    if isinstance(st, dict) and set(st) == {"__bytes__"}:
+        return base64.b64decode(st["__bytes__"])
+    return st
+
+
+@dataclasses.dataclass
+class SaveRecord:
+    """One save: its step, how many bytes, and where it stands (queued, waiting, writing, done, failed)."""
+
+    step: int
+    nbytes: int
+    submitted: float
+    state: str = "queued"
+    error: BaseException | None = None
+    finished: float | None = None
+    tree: Any = dataclasses.field(default=None, repr=False)
+    data: dict = dataclasses.field(default_factory=dict, repr=False)
+
+    @property
+    def seconds(self) -> float | None:
+        return None if self.finished is None else self.finished - self.submitted
+
+
+class CheckpointManager:
+    """Asynchronous checkpoints of futures, arrays, pipeline states, scalars and data iterators.
+
+    ``max_to_keep`` and ``save_interval_steps`` are orbax's
+    (`ocp.CheckpointManagerOptions`): keep the newest N steps; save only steps
+    that are a multiple of the interval (``save`` returns False for the others).
+
+    Example::
+
+        ckpt = pw.CheckpointManager("/tmp/run1", max_to_keep=3, save_interval_steps=5)
+        for step in range(100):
+            state, loss = pipe.step(state, x, y)
+            ckpt.save(step, {"state": state, "loss": loss})   # returns at once
+        ckpt.wait_until_finished()
+        state = pipe.restore(ckpt)                             # the latest step, on pipe's slices
+    """
+
+    def __init__(self, directory: str | os.PathLike, max_to_keep: int | None = None, save_interval_steps: int = 1):
+        ocp = _orbax()
+        self.directory = os.path.abspath(os.fspath(directory))
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=max_to_keep,
+            save_interval_steps=save_interval_steps,
+            enable_async_checkpointing=True,
+            create=True,
+        )
+        self._ocp = ocp
+        handlers = {STATE: ocp.StandardCheckpointHandler(), DATA: ocp.JsonCheckpointHandler()}
+        self._mngr = ocp.CheckpointManager(self.directory, item_handlers=handlers, options=options)
+        self.save_interval_steps = save_interval_steps
+        self._last_step = self._mngr.latest_step()  # the newest step saved or queued
+        self._cond = threading.Condition()
+        self._queue: list[SaveRecord] = []
+        self.saves: list[SaveRecord] = []  # every save asked for, in order (the last few kept)
+        self._unreported: list[SaveRecord] = []
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._plain_mngr = None
+        _managers.append(self)
+
+    # ----------------------------------------------------------------- saving
+    def should_save(self, step: int) -> bool:
+        """Whether ``save(step, ...)`` would save, as orbax decides: the first save, then multiples of
+        ``save_interval_steps``, and never a step at or before one already saved or queued."""
+        with self._cond:
+            last = self._last_step
+        if last is not None and step <= last:
+            return False
+        return last is None or step % self.save_interval_steps == 0
+
+    def save(self, step: int, tree: Any, *, force: bool = False) -> bool:
+        """Save ``tree`` as ``step`` without waiting for it; False if the interval skips this step.
+
+        ``tree``: any pytree of `pw.Future`, `jax.Array`, numpy arrays, `pw.PipelineState`,
+        Python scalars and data iterators with ``get_state``/``set_state`` (grain's). An iterator's
+        position is read now: a restored one yields the batches that follow the ones already taken.
+        """
+        if self._closed:
+            raise CheckpointError(f"`CheckpointManager.save({step})`: this manager was closed.")
+        if not isinstance(step, (int, np.integer)) or isinstance(step, bool) or step < 0:
+            raise CheckpointError(f"`CheckpointManager.save(step, tree)`: step must be an int >= 0; got {step!r}.")
+        step = int(step)
+        if not force and not self.should_save(step):
+            return False
+        rec = self._snapshot(step, tree)
+        with self._cond:
+            self._last_step = step if self._last_step is None else max(step, self._last_step)
+            self._queue.append(rec)
+            self.saves.append(rec)
+            del self.saves[:-100]
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._save_loop, name="pw-checkpoint", daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+        return True
+
+    def _snapshot(self, step: int, tree: Any) -> SaveRecord:
+        """What the save writes, fixed now: later steps make new arrays; numpy arrays are copied."""
+        leaves, treedef = jax.tree_util.tree_flatten_with_path(tree, is_leaf=_is_leaf)
+        out, pipelines, iterators, nbytes = [], [], {}, 0
+        for path, leaf in leaves:
+            key = jax.tree_util.keystr(path)
+            if isinstance(leaf, PipelineState):
+                pipelines.append(key)
+                leaf = canonical(leaf)
+            elif is_iterator_with_state(leaf):
+                iterators[key] = _encode_state(leaf.get_state())
+                leaf = None
+            elif isinstance(leaf, np.ndarray):
+                leaf = np.array(leaf, copy=True)
+            elif leaf is not None and not isinstance(leaf, (Future, jax.Array, np.generic, int, float, bool)):
+                raise CheckpointError(
+                    f"`CheckpointManager.save({step}, tree)`: the leaf at {key or 'the root'} is a "
+                    f"{type(leaf).__name__}, which cannot be checkpointed. Save arrays, futures, pw.PipelineState, "
+                    f"Python numbers and data iterators with get_state/set_state (grain's); a plain generator "
+                    f"cannot say where it is: read it through grain, or save the position yourself."
+                )
+            for x in jax.tree_util.tree_leaves(leaf):
+                if hasattr(x, "shape") and hasattr(x, "dtype"):
+                    nbytes += nbytes_of(x.shape, x.dtype)
+            out.append(leaf)
+        saved = jax.tree_util.tree_unflatten(treedef, out)
+        data = {"pipeline_states": pipelines, "iterators": iterators}
+        return SaveRecord(step, nbytes, time.time(), tree=saved, data=data)
+
+    def _save_loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if not self._queue:
+                    return
+                rec = self._queue[0]
+            self._write(rec)
+            with self._cond:
+                self._queue.pop(0)
+                self._cond.notify_all()
+
+    def _write(self, rec: SaveRecord) -> None:
+        """Wait for the futures (this thread only), then let orbax write and finalize the step."""
+        log = controller().events
+        t0 = log.now()
+        try:
+            rec.state = "waiting"
+            tree = jax.tree_util.tree_map(lambda x: x.result() if isinstance(x, Future) else x, rec.tree,
+                                          is_leaf=lambda x: isinstance(x, Future))
+            rec.state = "writing"
+            args = self._ocp.args.Composite(
+                **{STATE: self._ocp.args.StandardSave(tree), DATA: self._ocp.args.JsonSave(rec.data)}
+            )
+            self._mngr.save(rec.step, args=args, force=True)
+            self._mngr.wait_until_finished()  # orbax writes on its own threads; this one waits for the commit
+            rec.state = "done"
+        except BaseException as e:  # disk full, permission, a future that failed: reported once, nothing lost
+            rec.state, rec.error = "failed", e
+            with self._cond:
+                self._unreported.append(rec)
+        finally:
+            rec.finished = time.time()
+            rec.tree = None  # the arrays may go now
+            self._emit(log, rec, t0)
+
+    def _emit(self, log, rec: SaveRecord, t0: int) -> None:
+        """The save as a bar on the timeline's host lane, with its bytes."""
+        ev = NodeEvent(
+            -1, -1, "checkpoint", "checkpoint", f"save step {rec.step}", "checkpoint", (), 0, None, t0,
+            rec.nbytes, f"{rec.nbytes / 2**20:.1f} MiB -> {self.directory}",
+        )
+        ev.start, ev.end = t0, log.now()
+        if rec.error is not None:
+            ev.error = f"{type(rec.error).__name__}: {rec.error}"
+        log.emit_node(ev)
+
+    def wait_until_finished(self, timeout: float | None = None) -> None:
+        """Block until every save asked for so far is written (or failed); raise the first failure not yet seen."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while self._queue:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise CheckpointError(
+                        f"`CheckpointManager.wait_until_finished(timeout={timeout:g})`: "
+                        f"{len(self._queue)} saves still in progress (steps {[r.step for r in self._queue]})."
+                    )
+                self._cond.wait(left)
+        failure = self.take_failures()
+        if failure:
+            raise CheckpointError(self.describe_failure(failure[0])) from failure[0].error
+
+    def take_failures(self) -> list[SaveRecord]:
+        """Saves that failed and were not reported yet (each is reported once)."""
+        with self._cond:
+            out, self._unreported = self._unreported, []
+        return out
+
+    def describe_failure(self, rec: SaveRecord) -> str:
+        last = self.latest_step()
+        kept = f"the last finished checkpoint (step {last}) is intact" if last is not None else "no earlier checkpoint"
+        return (
+            f"checkpoint of step {rec.step} to {self.directory} failed: {type(rec.error).__name__}: {rec.error}. "
+            f"{kept}; free space or fix permissions, then save again."
+        )
+
+    @property
+    def in_progress(self) -> list[SaveRecord]:
+        with self._cond:
+            return list(self._queue)
+
+    @property
+    def last_finished(self) -> SaveRecord | None:
+        done = [r for r in self.saves if r.state == "done"]
+        return done[-1] if done else None
+
+    # ------------------------------------------------------------------ reading
+    def latest_step(self) -> int | None:
+        """The newest step whose checkpoint is finished (orbax's atomic commit), or None."""
+        self._mngr.reload()
+        return self._mngr.latest_step()
+
+    def all_steps(self) -> list[int]:
+        """Every finished step kept on disk, oldest first."""
+        self._mngr.reload()
+        return sorted(self._mngr.all_steps())
+
+    def metadata(self, step: int | None = None) -> tuple[Any, dict]:
+        """(shapes and dtypes of the saved tree, the pw data item) of ``step`` (default: the latest)."""
+        step = self.finished_step(step, "CheckpointManager.metadata")
+        if self._plain_item(step):
+            md = self._plain().item_metadata(step)
+            return getattr(md, "tree", md), {}
+        md = self._mngr.item_metadata(step)
+        tree = md[STATE]
+        tree = getattr(tree, "tree", tree)
+        data = self._mngr.restore(step, args=self._ocp.args.Composite(**{DATA: self._ocp.args.JsonRestore()}))[DATA]
+        return tree, data or {}
+
+    def _plain_item(self, step: int) -> bool:
+        """Whether ``step`` was written by plain orbax as one default item (not by pw)."""
+        here = os.path.join(self.directory, str(step))
+        return not os.path.isdir(os.path.join(here, STATE)) and os.path.isdir(os.path.join(here, "default"))
+
+    def _plain(self):
+        """A manager for checkpoints plain orbax wrote with one (default) item."""
+        if self._plain_mngr is None:
+            self._plain_mngr = self._ocp.CheckpointManager(
+                self.directory, item_handlers=self._ocp.StandardCheckpointHandler(),
+                options=self._ocp.CheckpointManagerOptions(read_only=True),
+            )
+        return self._plain_mngr
+
+    def finished_step(self, step: int | None, api: str) -> int:
+        """``step`` if it is finished on disk (default: the latest); CheckpointError naming ``api`` otherwise."""
+        self.wait_until_finished()
+        steps = self.all_steps()
+        if step is None:
+            if not steps:
+                raise CheckpointError(f"`{api}`: no finished checkpoint in {self.directory}.")
+            return steps[-1]
+        if step not in steps:
+            raise CheckpointError(
+                f"`{api}(step={step})`: no finished checkpoint of step {step} in {self.directory}; "
+                f"steps there: {steps}."
+            )
+        return step
+
+    def restore(self, step: int | None = None, target: Any = None) -> Any:
+        """The tree saved at ``step`` (default: the latest), each leaf placed as ``target`` says.
+
+        ``target`` mirrors the saved tree: arrays, futures and `jax.ShapeDtypeStruct` (with a
+        sharding) say where a leaf goes; a data iterator is set to the saved position and
+        returned. Without ``target`` arrays come back as numpy arrays on the host and a
+        pipeline state as its layout-free dict (``pipe.restore`` places it).
+        """
+        from .restore import restore_tree  # the reading side, kept apart from the saver
+
+        step = self.finished_step(step, "CheckpointManager.restore")
+        saved, data = self.metadata(step)
+        return restore_tree(self, step, saved, data, target)
+
+    def read(self, step: int, abstract: Any) -> Any:
+        """Read ``step``'s state item with orbax, placed as the abstract tree says (numpy where it has none)."""
+        if self._plain_item(step):
+            return self._plain().restore(step, args=self._ocp.args.StandardRestore(abstract))
+        args = self._ocp.args.Composite(**{STATE: self._ocp.args.StandardRestore(abstract)})
+        return self._mngr.restore(step, args=args)[STATE]
+
+    def close(self) -> None:
+        """Finish the saves in progress, then release orbax's threads."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+        self._mngr.close()
+        if self._plain_mngr is not None:
+            self._plain_mngr.close()
+        if self in _managers:
+            _managers.remove(self)
+
+    def __enter__(self) -> CheckpointManager:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        busy = len(self.in_progress)
+        return f"<pw.CheckpointManager {self.directory}: steps {self.all_steps()}, {busy} saving>"
+
+
+#: Managers alive in this process, for the notebook front's status and failure reports.
+_managers: list[CheckpointManager] = []
+
+
+def managers() -> list[CheckpointManager]:
+    """The checkpoint managers open in this process (what `%pathways status` lists)."""
+    return list(_managers)
+
+
+def decode_iterator_state(st: Any) -> Any:
+    return _decode_state(st)
+
+
+Callback = Callable[[SaveRecord], None]
+
+__all__ = ["CheckpointManager", "SaveRecord", "canonical", "managers"]

@@ -1,0 +1,265 @@
+"""Training that survives: asynchronous checkpoints from futures, restored in new processes onto other layouts."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import pw_kernel as pw
+from fresh_python import run_python
+
+ocp = pytest.importorskip("orbax.checkpoint")
+optax = pytest.importorskip("optax")
+
+# A 4-stage MLP trained with a real optax chain: what the fresh processes below rebuild from this text.
+MODEL = """
+import numpy as np, jax, jax.numpy as jnp, optax
+import pw_kernel as pw
+from jax.sharding import PartitionSpec as P
+
+W = 16
+def stage(p, x):
+    return jnp.tanh(x @ p["w"] + p["b"])
+
+def params():
+    rng = np.random.default_rng(0)
+    return [{"w": rng.normal(size=(W, W)).astype(np.float32) / 4, "b": np.zeros(W, np.float32)} for _ in range(4)]
+
+def batch(step):
+    rng = np.random.default_rng(100 + step)
+    return rng.normal(size=(8, W)).astype(np.float32), rng.normal(size=(8, W)).astype(np.float32)
+
+OPT = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-2))
+"""
+exec(MODEL)  # noqa: S102 - the same model here and in the fresh processes
+
+
+def four_slices():
+    return [pw.slice(2, mesh={"data": 2}) for _ in range(4)]
+
+
+def leaves_equal(a, b) -> None:
+    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_save_from_futures_returns_at_once_and_writes_what_was_saved(ctl, tmp_path):
+    pipe = pw.pipeline([stage] * 4, slices=four_slices(), microbatches=4, schedule="1f1b", optimizer=OPT)
+    state = pipe.init(params())
+    ckpt = pw.CheckpointManager(tmp_path / "ck")
+    x, y = batch(0)
+    state, loss = pipe.step(state, x, y)
+    assert isinstance(state.params[0]["w"], pw.Future)
+    assert ckpt.save(0, {"state": state, "loss": loss, "step": 0})
+    saved = state
+    for k in range(1, 4):  # steps submitted after the save make new arrays: the save keeps step 0's
+        state, loss = pipe.step(state, *batch(k))
+    ckpt.wait_until_finished()
+    assert ckpt.all_steps() == [0] and ckpt.latest_step() == 0
+    back = pipe.restore(ckpt)
+    leaves_equal(pw.get(saved), back)
+    host = ckpt.restore()  # no target: numpy on the host, the pipeline state layout-free
+    assert sorted(host) == ["loss", "state", "step"] and int(host["step"]) == 0
+    assert isinstance(host["state"]["params"][0]["w"], np.ndarray)
+    ckpt.close()
+
+
+def test_max_to_keep_and_save_interval_steps_as_orbax_has_them(ctl, tmp_path):
+    ckpt = pw.CheckpointManager(tmp_path / "ck", max_to_keep=2, save_interval_steps=3)
+    x = jnp.arange(4.0)
+    saved = [s for s in range(10) if ckpt.save(s, {"x": x + s})]
+    ckpt.wait_until_finished()
+    assert saved == [0, 3, 6, 9] and ckpt.all_steps() == [6, 9]
+    np.testing.assert_array_equal(ckpt.restore(6)["x"], np.arange(4.0) + 6)
+    ckpt.close()
+
+
+def test_restore_reshards_onto_fewer_slices_other_meshes_and_specs(ctl, tmp_path):
+    pipe = pw.pipeline([stage] * 4, slices=four_slices(), microbatches=4, schedule="1f1b", optimizer=OPT)
+    state = pipe.init(params())
+    for k in range(3):
+        state, _ = pipe.step(state, *batch(k))
+    ckpt = pw.CheckpointManager(tmp_path / "ck")
+    ckpt.save(3, {"state": state})
+    two = [pw.slice(4, mesh={"data": 2, "model": 2}) for _ in range(2)]
+    spec = {"w": P(None, "model"), "b": P()}
+    other = pw.pipeline([stage] * 4, slices=two, microbatches=4, schedule="interleaved", optimizer=OPT,
+                        param_specs=[spec] * 4)
+    back = other.restore(ckpt)
+    leaves_equal(pw.get(state), back)
+    # stage j on slices[j % 2], its params and its adam moments sharded over 'model' as param_specs say
+    assert set(back.params[3]["w"].sharding.device_set) == set(two[1].devices)
+    assert back.params[3]["w"].sharding.spec == P(None, "model")
+    adam = back.opt_state[3][1][0]
+    assert adam.mu[0]["w"].sharding.spec == P(None, "model") and adam.nu[0]["w"].sharding == back.params[3]["w"].sharding
+    # the next step is the same step, whatever the layout
+    _, l1 = pipe.step(state, *batch(3))
+    _, l2 = other.step(back, *batch(3))
+    np.testing.assert_allclose(float(l1.result()), float(l2.result()), rtol=1e-6)
+    # the abstract state places nothing and says what restore will give
+    abstract = other.abstract_state(params())
+    assert isinstance(abstract.params[0]["w"], jax.ShapeDtypeStruct)
+    assert abstract.opt_state[3][1][0].mu[0]["w"].sharding == back.params[3]["w"].sharding
+    ckpt.close()
+
+
+def test_a_shape_that_differs_names_the_leaf_and_both_shapes(ctl, tmp_path):
+    pipe = pw.pipeline([stage] * 4, slices=four_slices(), microbatches=4, optimizer=OPT)
+    ckpt = pw.CheckpointManager(tmp_path / "ck")
+    ckpt.save(0, {"state": pipe.init(params())})
+
+    def wide(p, x):
+        return x @ p["w"][:, :W] + p["b"][:W]
+
+    bigger = [{"w": np.zeros((W, 2 * W), np.float32), "b": np.zeros(2 * W, np.float32)} for _ in range(4)]
+    big = pw.pipeline([wide] * 4, slices=four_slices(), microbatches=4, optimizer=OPT)
+    msg = "the leaf ['state']['params'][0]['b'] was saved with shape (16,), but (32,) is expected here"
+    with pytest.raises(pw.CheckpointError, match=re.escape(msg)):
+        ckpt.restore(target={"state": big.abstract_state(bigger)})
+    with pytest.raises(pw.CheckpointError, match=re.escape("no finished checkpoint of step 7")):
+        ckpt.restore(7)
+    ckpt.close()
+
+
+def test_a_fresh_process_restores_onto_two_slices_and_trains_on_like_the_uninterrupted_run(tmp_path):
+    directory = str(tmp_path / "ck")
+    first = MODEL + textwrap.dedent(f"""
+        slices = [pw.slice(2, mesh={{"data": 2}}) for _ in range(4)]
+        pipe = pw.pipeline([stage] * 4, slices=slices, microbatches=4, schedule="1f1b", optimizer=OPT)
+        state = pipe.init(params())
+        ckpt = pw.CheckpointManager({directory!r}, max_to_keep=3)
+        losses = []
+        for step in range(8):
+            state, loss = pipe.step(state, *batch(step))
+            losses.append(loss)
+            if step % 3 == 2:
+                ckpt.save(step, {{"state": state, "step": step}})
+        ckpt.wait_until_finished()
+        print("LOSSES", [float(l.result()) for l in losses])
+    """)
+    out = run_python(first, timeout=240)
+    uninterrupted = eval(out.split("LOSSES", 1)[1].strip())
+    resumed = MODEL + textwrap.dedent(f"""
+        slices = [pw.slice(4, mesh={{"data": 2, "model": 2}}) for _ in range(2)]
+        pipe = pw.pipeline([stage] * 4, slices=slices, microbatches=4, schedule="interleaved", optimizer=OPT)
+        ckpt = pw.CheckpointManager({directory!r})
+        print("STEPS", ckpt.all_steps())
+        state = pipe.restore(ckpt, 5)
+        start = int(ckpt.restore(5)["step"]) + 1
+        losses = []
+        for step in range(start, 8):
+            state, loss = pipe.step(state, *batch(step))
+            losses.append(float(loss.result()))
+        print("RESUMED", losses)
+    """)
+    out = run_python(resumed, timeout=240)
+    assert "STEPS [2, 5]" in out
+    np.testing.assert_allclose(eval(out.split("RESUMED", 1)[1].strip()), uninterrupted[6:], rtol=1e-5)
+
+
+def test_a_checkpoint_written_by_pw_opens_with_plain_orbax_and_back(ctl, tmp_path):
+    s = pw.slice(4, mesh={"d": 4})
+    w = pw.compiled(lambda a: a * 2, slice=s, in_specs=P("d"), out_specs=P("d"))(jnp.arange(8.0))
+    ckpt = pw.CheckpointManager(tmp_path / "pw")
+    ckpt.save(1, {"w": w, "n": 3})
+    ckpt.wait_until_finished()
+    plain = ocp.CheckpointManager(tmp_path / "pw")  # what a user without pw does
+    target = {"w": jax.ShapeDtypeStruct((8,), jnp.float32, sharding=s.sharding("d")), "n": 0}
+    got = plain.restore(1, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))["state"]
+    np.testing.assert_array_equal(np.asarray(got["w"]), np.arange(8.0) * 2)
+    plain.close()
+    # and a plain orbax checkpoint of a pytree (its default item) restores into pw, onto a slice
+    other = ocp.CheckpointManager(tmp_path / "orbax")
+    other.save(4, args=ocp.args.StandardSave({"w": np.arange(6.0, dtype=np.float32)}))
+    other.wait_until_finished()
+    other.close()
+    mine = pw.CheckpointManager(tmp_path / "orbax")
+    back = mine.restore(4, target={"w": jax.ShapeDtypeStruct((6,), jnp.float32, sharding=s.sharding())})
+    assert set(back["w"].sharding.device_set) == set(s.devices)
+    np.testing.assert_array_equal(np.asarray(back["w"]), np.arange(6.0))
+    ckpt.close()
+    mine.close()
+
+
+def test_a_save_that_fails_is_reported_once_and_the_last_checkpoint_stays(ctl, tmp_path):
+    s = pw.slice(1)
+    ok = pw.compiled(lambda a: a + 1, slice=s)(jnp.zeros(3))
+    ckpt = pw.CheckpointManager(tmp_path / "ck")
+    ckpt.save(1, {"x": ok})
+
+    def boom(a):
+        raise ValueError("sensor offline")
+
+    bad = pw.compiled(lambda a: jax.pure_callback(boom, jax.ShapeDtypeStruct(a.shape, a.dtype), a), slice=s)(ok)
+    ckpt.save(2, {"x": bad})
+    with pytest.raises(pw.CheckpointError, match=re.escape("checkpoint of step 2")) as info:
+        ckpt.wait_until_finished()
+    assert "sensor offline" in str(info.value) and "the last finished checkpoint (step 1) is intact" in str(info.value)
+    ckpt.wait_until_finished()  # reported once
+    assert ckpt.all_steps() == [1]
+    np.testing.assert_array_equal(ckpt.restore()["x"], np.ones(3))
+    ckpt.close()
+
+
+def test_a_process_killed_while_saving_leaves_the_last_finished_checkpoint_whole(tmp_path):
+    directory = str(tmp_path / "ck")
+    script = textwrap.dedent(f"""
+        import sys, numpy as np, jax.numpy as jnp
+        import pw_kernel as pw
+        ckpt = pw.CheckpointManager({directory!r})
+        ckpt.save(1, {{"w": jnp.arange(1000.0)}})
+        ckpt.wait_until_finished()
+        big = np.ones((64, 1024, 1024), np.float32)   # 256 MiB: seconds to write
+        ckpt.save(2, {{"w": big}})
+        print("SAVING", flush=True)
+        ckpt.wait_until_finished()
+        print("FINISHED", flush=True)
+    """)
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "SAVING"
+    time.sleep(0.3)
+    child.send_signal(signal.SIGKILL)
+    child.wait(30)
+    left = os.listdir(directory)
+    assert "1" in left and "2" not in left, left  # step 2 never committed
+    out = run_python(textwrap.dedent(f"""
+        import numpy as np, pw_kernel as pw
+        ckpt = pw.CheckpointManager({directory!r})
+        w = ckpt.restore()["w"]
+        print(ckpt.latest_step(), ckpt.all_steps(), float(w.sum()))
+    """))
+    assert out.split() == ["1", "[1]", str(float(np.arange(1000.0).sum()))]
+
+
+def test_a_data_iterator_resumes_at_the_batch_the_loop_had_reached(ctl, tmp_path):
+    grain = pytest.importorskip("grain")
+    ds = grain.MapDataset.range(100).map(lambda i: np.full((2,), i, np.int32)).batch(4)
+    it = iter(ds)
+    ckpt = pw.CheckpointManager(tmp_path / "ck")
+    seen = [next(it) for _ in range(3)]
+    ckpt.save(3, {"data": it, "step": 3})
+    after = [np.asarray(next(it)) for _ in range(2)]
+    ckpt.wait_until_finished()
+    fresh = iter(ds)
+    back = ckpt.restore(target={"data": fresh, "step": 0})
+    assert back["data"] is fresh and int(back["step"]) == 3
+    leaves_equal(after, [next(fresh) for _ in range(2)])
+    assert int(seen[-1][0][0]) == 8  # the third batch started at 8; the restored iterator goes on at 12
+
+    def gen():
+        yield from range(3)
+
+    with pytest.raises(pw.CheckpointError, match="a plain generator cannot say where it is"):
+        ckpt.save(4, {"data": gen()})
+    ckpt.close()
