@@ -46,6 +46,11 @@ class Island:
     def size(self) -> int:
         return len(self.devices)
 
+    @property
+    def lost(self) -> bool:
+        """Whether this island's devices are gone (its Ray actor or node died); a local island never is."""
+        return self.remote is not None and not self.remote.alive
+
     def device_id(self, k: int) -> int:
         """The id events use for this island's device ``k`` (a local device's own id; see `remote_device_id`)."""
         return remote_device_id(self, k) if self.remote is not None else self.devices[k].id
@@ -401,6 +406,8 @@ class ResourceManager:
                     f"{[i.id for i in self.islands]} (see `pw.islands()`)."
                 )
             target = matches[0]
+            if target.remote is not None:
+                target.remote.check(f"pw.slice({n}, island={target.id})")  # IslandLostError once it is gone
             if len(target.devices) < n:
                 raise SliceError(
                     f"`pw.slice({n}, island={target.id})`: island {target.id} has only {len(target.devices)} devices. "

@@ -13,8 +13,9 @@ optimizer state on the slices), `step` (the traced training step: schedule
 order, accumulation, shared-gradient sums, clipping, optimizer update),
 `schedules` (op orders and their ideal replay), `stats` (`PipelineStats` of a
 finished step), `checkpoint` (`CheckpointManager`: asynchronous saves from
-futures, orbax underneath) and `restore` (reading back onto any slice layout),
-and `errors`.
+futures, orbax underneath), `restore` (reading back onto any slice layout),
+`elastic` (`elastic_retry`: training again on what is left after a lost
+island) and `errors`.
 
 Example::
 
@@ -29,6 +30,7 @@ from collections.abc import Callable, Sequence
 
 from ..runtime import VirtualSlice, controller
 from .checkpoint import CheckpointManager
+from .elastic import elastic_retry
 from .errors import CheckpointError, PipelineError
 from .pipeline import Pipeline
 from .pipeline import pipeline as _pipeline
@@ -53,6 +55,7 @@ __all__ = [
     "Replay",
     "Schedule",
     "SliceStats",
+    "elastic_retry",
     "pipeline",
     "replay",
     "schedule_ops",
