@@ -419,6 +419,8 @@ def start_ray_islands(
         env_vars.setdefault("JAX_PLATFORMS", "cpu")
         if devices_per_island:
             env_vars.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={devices_per_island}")
+            # ... and over what the workers inherit from this process (a Pathways kernel sets 8 for itself)
+            env_vars.setdefault("JAX_NUM_CPU_DEVICES", str(devices_per_island))
     options: dict[str, Any] = {"runtime_env": {"env_vars": env_vars}, "num_cpus": 0}
     if count is None:
         nodes = [n for n in ray.nodes() if n.get("Alive")]
