@@ -360,6 +360,26 @@ def remote_table(rm: dict) -> tuple[list[str], list[dict]]:
     return out, targets
 
 
+def checkpoint_table(ck: dict) -> tuple[list[str], list[dict]]:
+    out = [
+        "#### Checkpoints against plain orbax (checkpoint.py)",
+        "",
+        "| state | save() blocks the caller (median) |",
+        "|---|---|",
+    ]
+    out += [f"| {r['mb']:.0f} MB of futures | {r['blocked_ms']['median']:.2f} ms |" for r in ck["blocked"]]
+    out += ["", "| state | save, pw | save, orbax | pw / orbax | restore, pw | restore, orbax | pw / orbax |",
+            "|---|---|---|---|---|---|---|"]
+    for t in ck["throughput"]:
+        sv, rs = t["save"], t["restore"]
+        out.append(f"| {t['mb']:.0f} MB | {sv['pw']:.0f} MB/s | {sv['orbax']:.0f} MB/s | {sv['ratio']:.2f}x | "
+                   f"{rs['pw']:.0f} MB/s | {rs['orbax']:.0f} MB/s | {rs['ratio']:.2f}x |")
+    lp = ck["loop"]
+    out += ["", f"A {lp['steps']}-step loop saving {lp['mb_per_save']:.0f} MB every 5 steps runs at "
+            f"{lp['ratio']:.3f}x the steps/s of the same loop without saves.", ""]
+    return out, ck["targets"]
+
+
 def targets_table(targets: list[dict]) -> list[str]:
     out = ["#### Targets", "", "| target | measured | limit | |", "|---|---|---|---|"]
     for t in targets:
@@ -376,7 +396,7 @@ def targets_table(targets: list[dict]) -> list[str]:
 def render(platform: str, results: Path, status: dict | None) -> str:
     loaded = {n: _load(results, n, platform) for n in
               ("dispatch", "interactive", "parity", "utilization", "profile_overhead", "multitenancy", "pipeline",
-               "timeline_redraw", "remote")}
+               "timeline_redraw", "remote", "checkpoint")}
     first = next((v for v in loaded.values() if v and isinstance(v.get("machine"), dict)), None)
     lines = header(platform, status, first)
     lines.append("")
@@ -388,7 +408,7 @@ def render(platform: str, results: Path, status: dict | None) -> str:
         ("parity", parity_table, body), ("utilization", utilization_table, body),
         ("profile_overhead", lambda r: (profile_tables(r), []), tail), ("multitenancy", multitenancy_table, tail),
         ("pipeline", pipeline_table, tail), ("timeline_redraw", timeline_table, tail),
-        ("remote", remote_table, tail),
+        ("remote", remote_table, tail), ("checkpoint", checkpoint_table, tail),
     )
     for name, fn, where in renderers:
         if not loaded[name]:

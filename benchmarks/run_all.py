@@ -46,6 +46,7 @@ STEPS: dict[str, tuple[str, list[str], int]] = {
     "pipeline": ("pipeline.py", [], 240),
     "timeline_redraw": ("timeline_redraw.py", [], 240),
     "remote": ("remote.py", [], 300),
+    "checkpoint": ("checkpoint.py", [], 420),
 }
 
 

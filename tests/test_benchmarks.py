@@ -120,6 +120,14 @@ QUICK = {
          rf"^\s+interleaved(\s+{NUM}){{2}}\s+0\.111\s+0\.111\s+{NUM}\s+\[5, 3\]\s+\[5, 3\]$",
          rf"^\s+zero_bubble(\s+{NUM}){{2}}\s+0\.077\s+0\.077\s+{NUM}\s+\[2, 2\]\s+\[2, 2\]$"],
     ),
+    "checkpoint": (
+        "checkpoint.py",
+        [],
+        (),
+        [rf"^blocked\s+{NUM} MB: save\(\) returned in {NUM} ms \(median\)$",
+         rf"^restore\s+{NUM} MB: pw\s+{NUM} MB/s, orbax\s+{NUM} MB/s, pw/orbax {NUM}x$",
+         rf"^loop\s+10 steps, a save every 5: {NUM}x the steps/s of the loop without saves$"],
+    ),
 }
 
 
@@ -151,6 +159,7 @@ def test_the_timeline_redraw_benchmark_runs_in_chromium(tmp_path):
     "script, hide, note",
     [
         ("remote.py", ("ray",), "remote: skipped: needs Ray for remote islands: ray is not installed"),
+        ("checkpoint.py", ("orbax",), "checkpoint: skipped: orbax.checkpoint is not installed"),
         ("timeline_redraw.py", ("playwright",), "timeline_redraw: skipped: needs Playwright, anywidget and Chromium: "
                                                 "playwright is not installed"),
     ],
