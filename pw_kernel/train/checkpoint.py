@@ -24,7 +24,6 @@ import dataclasses
 import os
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -74,7 +73,8 @@ def _encode_state(st: Any) -> Any:
     return st
 
 
-def _decode_state(st: Any) -> Any:
+def decode_iterator_state(st: Any) -> Any:
+    """What `_encode_state` wrote, as the iterator's ``set_state`` takes it."""
     if isinstance(st, dict) and set(st) == {"__bytes__"}:
         return base64.b64decode(st["__bytes__"])
     return st
@@ -396,11 +396,5 @@ def managers() -> list[CheckpointManager]:
     """The checkpoint managers open in this process (what `%pathways status` lists)."""
     return list(_managers)
 
-
-def decode_iterator_state(st: Any) -> Any:
-    return _decode_state(st)
-
-
-Callback = Callable[[SaveRecord], None]
 
 __all__ = ["CheckpointManager", "SaveRecord", "canonical", "managers"]

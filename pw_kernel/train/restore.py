@@ -103,7 +103,7 @@ def restore_tree(mngr: Any, step: int, saved: Any, data: dict, target: Any) -> A
     check_shapes(saved, tree, f"CheckpointManager.restore(step={step})")
     restored_leaves = treedef.flatten_up_to(mngr.read(step, tree))
     out = []
-    for (kind, leaf), value in zip(after, restored_leaves):
+    for (kind, leaf), value in zip(after, restored_leaves, strict=True):
         if kind == "pipeline":
             out.append(_copies_like(value, leaf))
         elif kind == "iterator":
