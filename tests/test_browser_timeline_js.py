@@ -24,7 +24,7 @@ pytest.importorskip("playwright.sync_api", reason="pip install playwright (the b
 from chromium import widget_page  # noqa: E402
 from pw_kernel.runtime import NodeEvent  # noqa: E402
 from pw_kernel.widgets import _html  # noqa: E402
-from pw_kernel.widgets.timeline_widget import EventEncoder  # noqa: E402
+from pw_kernel.widgets.timeline_encoder import EventEncoder  # noqa: E402
 from timeline_events import chained_layers, node  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)

@@ -20,13 +20,14 @@ from jax.sharding import PartitionSpec as P
 
 import pw_kernel as pw
 from pw_kernel.widgets import graph as graph_mod
-from pw_kernel.widgets.graph import GraphvizError, graph_dot, graph_html, graph_svg, pipeline_rows
+from pw_kernel.widgets.dot import FONT_SIZE, graph_dot, pipeline_rows
+from pw_kernel.widgets.graph import GraphvizError, clear_layout_cache, graph_html, graph_svg, layout_available
 
 HOSTILE = "<img src=x onerror=alert(1)>"
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 STATIC = Path(graph_mod.__file__).parent / "static"
 needs_dot = pytest.mark.skipif(
-    graph_mod.dot_binary() is None or graph_mod._graphviz_package() is None,
+    not layout_available(),
     reason="graphviz (`dot` and the Python package) is installed by scripts/setup.sh",
 )
 
@@ -161,7 +162,7 @@ def test_the_pipeline_grid_as_laid_out(ctl, schedule, M, S):
     assert arcs > 0 and arcs + drawn_by_dot == every_edge
     # text at its own readable size, however large the graph
     sizes = {float(s) for s in re.findall(r'font-size="([\d.]+)"', svg)}
-    assert min(sizes) >= graph_mod.FONT_SIZE - 2
+    assert min(sizes) >= FONT_SIZE - 2
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "zero_bubble"])
@@ -258,7 +259,7 @@ def test_layout_goes_through_the_graphviz_package(ctl, monkeypatch):
         return real(self, *args, **kwargs)
 
     monkeypatch.setattr(graphviz.Source, "pipe", spy)
-    graph_mod._layout.cache_clear()
+    clear_layout_cache()
     g = pw.program(lambda v: pw.compiled(lambda x: x * 3, slice=pw.slice(1, name="one"), name="k")(v), name="p")
     svg = graph_svg(g.trace(jnp.ones(3)))
     assert svg.startswith("<svg") and calls == ["svg"]
@@ -267,7 +268,7 @@ def test_layout_goes_through_the_graphviz_package(ctl, monkeypatch):
 
 def test_without_the_graphviz_package_a_clear_message_and_the_dot_source(ctl, monkeypatch):
     monkeypatch.setitem(sys.modules, "graphviz", None)  # importing it raises ImportError
-    graph_mod._layout.cache_clear()
+    clear_layout_cache()
     s = pw.slice(1, name="one")
     g = pw.program(lambda v: pw.compiled(lambda x: x + 1, slice=s, name="inc")(v), name="p").trace(jnp.ones(3))
     with pytest.raises(GraphvizError, match=re.escape("the `graphviz` Python package is not installed")) as info:
@@ -289,7 +290,7 @@ def test_a_layout_that_takes_too_long_is_given_up_with_the_dot_source(ctl, monke
     monkeypatch.setattr(graphviz.Source, "pipe", slow)
     monkeypatch.setattr(graph_mod, "DOT_TIMEOUT", 0.1)
     monkeypatch.setattr(graph_mod, "dot_binary", lambda: "/usr/bin/dot")
-    graph_mod._layout.cache_clear()
+    clear_layout_cache()
     with pytest.raises(GraphvizError, match="took longer than") as info:
         graph_mod.dot_to_svg('digraph "slow" { a -> b }')
     assert 'digraph "slow"' in info.value.dot
@@ -363,7 +364,7 @@ def test_without_graphviz_the_notebook_shows_what_to_install(ctl2, monkeypatch):
     shown = []
     monkeypatch.setattr(IPython.display, "display", lambda *a, **k: shown.append((a, k)))
     monkeypatch.setitem(sys.modules, "graphviz", None)
-    graph_mod._layout.cache_clear()
+    clear_layout_cache()
     paper_program()._ipython_display_()
     ((args, _),) = shown
     assert WIDGET_MIME not in args[0]  # no widget without a picture

@@ -67,7 +67,7 @@ def test_utilization_is_keyed_by_the_lane_names_the_timeline_shows(ctl2):
 
 
 def test_lanes_that_share_a_label_are_told_apart():
-    from pw_kernel.widgets.timeline_widget import lane_names
+    from pw_kernel.widgets.timeline_encoder import lane_names
 
     lanes = [
         {"key": "dev:0", "label": "gpu"},
@@ -138,7 +138,7 @@ def test_static_axis_starts_at_0_ns_and_never_repeats_a_label():
 
 
 def test_axis_labels_stay_distinct_zoomed_far_in():
-    from pw_kernel.widgets.timeline_widget import axis_labels
+    from pw_kernel.widgets.timeline_html import axis_labels
 
     # a 1 µs window 14.1 ms into a run: ticks 100 ns apart
     ticks = [14_100_000 + k * 100 for k in range(10)]

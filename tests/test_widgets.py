@@ -27,6 +27,7 @@ from pw_kernel.widgets import (  # noqa: E402
     MeshWidget,
     RunWidget,
     TimelineWidget,
+    graph_dot,
     graph_html,
     graph_svg,
     repr_svg,
@@ -35,7 +36,7 @@ from pw_kernel.widgets import (  # noqa: E402
 )
 from pw_kernel.widgets import graph as graph_mod  # noqa: E402
 from pw_kernel.widgets._base import Ticker  # noqa: E402
-from pw_kernel.widgets.timeline_widget import NONE, EventEncoder, busy_union  # noqa: E402
+from pw_kernel.widgets.timeline_encoder import NONE, EventEncoder, busy_union  # noqa: E402
 from fresh_python import run_python
 
 HOSTILE = "<img src=x onerror=alert(1)>"
@@ -636,7 +637,7 @@ def test_graph_escapes_hostile_names(ctl2):
         return f(v)
 
     g = p.trace(jnp.ones(4))
-    dot = graph_mod.graph_dot(g)
+    dot = graph_dot(g)
     assert '"<img src=x onerror=alert(1)>\\n[s\\"\\\\n<b>]"' in dot
     if graph_mod.dot_binary() is not None:
         svg = graph_svg(g)

@@ -4,9 +4,9 @@
 * `timeline` / `TimelineWidget`: a lane per device and per transfer path, a bar per node, live.
 * `show_pipeline`: a timeline of pipelined steps with their per-slice bubble and live activations beside it.
 * `RunWidget`: a run's state, nodes done / total, elapsed time, error and a mini timeline, live.
-* `graph_dot` / `graph_svg` / `graph_html`: the program graph as DOT, and laid out by graphviz ``dot``
-  (what `ProgramGraph.to_dot` and its reprs return): a box per slice, pipelines as a slices x
-  microbatches grid (`pipeline_rows`).
+* `graph_dot` / `graph_svg` / `graph_html`: the program graph as DOT (``dot.py``), and laid out by
+  graphviz ``dot`` (``graph.py``; what `ProgramGraph.to_dot` and its reprs return): a box per slice,
+  pipelines as a slices x microbatches grid (`pipeline_rows`).
 * `GraphWidget` / `display_graph`: that picture in a notebook, with zoom, pan and search.
 
 The views consume only the runtime's public objects and its event stream.
@@ -32,27 +32,21 @@ _EXPORTS = {
     "show_pipeline": ".pipeline",
     "stats_html": ".pipeline",
     "GraphvizError": ".errors",
-    "graph_dot": ".graph",
+    "graph_dot": ".dot",
     "graph_svg": ".graph",
     "graph_html": ".graph",
     "repr_svg": ".graph",
     "dot_to_svg": ".graph",
-    "display_graph": ".graph",
-    "pipeline_rows": ".graph",
+    "display_graph": ".graph_display",
+    "pipeline_rows": ".dot",
     "GraphWidget": ".graph_widget",
 }
 
 if TYPE_CHECKING:
+    from .dot import graph_dot, pipeline_rows
     from .errors import GraphvizError
-    from .graph import (
-        display_graph,
-        dot_to_svg,
-        graph_dot,
-        graph_html,
-        graph_svg,
-        pipeline_rows,
-        repr_svg,
-    )
+    from .graph import dot_to_svg, graph_html, graph_svg, repr_svg
+    from .graph_display import display_graph
     from .graph_widget import GraphWidget
     from .mesh import MeshWidget, show_mesh
     from .pipeline import show_pipeline, stats_html

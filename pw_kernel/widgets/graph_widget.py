@@ -18,7 +18,7 @@ from typing import Any
 import traitlets as t
 
 from ._base import STATIC, PwWidget
-from .graph import _summary, graph_html, graph_svg
+from .graph import graph_html, graph_summary, graph_svg
 
 MIN_START_ZOOM = 0.7  # 12 pt labels stay >= 11 px on screen in the first view
 
@@ -44,7 +44,7 @@ class GraphWidget(PwWidget):
 
     def __init__(self, graph: Any, *, height: int = 560, **kwargs: Any):
         svg = graph_svg(graph)
-        super().__init__(svg=svg, title=_summary(graph), height=height, **kwargs)
+        super().__init__(svg=svg, title=graph_summary(graph), height=height, **kwargs)
         self._static = graph_html(graph)  # cached layout: the same SVG
         self._text = repr(graph)  # its nodes, one per line: what a plain-text reader of the notebook sees
 

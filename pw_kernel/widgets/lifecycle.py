@@ -12,7 +12,8 @@ from pathlib import Path
 
 from ..runtime import FINAL, transition_edges
 from ._html import state_colour
-from .graph import _q, dot_to_svg
+from .dot import quote
+from .graph import dot_to_svg
 
 
 def lifecycle_dot() -> str:
@@ -25,17 +26,17 @@ def lifecycle_dot() -> str:
     edges = transition_edges()
     states = list(dict.fromkeys([s for a, _, b in edges for s in (a, b)]))
     out = [
-        f"digraph {_q('run lifecycle')} {{",
+        f"digraph {quote('run lifecycle')} {{",
         '  rankdir=LR; bgcolor="#ffffff"; nodesep=0.4; ranksep=0.9;',
         '  node [fontname="Helvetica", fontsize=12, style=filled, shape=box, penwidth=1];',
         '  edge [fontname="Helvetica", fontsize=10, color="#555555", fontcolor="#333333"];',
     ]
     for s in states:
         shape = ", peripheries=2" if s in FINAL else ""
-        out.append(f"  {_q(s)} [fillcolor={_q(state_colour(s))}, fontcolor=\"#ffffff\"{shape}];")
+        out.append(f"  {quote(s)} [fillcolor={quote(state_colour(s))}, fontcolor=\"#ffffff\"{shape}];")
     for a, event, b in edges:
         style = ', style=dashed, color="#999999", fontcolor="#777777"' if a in FINAL else ""
-        out.append(f"  {_q(a)} -> {_q(b)} [label={_q(event)}{style}];")
+        out.append(f"  {quote(a)} -> {quote(b)} [label={quote(event)}{style}];")
     out.append("}")
     return "\n".join(out) + "\n"
 

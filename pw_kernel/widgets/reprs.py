@@ -14,7 +14,7 @@ from ..runtime import ProgramGraph
 
 def _to_dot(self: ProgramGraph) -> str:
     """Graphviz source: a box per slice, transfers as diamonds, edges labelled with shape and dtype."""
-    from .graph import graph_dot
+    from .dot import graph_dot
 
     return graph_dot(self)
 
@@ -33,7 +33,7 @@ def _repr_html_(self: ProgramGraph) -> str:
 
 def _ipython_display_(self: ProgramGraph) -> None:
     """In a notebook: the graph as a widget that zooms, pans and searches (static HTML beside it)."""
-    from .graph import display_graph  # anywidget is imported there, only when there is one
+    from .graph_display import display_graph  # anywidget is imported there, only when there is one
 
     display_graph(self)
 
