@@ -81,6 +81,7 @@ def test_max_to_keep_and_save_interval_steps_as_orbax_has_them(ctl, tmp_path):
     saved = [s for s in range(10) if ckpt.save(s, {"x": x + s})]
     ckpt.wait_until_finished()
     assert saved == [0, 3, 6, 9] and ckpt.all_steps() == [6, 9]
+    assert "last finished: step 9" in ckpt.status() and "saving" not in ckpt.status()
     np.testing.assert_array_equal(ckpt.restore(6)["x"], np.arange(4.0) + 6)
     ckpt.close()
 

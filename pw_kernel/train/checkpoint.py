@@ -377,6 +377,23 @@ class CheckpointManager:
         if self in _managers:
             _managers.remove(self)
 
+    def status(self) -> str:
+        """One line: the saves in progress and the last one finished (what `%pathways status` shows).
+
+        Example::
+
+            print(ckpt.status())   # checkpoints in /tmp/run1: saving step 20 (96.0 MiB, writing); last: step 15
+        """
+        busy = self.in_progress
+        parts = [f"saving step {r.step} ({r.nbytes / 2**20:.1f} MiB, {r.state})" for r in busy]
+        last = self.last_finished
+        if last is not None:
+            parts.append(f"last finished: step {last.step} ({last.nbytes / 2**20:.1f} MiB in {last.seconds:.2f} s)")
+        failed = [r for r in self.saves if r.state == "failed"]
+        if failed:
+            parts.append(f"failed: step {failed[-1].step}")
+        return f"checkpoints in {self.directory}: " + ("; ".join(parts) or "none saved by this process")
+
     def __enter__(self) -> CheckpointManager:
         return self
 
