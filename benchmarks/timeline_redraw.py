@@ -2,7 +2,8 @@
 
     python benchmarks/timeline_redraw.py [--events 100000] [--repeats 40] [--json out.json] [--screenshot out.png] [--quick]
 
-The widget's own front-end (its ``_esm``, ``pw_kernel/widgets/static/timeline.js``) runs in
+The widget's own front-end (its ``_esm``: ``pw_kernel/widgets/static/prelude.js`` and the
+timeline's files, as ``pw_kernel.widgets.esm.esm_source("timeline")`` joins them) runs in
 headless Chromium (``/usr/bin/chromium`` through Playwright) against a small
 stand-in for the ipywidgets model, with the very trait state a `TimelineWidget`
 built from synthetic events syncs to a front-end (`get_state()`); the events are shaped like a real

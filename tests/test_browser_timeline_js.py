@@ -1,7 +1,8 @@
 """The timeline's front-end on its own in Chromium: the chunk protocol, level of detail at 100,000 events, escaping,
 what the picture tells a reader (legend, bars kept apart, time axis), and the run widget's labelled mini timeline.
 
-The ES module runs against a stand-in for the ipywidgets model, fed with the
+The ES module (`esm_source`: the shared prelude and the widget's files, as
+the widget loads it) runs against a stand-in for the ipywidgets model, fed with the
 very bytes `EventEncoder` produces; no Jupyter involved (that is
 test_browser_widgets.py), so these checks are quick and exact.
 """
@@ -11,7 +12,6 @@ from __future__ import annotations
 import base64
 import os
 import re
-from pathlib import Path
 
 import pytest
 
@@ -24,12 +24,12 @@ pytest.importorskip("playwright.sync_api", reason="pip install playwright (the b
 from chromium import widget_page  # noqa: E402
 from pw_kernel.runtime import NodeEvent  # noqa: E402
 from pw_kernel.widgets import _html  # noqa: E402
+from pw_kernel.widgets.esm import STATIC, esm_source  # noqa: E402
 from pw_kernel.widgets.timeline_encoder import EventEncoder  # noqa: E402
 from timeline_events import chained_layers, node  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 
-STATIC = Path(__file__).resolve().parent.parent / "pw_kernel" / "widgets" / "static"
 HOSTILE = "<img src=x onerror=alert(1)>"
 HARNESS = """
 // Record the text drawn on canvases (the time axis), as a person reads it off the screen.
@@ -102,7 +102,7 @@ def test_chunks_apply_in_order_and_a_gap_asks_the_kernel(page):
     chunks = [enc.encode(events(50)), enc.encode(events(30)), enc.encode(events(20))]
     assert all(chunks)
     st = state_for(enc, [{"id": 0, "name": "p", "tenant": "default", "state": "running"}], base=False)
-    page.evaluate(MOUNT, [(STATIC / "timeline.js").read_text(), st])
+    page.evaluate(MOUNT, [esm_source("timeline"), st])
     send = """([meta, bufs]) => {
         window.w.emit('msg:custom', meta, bufs.map(b64));
         return window.w.root.dataset.events;
@@ -123,7 +123,7 @@ def test_a_hundred_thousand_events_redraw_fast_with_level_of_detail(page):
     enc.encode(events(100_000))
     runs = [{"id": r, "name": f"run{r}", "tenant": "default", "state": "done"} for r in range(100)]
     st = state_for(enc, runs)
-    assert page.evaluate(MOUNT, [(STATIC / "timeline.js").read_text(), st]) == "100000"
+    assert page.evaluate(MOUNT, [esm_source("timeline"), st]) == "100000"
     stats = page.evaluate(
         """() => { const tl = window.w.root.pwTimeline; tl.redraw(); const ms = [];
                    for (let i = 0; i < 5; i++) ms.push(tl.redraw());
@@ -142,7 +142,7 @@ def test_names_are_text_in_labels_legend_and_tooltip(page):
     ev.start, ev.end = 0, 1_000_000
     enc.encode([ev])
     st = state_for(enc, [{"id": 3, "name": HOSTILE, "tenant": HOSTILE, "state": "done"}], title=HOSTILE)
-    page.evaluate(MOUNT, [(STATIC / "timeline.js").read_text(), st])
+    page.evaluate(MOUNT, [esm_source("timeline"), st])
     root = page.locator(".pw-timeline").last
     assert root.locator(".pw-tl-lane-label").first.inner_text() == HOSTILE
     assert HOSTILE in root.locator(".pw-tl-legend").inner_text()
@@ -173,7 +173,7 @@ def mount(page, evs, devices=range(4), islands=None, runs=None):
     enc = EventEncoder([(d, f"cpu:{d}", (islands or {}).get(d, 0)) for d in devices])
     enc.encode(evs)
     st = state_for(enc, runs or [{"id": 0, "name": "layers", "tenant": "default", "state": "done"}], live=False)
-    page.evaluate(MOUNT, [(STATIC / "timeline.js").read_text(), st])
+    page.evaluate(MOUNT, [esm_source("timeline"), st])
     page.evaluate("() => window.w.root.pwTimeline.redraw()")
     return page.locator(".pw-timeline").last
 
@@ -255,7 +255,7 @@ def test_run_widget_mini_timeline_says_what_it_shows(page):
     lanes = [f"cpu:{d}" for d in range(3)] + [HOSTILE]
     bars = [lane for k in range(6) for lane in (k % 4, k * 1e6 / 3, (k + 1) * 1e6 / 3, 0)] + [3, 0, 2e6, 2]
     st = {**RUN_STATE, "lanes": lanes, "bars": bars}
-    page.evaluate(MOUNT, [(STATIC / "run.js").read_text(), st])
+    page.evaluate(MOUNT, [esm_source("run"), st])
     run = page.locator(".pw-run").last
     caption = run.locator(".pw-run-mini-caption").inner_text()
     assert "nodes on each device over time" in caption and "compute" in caption and "transfer" in caption
@@ -266,6 +266,6 @@ def test_run_widget_mini_timeline_says_what_it_shows(page):
     page.evaluate("() => window.w.cleanup()")
     # many devices: rows too thin for a name each; the first and last are named
     many = [f"cpu:{d}" for d in range(32)]
-    page.evaluate(MOUNT, [(STATIC / "run.js").read_text(), {**RUN_STATE, "lanes": many, "bars": [0, 0, 1e6, 0]}])
+    page.evaluate(MOUNT, [esm_source("run"), {**RUN_STATE, "lanes": many, "bars": [0, 0, 1e6, 0]}])
     assert page.locator(".pw-run").last.locator(".pw-run-mini-label").all_inner_texts() == ["cpu:0", "cpu:31"]
     page.evaluate("() => window.w.cleanup()")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import re
 import sys
 import time
-from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
@@ -21,11 +20,11 @@ from jax.sharding import PartitionSpec as P
 import pw_kernel as pw
 from pw_kernel.widgets import graph as graph_mod
 from pw_kernel.widgets.dot import FONT_SIZE, graph_dot, pipeline_rows
+from pw_kernel.widgets.esm import STATIC, esm_source
 from pw_kernel.widgets.graph import GraphvizError, clear_layout_cache, graph_html, graph_svg, layout_available
 
 HOSTILE = "<img src=x onerror=alert(1)>"
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
-STATIC = Path(graph_mod.__file__).parent / "static"
 needs_dot = pytest.mark.skipif(
     not layout_available(),
     reason="graphviz (`dot` and the Python package) is installed by scripts/setup.sh",
@@ -372,7 +371,7 @@ def test_without_graphviz_the_notebook_shows_what_to_install(ctl2, monkeypatch):
 
 
 def test_the_front_end_uses_no_html_sinks():
-    src = (STATIC / "graph.js").read_text()
+    src = esm_source("graph")
     for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "eval(", "new Function", "document.write"):
         assert sink not in src, sink
     assert "DOMParser" in src and "image/svg+xml" in src  # the SVG is parsed as XML
@@ -415,7 +414,7 @@ def test_wheel_zooms_drag_pans_buttons_reset_and_search_highlights(page):
         st = {"svg": graph_svg(g), "title": g.summary(), "height": 500, "min_start_zoom": 0.7}
     finally:
         pw.shutdown()
-    page.evaluate("async ([src, st]) => { window.w = await mount(src, st, '900px'); }", [(STATIC / "graph.js").read_text(), st])
+    page.evaluate("async ([src, st]) => { window.w = await mount(src, st, '900px'); }", [esm_source("graph"), st])
     root = page.locator(".pw-graph-view")
     assert root.locator("svg g.node").count() == int(root.get_attribute("data-nodes")) > 40
     start = _transform(page)
@@ -467,7 +466,7 @@ def test_hostile_names_in_the_widget_stay_text(page):
         st = {"svg": graph_svg(g), "title": g.summary(), "height": 400, "min_start_zoom": 0.7}
     finally:
         pw.shutdown()
-    page.evaluate("async ([src, st]) => { window.w = await mount(src, st, '900px'); }", [(STATIC / "graph.js").read_text(), st])
+    page.evaluate("async ([src, st]) => { window.w = await mount(src, st, '900px'); }", [esm_source("graph"), st])
     root = page.locator(".pw-graph-view").last
     assert HOSTILE in root.locator(".pw-gv-title").inner_text()
     assert HOSTILE in " ".join(root.locator("g.node text").all_text_contents())

@@ -9,7 +9,6 @@ ticker; the ticker thread pushes buffered changes to the front-end at most
 from __future__ import annotations
 
 import logging
-import pathlib
 import threading
 import time
 import weakref
@@ -19,8 +18,8 @@ from typing import Any
 import anywidget
 
 from ..runtime import controller
+from .esm import STATIC
 
-STATIC = pathlib.Path(__file__).parent / "static"
 PERIOD = 0.1  # seconds between two pushes of one widget: at most ~10 redraws a second
 
 _log = logging.getLogger("pw_kernel")

@@ -17,7 +17,8 @@ from typing import Any
 
 import traitlets as t
 
-from ._base import STATIC, PwWidget
+from ._base import PwWidget
+from .esm import STATIC, esm_source
 from .graph import graph_html, graph_summary, graph_svg
 
 MIN_START_ZOOM = 0.7  # 12 pt labels stay >= 11 px on screen in the first view
@@ -34,7 +35,7 @@ class GraphWidget(PwWidget):
         GraphWidget(step.trace(x), height=700)
     """
 
-    _esm = STATIC / "graph.js"
+    _esm = esm_source("graph")
     _css = (STATIC / "widgets.css").read_text() + (STATIC / "graph.css").read_text()
 
     svg = t.Unicode("").tag(sync=True)

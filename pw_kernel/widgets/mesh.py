@@ -20,8 +20,9 @@ import traitlets as t
 
 from ..runtime import controller
 from . import _html
-from ._base import STATIC, PwWidget
+from ._base import PwWidget
 from ._devices import DeviceRef, island_devices, local_device, slice_devices
+from .esm import esm_source
 
 Interval = tuple[int, int]
 WRAP = 16  # a 1-D mesh longer than this wraps into rows
@@ -404,7 +405,7 @@ class MeshWidget(PwWidget):
         pw.show_mesh(x)                                   # which rows live where; replicas marked
     """
 
-    _esm = STATIC / "mesh.js"
+    _esm = esm_source("mesh")
 
     kind = t.Unicode("mesh").tag(sync=True)
     title = t.Unicode("").tag(sync=True)

@@ -16,8 +16,9 @@ import traitlets as t
 
 from ..runtime import FINAL, short_error
 from . import _html
-from ._base import STATIC, PwWidget, controller_of, ticker
+from ._base import PwWidget, controller_of, ticker
 from ._devices import slice_devices
+from .esm import esm_source
 
 MAX_MINI_BARS = 1500
 MINI_PERIOD = 0.25  # seconds between two updates of the mini timeline (the bar and counters go at ~10 Hz)
@@ -40,7 +41,7 @@ class RunWidget(PwWidget):
         pw.widgets.RunWidget(run, {"y": run.outputs})   # queued -> running 3/8 -> done 8/8, 0.42 s
     """
 
-    _esm = STATIC / "run.js"
+    _esm = esm_source("run")
 
     run_id = t.Int(0).tag(sync=True)
     name = t.Unicode("").tag(sync=True)

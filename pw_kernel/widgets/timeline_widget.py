@@ -35,8 +35,9 @@ import traitlets as t
 from ..runtime import FINAL, TraceRow, chrome_trace
 from ..runtime import controller as get_controller
 from . import _html
-from ._base import STATIC, PwWidget, controller_of, ticker
+from ._base import PwWidget, controller_of, ticker
 from ._devices import island_devices
+from .esm import esm_source
 from .timeline_encoder import KINDS, NONE, Chunk, EventEncoder, busy_union, lane_names
 from .timeline_html import timeline_html
 
@@ -65,7 +66,7 @@ class TimelineWidget(PwWidget):
         tl.to_perfetto("trace.json")
     """
 
-    _esm = STATIC / "timeline.js"
+    _esm = esm_source("timeline")
 
     title = t.Unicode("timeline").tag(sync=True)
     lanes = t.List(t.Dict()).tag(sync=True)

@@ -2,16 +2,10 @@
 // Wheel: zoom around the cursor · drag: pan · double-click or "fit": the whole graph · "1:1": natural size.
 // The search box highlights nodes whose label or tooltip contains the text; Enter steps through them.
 // The SVG is parsed as XML (DOMParser), never as HTML, and anything active in it is dropped.
+// Loaded after prelude.js (h, panZoom, onChange).
 
 const MIN_ZOOM = 0.02;
 const MAX_ZOOM = 8;
-
-function h(tag, cls, text) {
-  const e = document.createElement(tag);
-  if (cls) e.className = cls;
-  if (text !== undefined && text !== null) e.textContent = String(text);
-  return e;
-}
 
 function parseSvg(text) {
   if (!text) return null;
@@ -183,30 +177,15 @@ function render({ model, el }) {
   }
 
   // ---- interaction
-  let drag = null;
-  function onWheel(e) {
-    e.preventDefault();
-    const r = viewport.getBoundingClientRect();
-    const unit = e.deltaMode === 1 ? 0.05 : e.deltaMode === 2 ? 0.5 : 0.0015;
-    zoomAt(e.clientX - r.left, e.clientY - r.top, view.k * Math.exp(-e.deltaY * unit));
-  }
-  function onDown(e) {
-    if (e.button !== 0) return;
-    drag = { x: e.clientX, y: e.clientY, vx: view.x, vy: view.y };
-    viewport.setPointerCapture?.(e.pointerId);
-    viewport.classList.add("pw-dragging");
-  }
-  function onMove(e) {
-    if (!drag) return;
-    view = { ...view, x: drag.vx + e.clientX - drag.x, y: drag.vy + e.clientY - drag.y };
-    apply(true);
-  }
-  function onUp(e) {
-    if (!drag) return;
-    viewport.releasePointerCapture?.(e.pointerId);
-    viewport.classList.remove("pw-dragging");
-    drag = null;
-  }
+  panZoom(viewport, {
+    perPixel: 0.0015,
+    zoom: (factor, x, y) => zoomAt(x, y, view.k * factor),
+    grab: () => ({ x: view.x, y: view.y }),
+    pan: (dx, dy, from) => {
+      view = { ...view, x: from.x + dx, y: from.y + dy };
+      apply(true);
+    },
+  });
   function centre() {
     const v = viewportSize();
     return [v.w / 2, v.h / 2];
@@ -227,11 +206,6 @@ function render({ model, el }) {
     }
   };
 
-  viewport.addEventListener("wheel", onWheel, { passive: false });
-  viewport.addEventListener("pointerdown", onDown);
-  viewport.addEventListener("pointermove", onMove);
-  viewport.addEventListener("pointerup", onUp);
-  viewport.addEventListener("pointercancel", onUp);
   viewport.addEventListener("dblclick", fitAll);
   inn.addEventListener("click", onIn);
   out.addEventListener("click", onOut);
@@ -240,8 +214,7 @@ function render({ model, el }) {
   search.addEventListener("input", runSearch);
   search.addEventListener("keydown", onKey);
 
-  const keys = ["svg", "title", "height"];
-  for (const k of keys) model.on(`change:${k}`, draw);
+  const off = onChange(model, ["svg", "title", "height"], draw);
   draw();
   // the output area may lay the widget out after render: start over once it has a width (until the user moves)
   const resized = new ResizeObserver(() => {
@@ -250,7 +223,7 @@ function render({ model, el }) {
   resized.observe(viewport);
   return () => {
     resized.disconnect();
-    for (const k of keys) model.off(`change:${k}`, draw);
+    off();
     el.replaceChildren();
   };
 }

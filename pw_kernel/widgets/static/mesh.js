@@ -1,24 +1,6 @@
 // MeshWidget front-end: the device mesh grid, where each shard lives, or every device by island.
 // Draws only what the traits say; every string goes in through textContent.
-
-const HEX = /^#[0-9a-fA-F]{6}$/;
-
-function h(tag, cls, text) {
-  const e = document.createElement(tag);
-  if (cls) e.className = cls;
-  if (text !== undefined && text !== null) e.textContent = String(text);
-  return e;
-}
-
-function colour(c) {
-  return HEX.test(c) ? c : "#999999";
-}
-
-function ink(bg) {
-  const c = colour(bg);
-  const [r, g, b] = [1, 3, 5].map((i) => parseInt(c.slice(i, i + 2), 16) / 255);
-  return 0.2126 * r + 0.7152 * g + 0.0722 * b > 0.5 ? "#111" : "#fff";
-}
+// Loaded after prelude.js (h, colour, ink, swatch, showTip, moveTip, onChange).
 
 function stripes(colours) {
   if (colours.length === 1) return colour(colours[0]);
@@ -31,19 +13,11 @@ function render({ model, el }) {
   const tip = h("div", "pw-tip");
   el.appendChild(root);
 
-  function showTip(ev, lines) {
-    tip.replaceChildren();
-    lines.forEach((line, k) => tip.appendChild(h("div", k === 0 ? "pw-tip-head" : "", line)));
-    tip.style.display = "block";
-    moveTip(ev);
+  function tipAt(ev, lines) {
+    showTip(tip, root, lines, ev.clientX, ev.clientY);
   }
-  function moveTip(ev) {
-    const r = root.getBoundingClientRect();
-    let x = ev.clientX - r.left + 14;
-    const y = ev.clientY - r.top + 14;
-    if (x + tip.offsetWidth > r.width && ev.clientX - r.left > tip.offsetWidth) x = ev.clientX - r.left - tip.offsetWidth - 8;
-    tip.style.left = `${x}px`;
-    tip.style.top = `${y}px`;
+  function followTip(ev) {
+    moveTip(tip, root, ev.clientX, ev.clientY);
   }
   function hideTip() {
     tip.style.display = "none";
@@ -82,10 +56,10 @@ function render({ model, el }) {
         if (dev.coords) lines.push(`mesh position: ${dev.coords}`);
         const held = holds.get(id);
         if (held) lines.push(`holds ${held.join(", ")}`);
-        showTip(ev, lines);
+        tipAt(ev, lines);
         highlight([id], true);
       });
-      c.addEventListener("mousemove", moveTip);
+      c.addEventListener("mousemove", followTip);
       c.addEventListener("mouseleave", () => {
         hideTip();
         highlight([], false);
@@ -121,9 +95,9 @@ function render({ model, el }) {
             c.appendChild(chip);
           }
           c.addEventListener("mouseenter", (ev) =>
-            showTip(ev, [dev.label, on.length ? `slices: ${on.map((s) => s.name).join(", ")}` : "no slice"]),
+            tipAt(ev, [dev.label, on.length ? `slices: ${on.map((s) => s.name).join(", ")}` : "no slice"]),
           );
-          c.addEventListener("mousemove", moveTip);
+          c.addEventListener("mousemove", followTip);
           c.addEventListener("mouseleave", hideTip);
           row.appendChild(c);
         }
@@ -138,9 +112,7 @@ function render({ model, el }) {
         for (const s of slices) {
           const row = h("tr");
           const name = h("td");
-          const sw = h("span", "pw-swatch");
-          sw.style.background = colour(s.colour);
-          name.appendChild(sw);
+          name.appendChild(swatch(colour(s.colour)));
           name.appendChild(h("code", "", s.name));
           row.appendChild(name);
           row.appendChild(h("td", "", s.mesh));
@@ -215,7 +187,7 @@ function render({ model, el }) {
               const dev = devices[String(d)] || {};
               return `  ${dev.label || d}${dev.coords ? `  (${dev.coords})` : ""}`;
             });
-            showTip(ev, [
+            tipAt(ev, [
               `${array.name}${t.index}`,
               `shard ${t.shard}`,
               replicated ? `replicated on ${t.devices.length} devices:` : "on device:",
@@ -223,7 +195,7 @@ function render({ model, el }) {
             ]);
             highlight(t.devices, true);
           });
-          tile.addEventListener("mousemove", moveTip);
+          tile.addEventListener("mousemove", followTip);
           tile.addEventListener("mouseleave", () => {
             hideTip();
             highlight([], false);
@@ -239,11 +211,10 @@ function render({ model, el }) {
     root.appendChild(tip);
   }
 
-  const keys = ["kind", "title", "devices", "mesh_facets", "array", "islands", "slices"];
-  for (const k of keys) model.on(`change:${k}`, draw);
+  const off = onChange(model, ["kind", "title", "devices", "mesh_facets", "array", "islands", "slices"], draw);
   draw();
   return () => {
-    for (const k of keys) model.off(`change:${k}`, draw);
+    off();
     el.replaceChildren();
   };
 }

@@ -1,6 +1,7 @@
 // RunWidget front-end: name, state, nodes done/total bar, elapsed (ticking while running), error, mini timeline.
 // The mini timeline is labelled (a caption with its colour key, a name per device row, a time scale), so it
 // reads on its own; run.py's static picture draws the same. Every string goes in through textContent.
+// Loaded after prelude.js (h, swatch, fmtNs, onChange, canvasContext).
 
 const STATE = { queued: "#9e9e9e", running: "#1e88e5", done: "#43a047", failed: "#e53935", cancelled: "#fb8c00" };
 const KIND = ["#4e79a7", "#a0cbe8", "#bbbbbb"]; // compute, glue, transfer (run.py's MINI_KINDS)
@@ -8,27 +9,10 @@ const KIND_NAMES = ["compute", "glue", "transfer"];
 const MINI_H = 80; // px the mini timeline's rows share at most
 const LABEL_MIN = 8; // px a row needs for its own name; thinner rows name only the first and last device
 
-function h(tag, cls, text) {
-  const e = document.createElement(tag);
-  if (cls) e.className = cls;
-  if (text !== undefined && text !== null) e.textContent = String(text);
-  return e;
-}
-
 function fmtSeconds(s) {
   if (s < 1) return `${(s * 1000).toFixed(0)} ms`;
   if (s < 60) return `${s.toFixed(2)} s`;
   return `${Math.floor(s / 60)} min ${(s % 60).toFixed(0)} s`;
-}
-
-// A duration as _html.fmt_ns writes it: 850 ns, 12.3 µs, 4.56 ms, 1.23 s.
-function fmtNs(ns) {
-  const a = Math.abs(ns);
-  const g = (x) => String(Number(x.toPrecision(3)));
-  if (a < 1e3) return `${ns.toFixed(0)} ns`;
-  if (a < 1e6) return `${g(ns / 1e3)} µs`;
-  if (a < 1e9) return `${g(ns / 1e6)} ms`;
-  return `${g(ns / 1e9)} s`;
 }
 
 // Row height of the mini timeline for n device rows (run.py's mini_lane_height).
@@ -123,7 +107,6 @@ function render({ model, el }) {
       return;
     }
     mini.style.display = "block";
-    const dpr = window.devicePixelRatio || 1;
     const width = Math.max(120, Math.min((root.clientWidth || 560) - 84, 640));
     const laneH = laneHeight(lanes.length);
     const height = lanes.length * laneH;
@@ -138,9 +121,7 @@ function render({ model, el }) {
     for (const k of [0, 1, 2]) {
       if (!kinds.has(k)) continue;
       const item = h("span", "pw-run-mini-key");
-      const sw = h("span", "pw-swatch");
-      sw.style.background = KIND[k];
-      item.append(sw, h("span", "", KIND_NAMES[k]));
+      item.append(swatch(KIND[k]), h("span", "", KIND_NAMES[k]));
       caption.appendChild(item);
     }
     // a name per row, or the first and last device's when rows are too thin for text
@@ -157,13 +138,8 @@ function render({ model, el }) {
     });
     scale.replaceChildren(h("span", "", "0 ns"), h("span", "", fmtNs(end))); // from the first node's start
     scale.style.width = `${width}px`;
-    canvas.width = Math.round(width * dpr);
-    canvas.height = Math.round(height * dpr);
-    canvas.style.width = `${width}px`;
-    canvas.style.height = `${height}px`;
     canvas.title = `${bars.length / 4} node executions on ${lanes.length} devices over ${fmtNs(end)}`;
-    const ctx = canvas.getContext("2d");
-    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+    const ctx = canvasContext(canvas, width, height);
     ctx.fillStyle = "rgba(128,128,128,0.10)";
     ctx.fillRect(0, 0, width, height);
     for (let i = 0; i < bars.length; i += 4) {
@@ -175,17 +151,15 @@ function render({ model, el }) {
   }
 
   const keys = ["run_id", "name", "program", "state", "done", "total", "elapsed", "error", "mode", "tenant", "outputs"];
-  for (const k of keys) model.on(`change:${k}`, update);
-  model.on("change:bars", drawMini);
-  model.on("change:lanes", drawMini);
+  const offUpdate = onChange(model, keys, update);
+  const offMini = onChange(model, ["bars", "lanes"], drawMini);
   const timer = setInterval(tickElapsed, 100);
   update();
   drawMini();
   return () => {
     clearInterval(timer);
-    for (const k of keys) model.off(`change:${k}`, update);
-    model.off("change:bars", drawMini);
-    model.off("change:lanes", drawMini);
+    offUpdate();
+    offMini();
     el.replaceChildren();
   };
 }
