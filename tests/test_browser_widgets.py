@@ -5,7 +5,10 @@ kernel that has 8 simulated CPU devices, opens a notebook that uses every
 widget, runs all cells and checks what a person sees: mesh cells are the
 devices, timeline lanes are the devices, bars appear while a run executes and
 grow in number, hover tooltips, the program graph's SVG, a hostile run name
-shown as text. Screenshots go to ``artifacts/browser/`` (git-ignored).
+shown as text. Screenshots go to ``artifacts/browser/`` and the README's
+pictures to ``artifacts/screenshots/`` (both git-ignored), so the suite leaves
+the checkout as it found it; ``scripts/screenshots.sh`` refreshes the README's
+own pictures in ``docs/screenshots/`` (``PW_SCREENSHOTS_DIR``).
 
 Runs whenever ``/usr/bin/chromium`` (or ``$PW_CHROMIUM``), Playwright and
 JupyterLab are installed (``scripts/setup.sh`` installs them).
@@ -513,20 +516,31 @@ def test_a_timeline_made_after_a_run_shows_it_and_no_static_fallback_is_used(pag
     _shot(snap, "timeline_snapshot")
 
 
-#: The README's widget pictures: (README file name, cell, what to shoot in its output), refreshed by each run of
-#: this test from real JupyterLab, so a change to a widget shows up as a changed picture in the repository.
+#: The README's widget pictures: (README file name, cell, what to shoot in its output), taken by each run of this
+#: test from real JupyterLab; scripts/screenshots.sh takes them into the repository's docs/screenshots.
 README_SHOTS = [
     ("mesh.png", 2, ".pw-mesh"),
     ("run.png", 6, ".pw-run"),
     ("timeline.png", 12, ".pw-timeline"),
     ("graph.png", 13, ".jp-OutputArea-output"),
 ]
-SCREENSHOTS = REPO / "docs" / "screenshots"
+#: Where they are written: git-ignored artifacts/ unless ``PW_SCREENSHOTS_DIR`` (relative to the repository, or
+#: absolute) says otherwise, so running the suite changes no file in the checkout.
+SCREENSHOTS = REPO / os.environ.get("PW_SCREENSHOTS_DIR", "artifacts/screenshots")
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    """Width and height of a PNG file, read from its header."""
+    data = path.read_bytes()[:24]
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR", f"{path} is not a PNG"
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
 
 
 def test_the_readme_pictures_are_taken_from_these_widgets(page):
     readme = (REPO / "README.md").read_text()
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    for name, _, _ in README_SHOTS:  # a stale picture must not pass for a new one
+        (SCREENSHOTS / name).unlink(missing_ok=True)
     expect(_cell_output(page, 6).locator(".pw-run")).to_have_attribute("data-state", "done", timeout=120_000)
     for name, cell, selector in README_SHOTS:
         assert f"docs/screenshots/{name}" in readme, f"README.md should show docs/screenshots/{name}"
@@ -541,6 +555,9 @@ def test_the_readme_pictures_are_taken_from_these_widgets(page):
     page.wait_for_function("(tl) => +tl.dataset.events > 48", arg=tl.element_handle(), timeout=30_000)
     expect(tl.locator(".pw-tl-legend")).to_contain_text("step")
     tl.screenshot(path=str(SCREENSHOTS / "timeline.png"))  # again, now that every bar is in
+    for name, _, _ in README_SHOTS:
+        width, height = _png_size(SCREENSHOTS / name)
+        assert width >= 200 and height >= 60, (name, width, height)  # the widget, not an empty output
 
 
 def test_what_a_newcomer_reads_in_jupyterlab(page):
