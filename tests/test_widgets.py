@@ -56,6 +56,11 @@ def bundle(widget):
     return data
 
 
+def from_front_end(widget, content, buffers=()):
+    """Deliver ``content`` to ``widget`` as its front-end's custom message arrives: through its comm."""
+    widget.comm.handle_msg({"content": {"data": {"method": "custom", "content": content}}, "buffers": list(buffers)})
+
+
 def two_slice_program(tag=""):
     a = pw.slice(4, mesh={"data": 2, "model": 2}, name=f"a{tag}", island=0)
     b = pw.slice(4, mesh={"stage": 4}, name=f"b{tag}", island=1)
@@ -303,7 +308,7 @@ def test_timeline_pushes_binary_chunks_that_decode_to_the_events(ctl2):
     assert {"f", "g", "step"} <= set(strings)
     # a front-end that missed everything asks for it, and gets one consolidated chunk
     sent.clear()
-    tl._on_front_msg(tl, {"type": "sync", "have": 0}, [])
+    from_front_end(tl, {"type": "sync", "have": 0})
     (content, buffers), *_ = sent
     assert content["seq0"] == 0 and content["seq1"] == tl.n_chunks and content["n_ev"] == total
     assert len(buffers) == 3
@@ -314,7 +319,7 @@ def test_initial_state_travels_in_the_base_trait(ctl2):
     _, _, step, x = two_slice_program()
     step.submit(x).wait(30)
     tl = timeline()  # created after the run: everything is in the snapshot
-    base = tl._base
+    base = tl.get_state("_base")["_base"]  # what a front-end gets with the widget's state
     assert base["seq0"] == 0 and base["seq1"] == tl.n_chunks == 1 and base["n_ev"] == tl.n_events > 0
     assert len(base["f64"]) == 3 * 8 * base["n_ev"] and len(base["u32"]) == 7 * 4 * base["n_ev"]
     assert base["strings"] and all(isinstance(s, str) for s in base["strings"])
@@ -327,7 +332,7 @@ def test_a_burst_of_events_reaches_the_front_end_as_one_push(ctl2):
     tl = timeline()
     sent = []
     tl.send = lambda content, buffers=None: sent.append(content)
-    with tl._lock:  # the ticker drains under this lock: the whole burst is buffered before it can push any
+    with tl.paused():  # the whole burst is buffered before the ticker can push any of it
         for n in range(1000):  # a firehose of events from "controller threads"
             ev = NodeEvent(n, 99, "firehose", "default", f"n{n}", "compute", (n % 8,), 0, None, log.now(), 4, "f32[1]")
             ev.end = ev.start + 1000
@@ -376,16 +381,19 @@ def test_the_ticker_ticks_a_widget_at_most_once_a_period_however_often_it_is_pok
 
 def test_subscriber_callback_only_buffers(ctl2):
     """The callback runs on controller threads: it must queue the event and touch no widget state."""
+    log = pw.controller().events
     tl = timeline()
+    before = tl.n_events
     sent, changed = [], []
     tl.send = lambda content, buffers=None: sent.append(content)
     tl.observe(lambda change: changed.append(change["name"]))
-    ev = NodeEvent(0, 1, "p", "default", "n", "compute", (0,), 0, None, 0, 4, "f32[1]")
-    before = len(tl._pending)
-    for _ in range(1000):
-        tl._on_event(ev)
-    assert len(tl._pending) == before + 1000
-    assert sent == [] and changed == []  # pushing to the front-end is the ticker's job, on its own clock
+    with tl.paused():  # the ticker stays off: whatever reached the front-end meanwhile, the callback sent
+        for n in range(1000):  # the log calls the widget's callback on this thread, as a controller thread would
+            ev = NodeEvent(n, 1, "p", "default", f"n{n}", "compute", (0,), 0, None, log.now(), 4, "f32[1]")
+            ev.end = ev.start + 10
+            log.emit_node(ev)
+        assert sent == [] and changed == []  # pushing to the front-end is the ticker's job, on its own clock
+    wait_until(lambda: tl.n_events == before + 1000, what="the buffered events on the timeline")
     tl.close()
 
 
@@ -400,7 +408,7 @@ def test_timeline_of_given_runs_snapshots_and_stop(ctl2):
     assert {e["run"] for e in both.events} == {r1.id, r2.id}
     both.stop()
     step.submit(x).wait(30)  # its events are emitted before wait() returns
-    assert not both._pending and not both._pending_runs  # a stopped timeline no longer listens
+    both.flush()  # a stopped timeline no longer listens: nothing was buffered to push
     assert {e["run"] for e in both.events} == {r1.id, r2.id} and not both.live
     everything = timeline(live=False)
     assert everything.n_events == len(pw.controller().events.nodes)
@@ -466,7 +474,7 @@ def test_run_widget_says_what_it_is_compiling(ctl2):
     def on_event(ev):
         if getattr(ev, "kind", None) == "compile" and ev.node == "compile deep" and widgets:
             w = widgets[0]
-            w._tick(time.monotonic())  # what the widgets' ticker does every half second meanwhile
+            w.flush()  # what the widgets' ticker does every half second meanwhile
             shown.append((w.compiling, w.static_html()))
 
     widgets = []

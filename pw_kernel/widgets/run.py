@@ -173,6 +173,10 @@ class RunWidget(PwWidget):
             self._update(time.monotonic(), force_mini=True)
         self.refresh_static()  # a saved notebook shows the final state, not "queued"
 
+    def flush(self) -> None:
+        """Show the run's progress now (the ticker does this on its own, about ten times a second)."""
+        self._tick(time.monotonic())
+
     def close(self) -> None:
         self._unfollow()
         super().close()

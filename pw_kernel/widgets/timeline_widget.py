@@ -23,10 +23,11 @@ Data path, kept cheap at 100,000 events:
 from __future__ import annotations
 
 import collections
+import contextlib
 import secrets
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -107,6 +108,7 @@ class TimelineWidget(PwWidget):
         self._unsubscribe = None
         self._dedupe: set[int] | None = None
         self._acked = False
+        self._paused = 0  # `paused()` blocks entered and not left
         self._final_at: float | None = None
         self._created = time.monotonic()
         self._run_index: dict[int, int] = {}
@@ -172,6 +174,8 @@ class TimelineWidget(PwWidget):
             return None
         if self._pending or self._pending_runs:
             with self._lock:
+                if self._paused:
+                    return None  # held: the block's end pokes the ticker
                 # Run events first: a run's node events are emitted before its final transition, so every
                 # node event of a run seen final here is already in `_pending`.
                 run_events = _drain(self._pending_runs)
@@ -271,6 +275,28 @@ class TimelineWidget(PwWidget):
     def close(self) -> None:
         self.stop()
         super().close()
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Hold pushes to the front-end while the block runs: events keep buffering and go out as one chunk after it.
+
+        A push already under way finishes first. Other widgets keep updating meanwhile.
+
+        Example::
+
+            tl = pw.timeline()
+            with tl.paused():
+                for _ in range(100):
+                    step.submit(x)        # the timeline fills in once, after the loop
+        """
+        with self._lock:  # the ticker drains under this lock: once it is ours, no tick is half-way through
+            self._paused += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._paused -= 1
+            ticker.poke()
 
     def flush(self) -> None:
         """Push buffered events now (the ticker does this on its own at ~10 Hz)."""
