@@ -9,7 +9,9 @@
   pipelines as a slices x microbatches grid (`pipeline_rows`).
 * `GraphWidget` / `display_graph`: that picture in a notebook, with zoom, pan and search.
 
-The views consume only the runtime's public objects and its event stream.
+The views consume only the runtime's public objects and its event stream. The
+front-ends share ``static/prelude.js`` (elements, colours, formatting, pan and
+zoom), which `esm.esm_source` puts in front of each widget's own files.
 Names resolve lazily: the graph's functions need neither anywidget nor ipywidgets.
 
 Example::
