@@ -198,7 +198,7 @@ def test_legend_explains_compile_bars_and_merged_transfers(page):
         evs.append(node(600 + k, "transfer", t, t + 5_000, (4,), "transfer", island=1, src=0))
     tl = mount(page, evs, devices=range(8), islands=islands)
     legend = tl.locator(".pw-tl-legend").inner_text()
-    for entry in ("compile (host)", "transfer", "cross-island transfer", "transfers merged at this zoom",
+    for entry in ("host: compile, checkpoint", "transfer", "cross-island transfer", "transfers merged at this zoom",
                   "cross-island transfers merged"):  # fmt: skip
         assert entry in legend, legend
     # the strip is really there, dark grey, on the intra-island transfer lane

@@ -567,7 +567,7 @@ def test_what_a_newcomer_reads_in_jupyterlab(page):
     page.wait_for_function("(tl) => +tl.dataset.events > 48", arg=tl.element_handle(), timeout=30_000)
     assert tl.get_attribute("data-axis").split(" | ")[0] == "0 ns"
     legend = tl.locator(".pw-tl-legend").inner_text()
-    for entry in ("compile (host)", "transfer", "cross-island transfer"):
+    for entry in ("host: compile, checkpoint", "transfer", "cross-island transfer"):
         assert entry in legend, legend
     # the run widget's mini timeline says what it shows and names its rows
     run = _cell_output(page, 6).locator(".pw-run")

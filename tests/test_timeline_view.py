@@ -60,7 +60,7 @@ def test_utilization_is_keyed_by_the_lane_names_the_timeline_shows(ctl2):
     util = tl.utilization()
     assert set(util) == {lane["label"] for lane in tl.lanes}
     assert not [k for k in util if k.startswith(("dev:", "xfer:")) or k == "host"], util
-    assert util["cpu:0"] > 0 and util["host (compile)"] > 0  # f ran on device 0; its first call compiled
+    assert util["cpu:0"] > 0 and util["host (compile, checkpoint)"] > 0  # f ran on device 0; its first call compiled
     assert "island 0 → island 1" in util
     busiest = sorted(util.items(), key=lambda kv: -kv[1])[:4]  # the quickstart's cell reads as lane names
     assert all(not name.startswith("dev:") for name, _ in busiest)
@@ -86,7 +86,7 @@ def test_static_legend_explains_compile_bars(ctl2):
     step.submit(x).wait(30)  # the first call compiles f and g: bars on the host lane
     page = pw.timeline(live=False).static_html()
     legend = legend_of(page)
-    assert "compile (host)" in legend and "transfer" in legend and "cross-island transfer" in legend
+    assert "host: compile, checkpoint" in legend and "transfer" in legend and "cross-island transfer" in legend
     assert 'id="pw-tl-hatch"' in page and "url(#pw-tl-hatch)" in page  # the compile bars' own look
     # a timeline without compiles does not list them
     assert "compile" not in legend_of(TimelineWidget(events=chained_layers(), live=False).static_html())
@@ -179,3 +179,18 @@ def test_mini_timeline_names_only_the_ends_when_rows_are_thin():
     assert labels == ["dev0", HOSTILE] and HOSTILE not in page
     assert "transfer" in page and "glue" not in page  # the colour key lists what is drawn
     assert mini_timeline_html([], []) == ""
+
+
+def test_a_checkpoint_save_is_a_bar_on_the_host_lane_with_its_bytes(ctl, tmp_path):
+    pytest.importorskip("orbax.checkpoint")
+    s = pw.slice(2, mesh={"d": 2})
+    w = pw.compiled(lambda a: a * 2, slice=s)(jnp.ones((256, 256)))
+    ckpt = pw.CheckpointManager(tmp_path / "ck")
+    ckpt.save(7, {"w": w})
+    ckpt.wait_until_finished()
+    ckpt.close()
+    tl = pw.timeline(live=False)
+    (bar,) = [e for e in tl.events if e["node"] == "save step 7"]
+    assert bar["kind"] == "checkpoint" and bar["lanes"] == ["host"] and bar["nbytes"] == 256 * 256 * 4
+    assert bar["end"] > bar["start"] and bar["program"] == "checkpoint"
+    assert tl.utilization()["host (compile, checkpoint)"] > 0

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..runtime import busy_time
 
-KINDS: tuple[str, ...] = ("compute", "glue", "transfer", "compile")
+KINDS: tuple[str, ...] = ("compute", "glue", "transfer", "compile", "checkpoint")
 _KIND = {k: i for i, k in enumerate(KINDS)}
 NONE = 0xFFFFFFFF  # "no string" (an event without an error)
 MEASURE_FIELDS = ("start", "end", "nbytes")  # the columns of `Chunk.measures` (float64)
@@ -86,7 +86,7 @@ class EventEncoder:
         return lane
 
     def host_lane(self) -> int:
-        """The lane of host work that occupies no device: compiling executables."""
+        """The lane of host work that occupies no device: compiling executables, writing checkpoints."""
         lane = self._lane_of.get("host")
         if lane is None:
             lane = len(self.lanes)
@@ -94,7 +94,7 @@ class EventEncoder:
             self.lanes.append(
                 {
                     "key": "host",
-                    "label": "host (compile)",
+                    "label": "host (compile, checkpoint)",
                     "kind": "host",
                     "device": None,
                     "island": None,
@@ -140,10 +140,11 @@ class EventEncoder:
         for ev in events:
             measures += (ev.start, ev.end, ev.nbytes or 0)
             kind = _KIND.get(ev.kind, 0)
-            ids += (ev.run_id, sid(ev.node), sid(ev.program), sid(ev.tenant), sid(ev.shapes), sid(ev.error), kind)
+            # host work of no run (a checkpoint) has run id -1: no run, as a string may be no string
+            ids += (ev.run_id if ev.run_id >= 0 else NONE, sid(ev.node), sid(ev.program), sid(ev.tenant), sid(ev.shapes), sid(ev.error), kind)
             if kind == 2:
                 bars += (k, self.transfer_lane(ev.src_island, ev.island))
-            elif kind == 3:
+            elif kind >= 3:  # compile, checkpoint
                 bars += (k, self.host_lane())
             for d in ev.devices:
                 lane = lane_of.get(("dev", d))
@@ -207,8 +208,8 @@ def lane_names(lanes: Sequence[dict[str, Any]]) -> list[str]:
 
     Example::
 
-        lane_names([{"key": "dev:0", "label": "cpu:0"}, {"key": "host", "label": "host (compile)"}])
-        # ['cpu:0', 'host (compile)']
+        lane_names([{"key": "dev:0", "label": "cpu:0"}, {"key": "host", "label": "host (compile, checkpoint)"}])
+        # ['cpu:0', 'host (compile, checkpoint)']
     """
     count = collections.Counter(str(lane["label"]) for lane in lanes)
     return [str(x["label"]) if count[str(x["label"])] == 1 else f"{x['label']} [{x['key']}]" for x in lanes]

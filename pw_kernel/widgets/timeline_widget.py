@@ -219,7 +219,7 @@ class TimelineWidget(PwWidget):
         chunk = self._enc.encode(events)
         if chunk is not None:
             for rid in np.unique(chunk.ids[:, 0]).tolist():
-                if rid not in self._run_index:
+                if rid not in self._run_index and rid != NONE:  # NONE: host work of no run (a checkpoint)
                     first = np.flatnonzero(chunk.ids[:, 0] == rid)[0]
                     prog = chunk.ids[first, 2]
                     names = self._enc.strings
@@ -344,7 +344,7 @@ class TimelineWidget(PwWidget):
 
             tl = pw.timeline(live=False)
             tl.utilization()
-            # {'TFRT_CPU_0': 0.62, ..., 'island 0 → island 1': 0.03, 'host (compile)': 0.41}
+            # {'TFRT_CPU_0': 0.62, ..., 'island 0 → island 1': 0.03, 'host (compile, checkpoint)': 0.41}
         """
         measures, _, bars, _ = self._enc.arrays()
         names = lane_names(self._enc.lanes)

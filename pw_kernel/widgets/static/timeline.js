@@ -168,7 +168,7 @@ function render({ model, el }) {
       item.append(h("span", `pw-swatch ${cls}`), h("span", "", text));
       legend.appendChild(item);
     };
-    if (kinds.host) extra("compile", "pw-compile", "compile (host)", "compiling an executable before a program's first call");
+    if (kinds.host) extra("compile", "pw-compile", "host: compile, checkpoint", "compiling an executable before a program's first call, or writing a checkpoint");
     extra("transfer", "pw-xfer", "transfer", "one transfer: a light box (drawn low on a device lane)");
     extra("cross", "pw-xfer-cross", "cross-island transfer", "a transfer between islands (the paper's DCN hop)");
     if (kinds.transfer)
@@ -322,7 +322,7 @@ function render({ model, el }) {
     const err = store.str(u[ev * U + 5]);
     const lines = [
       `${store.str(u[ev * U + 1]) ?? "?"}  (${kind})`,
-      `run ${run} · ${prog ?? "?"}${tenant && tenant !== "default" ? ` · tenant ${tenant}` : ""}`,
+      run === NONE ? `${prog ?? "?"} (no run)` : `run ${run} · ${prog ?? "?"}${tenant && tenant !== "default" ? ` · tenant ${tenant}` : ""}`,
       `duration ${fmtNs(hit.e - hit.s)} · starts at ${fmtNs(hit.s - store.tmin)}`,
       `lane ${hit.row.info.label}`,
     ];
