@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from ..runtime import busy_by_device, short_error
+from ..runtime import controller, short_error
 from ..widgets._html import CROSS_ISLAND, RUN_PALETTE, describe_outputs, esc, percent_done, state_colour
 from ..widgets.graph import graph_html
 
@@ -292,7 +292,7 @@ def timeline_view(events: Iterable[Any], title: str = "timeline") -> View:
     ]
     headers = ["run", "program", "node", "kind", "devices", "start ms", "duration ms", "shapes"]
     more = f" (latest {len(shown)} of {len(events)})" if len(shown) < len(events) else ""
-    busy = busy_by_device(events)
+    busy = controller().events.busy(events)
     span = max(max(ev.end for ev in events) - t0, 1)
     util = ", ".join(f"dev {d}: {100 * b / span:.0f}%" for d, b in sorted(busy.items()))
     head = f"{title}: {len(events)} node events{more}; busy {util}"
