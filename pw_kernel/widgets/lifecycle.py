@@ -1,8 +1,8 @@
 """The run lifecycle as a picture, drawn from `pw_kernel.runtime.TRANSITIONS` itself.
 
 ``python -m pw_kernel.widgets.lifecycle docs`` writes ``docs/lifecycle.dot``
-and ``docs/lifecycle.svg`` (the README shows the SVG; a test checks that the
-DOT file is what the table draws today, so the picture cannot drift).
+and ``docs/lifecycle.svg`` (docs/architecture.md shows the SVG; a test checks
+that the DOT file is what the table draws today, so the picture cannot drift).
 """
 
 from __future__ import annotations
