@@ -17,11 +17,9 @@ import warnings
 import weakref
 from typing import Any
 
+from .errors import CellError, PathwaysWarning
+
 _loaded: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
-
-
-class PathwaysWarning(UserWarning):
-    """Something about the notebook setup that limits what pw_kernel can do."""
 
 
 def load_ipython_extension(ip: Any) -> None:
@@ -90,4 +88,4 @@ def check_devices() -> bool:
     return False
 
 
-__all__ = ["PathwaysWarning", "check_devices", "load_ipython_extension", "unload_ipython_extension"]
+__all__ = ["CellError", "PathwaysWarning", "check_devices", "load_ipython_extension", "unload_ipython_extension"]

@@ -22,19 +22,13 @@ import types
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from .errors import CellError
+
 #: The name the cell's trailing expression is bound to inside the program.
 RESULT = "__pw_result__"
 
 _CONSTS = "__pw_consts"
 _LOCALS = "__pw_locals"
-
-
-class CellError(Exception):
-    """A cell that cannot become a program; the magic reports it as a `UsageError`."""
-
-    def __init__(self, message: str, line: int | None = None):
-        super().__init__(message)
-        self.line = line
 
 
 @dataclasses.dataclass(frozen=True)
