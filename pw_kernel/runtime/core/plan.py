@@ -16,7 +16,7 @@ from ..devices import remote_device_id
 from ..errors import ArgumentError, FusedModeError
 from ..trace.graph import Node, ProgramGraph, nbytes_of
 from ..remote.client import RemoteCall, RemoteTransfer
-from ..trace.tracing import jit_of, sub_jaxprs
+from ..trace.executables import jit_of, sub_jaxprs
 
 ExecMode = Literal["fused", "chained"]
 

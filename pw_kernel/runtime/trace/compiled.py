@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import re
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -23,9 +24,8 @@ _registry: weakref.WeakValueDictionary[str, CompiledFunction] = weakref.WeakValu
 _uids = itertools.count()
 
 
-# Compiled functions called while a program is being traced, held strongly until its graph is
-# built: one created inside the traced function (a temporary) must not vanish from the registry.
-_tracing = threading.local()
+# The program trace running on each thread (see `trace_scope`).
+_thread = threading.local()
 
 
 # Collective ops in an optimized HLO module's text (their async forms end in -start).
@@ -53,28 +53,56 @@ def lookup(jit_name: str) -> CompiledFunction | None:
     """The CompiledFunction whose jit eqn is named ``jit_name``, if any."""
     if _MARK not in jit_name:
         return None
-    seen = getattr(_tracing, "seen", None)
-    if seen is not None and jit_name in seen:
-        return seen[jit_name]
+    scope = current_trace()
+    if scope is not None and jit_name in scope.seen:
+        return scope.seen[jit_name]
     return _registry.get(jit_name)
+
+
+class TraceScope:
+    """The compiled functions called while a program is being traced, held strongly until its graph is built.
+
+    One created inside the traced function (a temporary) must not vanish from the registry
+    before its jit equation is looked up.
+    """
+
+    def __init__(self):
+        self.seen: dict[str, CompiledFunction] = {}
+
+    def record(self, cf: CompiledFunction) -> None:
+        self.seen[cf.jit_name] = cf
+
+    def functions(self) -> tuple[CompiledFunction, ...]:
+        """The compiled functions called so far, in order of first call."""
+        return tuple(self.seen.values())
+
+
+def current_trace() -> TraceScope | None:
+    """The program trace running on this thread, or None."""
+    return getattr(_thread, "scope", None)
 
 
 def in_program_trace() -> bool:
     """Whether this thread is tracing a program now (a program called here becomes part of it)."""
-    return getattr(_tracing, "seen", None) is not None
+    return current_trace() is not None
 
 
-class tracing_scope:
-    """While active on this thread, compiled functions called under a trace are kept alive."""
+@contextlib.contextmanager
+def trace_scope() -> Iterator[TraceScope]:
+    """Trace a program on this thread: compiled functions called meanwhile are kept in the scope.
 
-    def __enter__(self):
-        self.outer = getattr(_tracing, "seen", None)
-        _tracing.seen = {} if self.outer is None else self.outer
-        return self
+    A program traced inside another one shares the outer scope. Example::
 
-    def __exit__(self, *exc):
-        _tracing.seen = self.outer
-        return False
+        with trace_scope() as scope:
+            jax.make_jaxpr(fn)(*args)
+        [cf.name for cf in scope.functions()]
+    """
+    outer = current_trace()
+    _thread.scope = TraceScope() if outer is None else outer
+    try:
+        yield _thread.scope
+    finally:
+        _thread.scope = outer
 
 
 def _is_spec_leaf(x: Any) -> bool:
@@ -178,9 +206,9 @@ class CompiledFunction:
 
     def __call__(self, *args, **kwargs):
         if in_program_trace() or any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((args, kwargs))):
-            seen = getattr(_tracing, "seen", None)
-            if seen is not None:
-                seen[self.jit_name] = self
+            scope = current_trace()
+            if scope is not None:
+                scope.record(self)
             if self._explicit and not kwargs:
                 args = _reshard(args, self.in_shardings, self.static_argnums)
             with self.slice.tracing_mesh():

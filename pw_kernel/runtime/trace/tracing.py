@@ -10,7 +10,6 @@ between slices (or be resharded) get explicit transfer nodes.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -21,11 +20,13 @@ import numpy as np
 from jax.extend.core import Literal
 from jax.sharding import NamedSharding, PartitionSpec, Sharding
 
-from . import compiled as compiled_mod
 from ..devices import ResourceManager, VirtualSlice
-from ..errors import ControlFlowError, PathwaysError, SpecError, TracingError
+from ..errors import PathwaysError, SpecError, TracingError
 from ..futures import Future
+from .compiled import CompiledFunction, TraceScope, lookup, trace_scope
+from .executables import calls_host, executable_with_chosen_outputs, glue_key, literal_key, node_executable
 from .graph import Node, ProgramGraph, Value, as_dtype
+from .jax_errors import UNTRACEABLE, JaxErrorKind, classify
 
 _JAX_DIR = os.path.dirname(jax.__file__)
 _PW_DIR = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))  # pw_kernel/
@@ -112,153 +113,6 @@ def _fmt_source(src: tuple[str, int] | None) -> str:
     return f"\n  at {where}" + (f":\n    {text}" if text else "")
 
 
-def _bind(eqn, args):
-    params = eqn.params
-    bind_params = eqn.primitive.get_bind_params(params)
-    if isinstance(bind_params, tuple):  # older JAX: (subfuns, params)
-        subfuns, bind_params = bind_params
-        return eqn.primitive.bind(*subfuns, *args, **bind_params)
-    return eqn.primitive.bind(*args, **bind_params)
-
-
-def sub_jaxprs(eqn: Any):
-    """The Jaxprs nested in an equation's params (a call's body, a cond's branches, a scan's body)."""
-    for p in eqn.params.values():
-        for sub in p if isinstance(p, (tuple, list)) else (p,):
-            inner = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr's Jaxpr, or a Jaxpr
-            if hasattr(inner, "eqns"):
-                yield inner
-
-
-def calls_host(eqns: Sequence[Any]) -> bool:
-    """Whether these equations (or any jaxpr nested in their params) call back into Python."""
-    return any("callback" in e.primitive.name or any(calls_host(j.eqns) for j in sub_jaxprs(e)) for e in eqns)
-
-
-class _GuardedCallback:
-    """A host callback that never raises into XLA: it records the exception and returns zeros.
-
-    On several devices a callback that raises leaves the other devices waiting in their
-    collectives until XLA aborts the process; guarded, the computation finishes and the
-    node fails afterwards with the recorded exception (`HostCallbackError`).
-    """
-
-    def __init__(self, callback: Callable, result_avals: Sequence[Any], errors: list):
-        self.callback = callback
-        self.result_avals = tuple(result_avals)
-        self.errors = errors
-
-    def __call__(self, *args):
-        try:
-            return self.callback(*args)
-        except BaseException as e:  # noqa: BLE001 - any raise would strand the other devices
-            self.errors.append(e)
-            return [np.zeros(a.shape, a.dtype) for a in self.result_avals]
-
-
-def guard_callbacks(eqns: Sequence[Any], errors: list) -> list:
-    """``eqns`` with every host callback (also in nested jaxprs) guarded, recording into ``errors``."""
-    out = []
-    for e in eqns:
-        params = dict(e.params)
-        changed = False
-        if "callback" in e.primitive.name and callable(params.get("callback")):
-            params["callback"] = _GuardedCallback(params["callback"], params.get("result_avals", ()), errors)
-            changed = True
-        for k, p in e.params.items():
-            if hasattr(p, "jaxpr") and hasattr(p, "consts") and calls_host(p.jaxpr.eqns):  # a ClosedJaxpr
-                params[k] = p.replace(jaxpr=p.jaxpr.replace(eqns=guard_callbacks(p.jaxpr.eqns, errors)))
-                changed = True
-            elif hasattr(p, "eqns") and calls_host(p.eqns):  # a Jaxpr
-                params[k] = p.replace(eqns=guard_callbacks(p.eqns, errors))
-                changed = True
-        out.append(e.replace(params=params) if changed else e)
-    return out
-
-
-def make_evaluator(eqns: Sequence[Any], invars: Sequence[Any], outvars: Sequence[Any]) -> Callable:
-    """A function of ``invars`` that replays ``eqns`` (by binding their primitives) and returns ``outvars``."""
-
-    def evaluate(*args):
-        env = dict(zip(invars, args))
-
-        def read(v):
-            return v.val if isinstance(v, Literal) else env[v]
-
-        for eqn in eqns:
-            ans = _bind(eqn, [read(v) for v in eqn.invars])
-            if eqn.primitive.multiple_results:
-                env.update(zip(eqn.outvars, ans))
-            else:
-                env[eqn.outvars[0]] = ans
-        return tuple(read(v) for v in outvars)
-
-    return evaluate
-
-
-# Node executables are shared between nodes (and programs) that do the same thing with the
-# same shardings, so a chain calling one compiled function K times compiles it once, as JAX would.
-_EXECUTABLES: dict[Any, tuple[Any, Callable]] = {}
-_MAX_EXECUTABLES = 4096
-_OUT_SHARDINGS: dict[Any, tuple[Any, list]] = {}  # glue key and input shardings -> what XLA gives the outputs
-
-
-def _literal_key(v) -> Any:
-    val = np.asarray(v.val)
-    return ("lit", val.dtype.str, val.shape, val.tobytes())
-
-
-def _glue_key(eqns, invars, outvars) -> Any | None:
-    """A structural key for a group of equations (vars renamed by position); None if not hashable."""
-    local = {v: ("in", i) for i, v in enumerate(invars)}
-    parts = []
-    for k, e in enumerate(eqns):
-        ins = tuple(_literal_key(v) if isinstance(v, Literal) else local.get(v, ("?", id(v))) for v in e.invars)
-        params = repr(sorted(e.params.items(), key=lambda kv: kv[0]))
-        if "..." in params or " at 0x" in params:  # truncated or identity-based: not a safe key
-            return None
-        parts.append((e.primitive.name, params, ins, tuple(str(v.aval) for v in e.outvars)))
-        for j, v in enumerate(e.outvars):
-            local[v] = ("t", k, j)
-    outs = tuple(_literal_key(v) if isinstance(v, Literal) else local.get(v) for v in outvars)
-    return (tuple(str(v.aval) for v in invars), tuple(parts), outs)
-
-
-def jit_of(eqns, invars, outvars, in_sh, out_sh) -> Callable:
-    """`jax.jit` replaying ``eqns`` with these shardings; host callbacks guarded (see `_GuardedCallback`).
-
-    A guarded executable carries ``callback_errors``: what its callbacks raised, for the dispatcher's
-    watcher to fail the node with once the computation has finished.
-    """
-    errors: list | None = None
-    if calls_host(eqns):
-        errors = []
-        eqns = guard_callbacks(eqns, errors)
-    kw = {} if out_sh is None else {"out_shardings": tuple(out_sh)}  # None: XLA chooses
-    # keep_unused: a node runs on its slice even when its outputs ignore its inputs (jnp.zeros_like
-    # of params on Explicit axes: jit would prune the input, run on one device, and refuse the mesh)
-    fn = jax.jit(make_evaluator(eqns, invars, outvars), in_shardings=tuple(in_sh), keep_unused=True, **kw)
-    if errors is not None:
-        fn.callback_errors = errors
-    return fn
-
-
-def node_executable(eqns, invars, outvars, in_sh, out_sh, key: Any | None = None) -> Callable:
-    """`jax.jit` of the equations with the given shardings, shared with identical nodes (``out_sh`` None: XLA
-    chooses, see `chosen_out_shardings`)."""
-    if key is not None:
-        key = (key, tuple(in_sh), None if out_sh is None else tuple(out_sh))
-        hit = _EXECUTABLES.get(key)
-        if hit is not None:
-            return hit[1]
-    fn = jit_of(eqns, invars, outvars, in_sh, out_sh)
-    if key is not None:
-        if len(_EXECUTABLES) >= _MAX_EXECUTABLES:
-            _EXECUTABLES.clear()
-        _EXECUTABLES[key] = (eqns, fn)  # eqns keep the jaxprs in the key alive
-    return fn
-
-
 def context_mesh_hint(slices: Sequence[VirtualSlice | None]) -> str:
     """Why code under `jax.set_mesh` may fail on a slice with another mesh, and what to do; or ""."""
     ctx = jax.sharding.get_abstract_mesh()
@@ -294,45 +148,6 @@ def _adopt_mesh(resources: ResourceManager, sharding: Sharding) -> VirtualSlice 
         return None
 
 
-def chosen_out_shardings(fn, invars, outvars, in_sh, s: VirtualSlice, key: Any | None = None) -> list[Sharding]:
-    """The shardings XLA gives the outputs of ``fn``, a node executable built without out_shardings.
-
-    So XLA's propagation, `with_sharding_constraint`, a nested jit's out_shardings and
-    shard_map's out_specs all decide, exactly as in a plain `jax.jit` of the same code. The
-    compile this takes is ``fn``'s own: JAX keeps it for the node's first call.
-    ``key`` (structural) caches the answer; None: not cached.
-    """
-    if key is not None:
-        key = (key, tuple(in_sh))
-        hit = _OUT_SHARDINGS.get(key)
-        if hit is not None:
-            return hit[1]
-    args = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype, sharding=sh) for v, sh in zip(invars, in_sh)]
-    out = [_on_slice(sh, v.aval.ndim, s) for sh, v in zip(fn.lower(*args).compile().output_shardings, outvars)]
-    if key is not None:
-        if len(_OUT_SHARDINGS) >= _MAX_EXECUTABLES:
-            _OUT_SHARDINGS.clear()
-        _OUT_SHARDINGS[key] = (fn, out)
-    return out
-
-
-def _executable_with_chosen_outputs(eqns, invars, outvars, in_sh, s: VirtualSlice, key):
-    """A node's executable built without out_shardings, and the shardings XLA gives its outputs.
-
-    (Shardings the equations declare themselves, a compiled function's out_specs or a nested
-    jit's, are XLA's choice too.) An output XLA puts on part of the slice only (a value that
-    depends on no input may land on one device) is replicated over the slice instead, with an
-    executable that says so: pw keeps every node's values on its slice.
-    """
-    fn = node_executable(eqns, invars, outvars, in_sh, None, key)
-    chosen = chosen_out_shardings(fn, invars, outvars, in_sh, s, key)
-    devices = set(s.devices)
-    out = [sh if sh.device_set == devices else NamedSharding(s.mesh, PartitionSpec()) for sh in chosen]
-    if out != chosen:
-        fn = node_executable(eqns, invars, outvars, in_sh, out, key)
-    return fn, out
-
-
 def _unspecified_input(val: Value, s: VirtualSlice) -> Sharding:
     """Where an argument with no in_spec goes: as `jax.jit` without in_shardings, its own sharding
     when it lives on the slice; else the same PartitionSpec on the slice where its axes exist
@@ -340,30 +155,6 @@ def _unspecified_input(val: Value, s: VirtualSlice) -> Sharding:
     if val.slice is s and isinstance(val.sharding, Sharding) and val.sharding.device_set == set(s.devices):
         return val.sharding
     return _map_sharding(val.sharding, val.shape, s)
-
-
-def _on_slice(sharding: Sharding, ndim: int, s: VirtualSlice) -> Sharding:
-    """``sharding`` as a NamedSharding on the slice's mesh where XLA gave an equivalent positional one."""
-    if isinstance(sharding, NamedSharding) and sharding.mesh == s.mesh:
-        return sharding
-    if ndim > 4:  # the candidates grow as (axes + 1) ** ndim: keep XLA's own sharding, it is as good
-        return sharding
-    for spec in _candidate_specs(s, ndim):
-        named = NamedSharding(s.mesh, spec)
-        if named.is_equivalent_to(sharding, ndim):
-            return named
-    return sharding
-
-
-def _candidate_specs(s: VirtualSlice, ndim: int):
-    """PartitionSpecs of rank ``ndim`` on the slice's axes, each axis used at most once (small meshes only)."""
-    axes = list(s.mesh.axis_names)
-    yield PartitionSpec()
-    choices = [None, *axes]
-    for combo in itertools.product(choices, repeat=ndim):
-        used = [a for a in combo if a is not None]
-        if used and len(used) == len(set(used)):
-            yield PartitionSpec(*combo)
 
 
 def _check_divisible(shape, sharding: Sharding, what: str) -> None:
@@ -497,13 +288,7 @@ class _Builder:
         return self.var_value[var]
 
 
-def trace_program(*args, **kwargs) -> ProgramGraph:
-    """Trace ``fn(*args, **kwargs)`` into a ProgramGraph; see the module docstring."""
-    with compiled_mod.tracing_scope():
-        return _trace_program(*args, **kwargs)
-
-
-def _trace_program(
+def trace_program(
     fn: Callable,
     args: tuple,
     kwargs: dict,
@@ -512,116 +297,174 @@ def _trace_program(
     resources: ResourceManager,
     default_slice: VirtualSlice | None = None,
 ) -> ProgramGraph:
-    treedef, leaves, _ = signature(args, kwargs)
-    traced_idx = [i for i, x in enumerate(leaves) if is_traced_leaf(x)]
-    abstract = [abstract_leaf(leaves[i]) for i in traced_idx]
-    out_tree_box: list[Any] = []
+    """Trace ``fn(*args, **kwargs)`` into a ProgramGraph; see the module docstring."""
+    with trace_scope() as scope:
+        return _Tracer(fn, args, kwargs, name, scope, _Builder(name, resources, default_slice)).trace()
 
-    def flat_fn(*traced):
-        full = list(leaves)
-        for i, t in zip(traced_idx, traced):
+
+class _Tracer:
+    """One trace of a program, phase by phase: the jaxpr, its inputs, its equations as nodes, its outputs."""
+
+    def __init__(self, fn: Callable, args: tuple, kwargs: dict, name: str, scope: TraceScope, builder: _Builder):
+        self.fn = fn
+        self.name = name
+        self.scope = scope
+        self.b = builder
+        self.treedef, self.leaves, _ = signature(args, kwargs)
+        self.traced_idx = [i for i, x in enumerate(self.leaves) if is_traced_leaf(x)]
+        self.abstract = [abstract_leaf(self.leaves[i]) for i in self.traced_idx]
+        self.out_tree: Any = None
+        self.consts: dict[int, Any] = {}
+        self.last_use: dict[Any, int] = {}
+        self.glue: list[tuple[int, Any]] = []  # (index, equation) of the glue group being collected
+        self.glue_slice: VirtualSlice | None = None
+
+    def trace(self) -> ProgramGraph:
+        closed = self.make_jaxpr()
+        jaxpr = closed.jaxpr
+        inputs = self.add_inputs(jaxpr.invars)
+        self.add_consts(jaxpr.constvars, closed.consts)
+        self.choose_default_slice(jaxpr.eqns)
+        self.walk(jaxpr)
+        outputs = self.place_outputs(jaxpr.outvars)
+        b = self.b
+        return ProgramGraph(
+            name=self.name,
+            nodes=b.nodes,
+            values=b.values,
+            inputs=inputs,
+            outputs=outputs,
+            out_tree=self.out_tree,
+            consts=self.consts,
+            jaxpr=closed,
+            default_slice=b.default_slice,
+        )
+
+    # ------------------------------------------------------------------ the jaxpr
+    def call_flat(self, *traced):
+        """The program's function of its traced leaves, returning flat outputs.
+
+        Its frame is the one that calls the user's function (`names.returned_expr` looks for it there).
+        """
+        full = list(self.leaves)
+        for i, t in zip(self.traced_idx, traced):
             full[i] = t
-        a, k = jax.tree_util.tree_unflatten(treedef, full)
-        out = fn(*a, **k)
-        flat, out_tree = jax.tree_util.tree_flatten(out)
-        out_tree_box.append(out_tree)
+        a, k = jax.tree_util.tree_unflatten(self.treedef, full)
+        out = self.fn(*a, **k)
+        flat, self.out_tree = jax.tree_util.tree_flatten(out)
         return flat
 
-    try:
-        closed = jax.make_jaxpr(flat_fn)(*abstract)
-    except jax.errors.TracerBoolConversionError as e:
-        src = _exc_source(e)
-        raise ControlFlowError(
-            f"`pw.program` {name!r}: Python control flow depends on a value computed on devices "
-            f"({type(e).__name__}).{_fmt_source(src)}\n"
-            "A program is traced once into a static dataflow graph, so `if`/`while` on array values cannot "
-            "be decided at trace time. Instead: (1) use `jax.lax.cond` / `jnp.where` / `jax.lax.while_loop` "
-            "inside a `pw.compiled` function, or (2) fetch the value first (`fut.result()`) and branch in "
-            "plain Python outside the program. Loops over Python ranges are fine: they unroll."
-        ) from None
-    except PathwaysError:  # already says what is wrong and what to do
-        raise
-    except (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError,
-            jax.errors.TracerIntegerConversionError) as e:
-        src = _exc_source(e)
-        raise TracingError(
-            f"`pw.program` {name!r} needs a concrete value where it only has a traced one "
-            f"({type(e).__name__}).{_fmt_source(src)}\n"
-            "Inside a program, arrays are abstract (shape and dtype only) until the run executes, so "
-            "`float(x)`, `int(x)`, `np.asarray(x)` or indexing with an array value cannot work. Use jnp "
-            "operations on the array instead, or pass the value in as a Python constant."
-        ) from None
-    except Exception as e:
-        src = _exc_source(e)
-        if "evenly divide" in str(e):
-            raise SpecError(
-                f"`pw.program` {name!r}: a value does not fit the PartitionSpec it is given: {e}{_fmt_source(src)}\n"
-                "Use sizes that are multiples of the mesh axes they are split over, or replicate that "
-                "dimension with None in the spec."
-            ) from None
-        hint = ""
-        if "not a valid JAX type" in str(e):
-            hint = "\nA program must return arrays (or pytrees of arrays); return non-array values outside it."
-        slices = [cf.slice for cf in (getattr(compiled_mod._tracing, "seen", None) or {}).values()]
-        hint += context_mesh_hint([*slices, default_slice])
-        raise TracingError(
-            f"`pw.program` {name!r} could not be traced: {type(e).__name__}: {e}{_fmt_source(src)}{hint}"
-        ) from e
+    def make_jaxpr(self) -> Any:
+        """JAX's ClosedJaxpr of the program; JAX's errors become pw's (see `jax_errors`)."""
+        try:
+            return jax.make_jaxpr(self.call_flat)(*self.abstract)
+        except PathwaysError:  # already says what is wrong and what to do
+            raise
+        except Exception as e:
+            kind = classify(e)
+            if kind is not None and not kind.quotes_jax:
+                raise kind.error(e, self.api, _fmt_source(_exc_source(e))) from None
+            raise self.untraceable(e, kind) from e
 
-    jaxpr = closed.jaxpr
-    b = _Builder(name=name, resources=resources, default_slice=default_slice)
+    @property
+    def api(self) -> str:
+        return f"`pw.program` {self.name!r}"
 
-    input_ids = []
-    for var, a, i in zip(jaxpr.invars, abstract, traced_idx):
-        home = getattr(leaves[i], "slice", None)  # a future knows the slice it lives on
-        if not isinstance(home, VirtualSlice):
-            home = b.slice_of(a.sharding) if a.sharding is not None else None
-            if home is None:  # an array on a mesh of the notebook's own that no slice covers: adopt it
-                home = _adopt_mesh(resources, a.sharding)
-        vid = b.new_value(a.shape, a.dtype, a.sharding, "input", slice_=home)
-        b.var_value[var] = vid
-        input_ids.append(vid)
-    consts: dict[int, Any] = {}
-    for var, c in zip(jaxpr.constvars, closed.consts):
-        sh = c.sharding if isinstance(c, jax.Array) else None
-        vid = b.new_value(np.shape(c), np.asarray(c).dtype if sh is None else c.dtype, sh, "const")
-        b.var_value[var] = vid
-        consts[vid] = c
+    def untraceable(self, e: Exception, kind: JaxErrorKind | None) -> PathwaysError:
+        """JAX's error quoted whole, with its entry's hint if any, and why a context mesh may be the cause."""
+        where = _fmt_source(_exc_source(e))
+        mesh_hint = context_mesh_hint([*(cf.slice for cf in self.scope.functions()), self.b.default_slice])
+        if kind is not None:
+            return kind.becomes(kind.message(e, self.api, where) + mesh_hint)
+        head = UNTRACEABLE.format(api=self.api, error_type=type(e).__name__, error=e)
+        return TracingError(f"{head}{where}{mesh_hint}")
 
-    # Where glue that reads no device value goes: the program's slice, else the first compute slice.
-    if b.default_slice is None:
-        for eqn in jaxpr.eqns:
-            cf = compiled_mod.lookup(str(eqn.params.get("name", "")))
-            if cf is not None:
-                b.default_slice = cf.slice
-                break
+    # ------------------------------------------------------------------ inputs and constants
+    def add_inputs(self, invars: Sequence[Any]) -> tuple[int, ...]:
+        """A value per traced input, on the slice it lives on."""
+        b = self.b
+        ids = []
+        for var, a, i in zip(invars, self.abstract, self.traced_idx):
+            home = getattr(self.leaves[i], "slice", None)  # a future knows the slice it lives on
+            if not isinstance(home, VirtualSlice):
+                home = b.slice_of(a.sharding) if a.sharding is not None else None
+                if home is None:  # an array on a mesh of the notebook's own that no slice covers: adopt it
+                    home = _adopt_mesh(b.resources, a.sharding)
+            vid = b.new_value(a.shape, a.dtype, a.sharding, "input", slice_=home)
+            b.var_value[var] = vid
+            ids.append(vid)
+        return tuple(ids)
 
-    # Which vars are read after a given equation (to find a glue group's outputs).
-    last_use: dict[Any, int] = {}
-    for k, eqn in enumerate(jaxpr.eqns):
-        for v in eqn.invars:
-            if not isinstance(v, Literal):
-                last_use[v] = k
-    for v in jaxpr.outvars:
-        if not isinstance(v, Literal):
-            last_use[v] = len(jaxpr.eqns)
+    def add_consts(self, constvars: Sequence[Any], consts: Sequence[Any]) -> None:
+        b = self.b
+        for var, c in zip(constvars, consts):
+            sh = c.sharding if isinstance(c, jax.Array) else None
+            vid = b.new_value(np.shape(c), np.asarray(c).dtype if sh is None else c.dtype, sh, "const")
+            b.var_value[var] = vid
+            self.consts[vid] = c
 
-    glue: list[tuple[int, Any]] = []
-    glue_slice: list[VirtualSlice | None] = [None]
-
-    def flush_glue():
-        if not glue:
+    def choose_default_slice(self, eqns: Sequence[Any]) -> None:
+        """Where glue that reads no device value goes: the program's slice, else the first compute slice."""
+        if self.b.default_slice is not None:
             return
-        s = glue_slice[0]
-        eqns = [e for _, e in glue]
-        produced = {v for e in eqns for v in e.outvars}
-        last_k = glue[-1][0]
-        invars: list[Any] = []
-        for e in eqns:
-            for v in e.invars:
-                if not isinstance(v, Literal) and v not in produced and v not in invars:
-                    invars.append(v)
-        outvars = [v for e in eqns for v in e.outvars if last_use.get(v, -1) > last_k]
+        for eqn in eqns:
+            cf = lookup(str(eqn.params.get("name", "")))
+            if cf is not None:
+                self.b.default_slice = cf.slice
+                return
+
+    # ------------------------------------------------------------------ equations into nodes
+    def walk(self, jaxpr: Any) -> None:
+        """Each `pw.compiled` call becomes a compute node; the equations between them, glue nodes."""
+        self.last_use = _last_uses(jaxpr)
+        for k, eqn in enumerate(jaxpr.eqns):
+            cf = lookup(str(eqn.params.get("name", ""))) if "jit" in eqn.primitive.name else None
+            if cf is None:
+                self.collect_glue(k, eqn)
+            else:
+                self.flush_glue()
+                self.add_compute(eqn, cf)
+        self.flush_glue()
+
+    def collect_glue(self, k: int, eqn: Any) -> None:
+        """Add ``eqn`` to the glue group being collected; a group on another slice is made a node first."""
+        s = self.glue_slice_of(eqn)
+        s.check_live(f"pw.program {self.name!r}")
+        if self.glue and self.glue_slice is not s:
+            self.flush_glue()
+        self.glue_slice = s
+        self.glue.append((k, eqn))
+
+    def glue_slice_of(self, eqn: Any) -> VirtualSlice:
+        """Where a glue equation runs: on its first input that lives on a slice, else the group's or the program's."""
+        b = self.b
+        s = None
+        for v in eqn.invars:
+            if isinstance(v, Literal):
+                continue
+            if v in b.var_value:
+                s = b.values[b.var_value[v]].slice
+            elif self.glue:  # produced earlier in the glue group being collected
+                s = self.glue_slice
+            if s is not None:
+                return s
+        s = self.glue_slice if self.glue else b.default_slice
+        if s is None:
+            raise TracingError(
+                f"{self.api}: the jnp operation `{eqn.primitive.name}` reads no array that lives "
+                f"on a slice, and the program calls no `pw.compiled` function, so there is nowhere to run it."
+                f"{_fmt_source(_eqn_source(eqn))}\nPass a slice: `@pw.program(slice=s)`, or call a "
+                f"`pw.compiled` function."
+            )
+        return s
+
+    def flush_glue(self) -> None:
+        """The glue group collected so far as one node on its slice, its inputs moved there."""
+        if not self.glue:
+            return
+        b, s = self.b, self.glue_slice
+        eqns = [e for _, e in self.glue]
+        invars, outvars = _glue_vars(eqns, self.last_use, self.glue[-1][0])
         source = _eqn_source(eqns[0])
         in_ids, in_sh = [], []
         for v in invars:
@@ -629,68 +472,36 @@ def _trace_program(
             want = val.sharding if val.slice is s else _map_sharding(val.sharding, val.shape, s)
             in_ids.append(b.placed(val.id, want, s, source))
             in_sh.append(want)
-        glue_key = _glue_key(eqns, invars, outvars)
-        if in_sh:  # XLA chooses the outputs' shardings, as in a plain jax.jit of the same code
-            fn_, out_sh = _executable_with_chosen_outputs(eqns, invars, outvars, in_sh, s, glue_key)
-        else:  # made from constants only: nothing to propagate from, so on the slice, replicated
-            out_sh = [NamedSharding(s.mesh, PartitionSpec()) for _ in outvars]
-            fn_ = node_executable(eqns, invars, outvars, in_sh, out_sh, glue_key)
+        fn, out_sh = _glue_executable(eqns, invars, outvars, in_sh, s)
         prims = tuple(dict.fromkeys(e.primitive.name for e in eqns))
-        node_id = len(b.nodes)
-        out_ids = [b.new_value(v.aval.shape, v.aval.dtype, sh, "node", node_id, s) for v, sh in zip(outvars, out_sh)]
         label = ",".join(prims[:3]) + (",…" if len(prims) > 3 else "")
-        b.add_node(
-            name=b.unique(f"glue[{label}]"),
-            kind="glue",
-            slice=s,
-            inputs=tuple(in_ids),
-            outputs=tuple(out_ids),
-            fn=fn_,
-            primitives=prims,
-            source=source,
-            stack=_eqn_stack(eqns[0]),
-            host_callbacks=calls_host(eqns),
-        )
-        for v, vid in zip(outvars, out_ids):
-            b.var_value[v] = vid
-        glue.clear()
+        self.add_node("glue", f"glue[{label}]", s, eqns, in_ids, outvars, out_sh, fn, primitives=prims)
+        self.glue.clear()
 
-    for k, eqn in enumerate(jaxpr.eqns):
-        cf = compiled_mod.lookup(str(eqn.params.get("name", ""))) if "jit" in eqn.primitive.name else None
-        if cf is None:
-            s = None
-            for v in eqn.invars:
-                if isinstance(v, Literal):
-                    continue
-                if v in b.var_value:
-                    s = b.values[b.var_value[v]].slice
-                elif glue:  # produced earlier in the glue group being collected
-                    s = glue_slice[0]
-                if s is not None:
-                    break
-            if s is None:
-                s = glue_slice[0] if glue else b.default_slice
-            if s is None:
-                raise TracingError(
-                    f"`pw.program` {name!r}: the jnp operation `{eqn.primitive.name}` reads no array that lives "
-                    f"on a slice, and the program calls no `pw.compiled` function, so there is nowhere to run it."
-                    f"{_fmt_source(_eqn_source(eqn))}\nPass a slice: `@pw.program(slice=s)`, or call a "
-                    f"`pw.compiled` function."
-                )
-            s.check_live(f"pw.program {name!r}")
-            if glue and glue_slice[0] is not s:
-                flush_glue()
-            glue_slice[0] = s
-            glue.append((k, eqn))
-            continue
-        flush_glue()
+    def add_compute(self, eqn: Any, cf: CompiledFunction) -> None:
+        """A `pw.compiled` call as a compute node on its slice, its arguments moved there."""
         cf.slice.check_live(f"pw.compiled {cf.name!r}")
+        in_ids, in_sh, var_ins = self.compute_inputs(eqn, cf)
+        # The inner jaxpr object is JAX's trace-cache entry: identical calls share it.
+        key = ("compute", id(eqn.params["jaxpr"]), tuple(
+            literal_key(v) if isinstance(v, Literal) else ("in", var_ins.index(v)) for v in eqn.invars
+        ))
+        out_sh = list(eqn.params["out_shardings"])
+        if all(isinstance(sh, Sharding) for sh in out_sh):
+            fn = node_executable([eqn], var_ins, eqn.outvars, in_sh, out_sh, key)
+        else:  # an out_specs of None: XLA chooses, as for jax.jit without out_shardings
+            fn, out_sh = executable_with_chosen_outputs([eqn], var_ins, eqn.outvars, in_sh, cf.slice, key)
+        for v, sh in zip(eqn.outvars, out_sh):
+            _check_divisible(v.aval.shape, sh, f"`{cf.name}` output ({v.aval.str_short()})")
+        self.add_node("compute", cf.name, cf.slice, [eqn], in_ids, eqn.outvars, out_sh, fn)
+
+    def compute_inputs(self, eqn: Any, cf: CompiledFunction) -> tuple[list[int], list[Sharding], list[Any]]:
+        """The values a call reads, each placed as its in_specs say: (value ids, shardings, vars)."""
+        b = self.b
         source = _eqn_source(eqn)
-        in_ids, in_sh, literals = [], [], {}
-        var_ins = []
+        in_ids, in_sh, var_ins = [], [], []
         for pos, (v, want) in enumerate(zip(eqn.invars, eqn.params["in_shardings"])):
             if isinstance(v, Literal):
-                literals[pos] = v
                 continue
             val = b.values[b.read(v)]
             if not isinstance(want, Sharding):  # an in_specs of None
@@ -699,51 +510,72 @@ def _trace_program(
             in_ids.append(b.placed(val.id, want, cf.slice, source))
             in_sh.append(want)
             var_ins.append(v)
-        # The inner jaxpr object is JAX's trace-cache entry: identical calls share it.
-        key = ("compute", id(eqn.params["jaxpr"]), tuple(
-            _literal_key(v) if isinstance(v, Literal) else ("in", var_ins.index(v)) for v in eqn.invars
-        ))
-        out_sh = list(eqn.params["out_shardings"])
-        if all(isinstance(sh, Sharding) for sh in out_sh):
-            fn_ = node_executable([eqn], var_ins, eqn.outvars, in_sh, out_sh, key)
-        else:  # an out_specs of None: XLA chooses, as for jax.jit without out_shardings
-            fn_, out_sh = _executable_with_chosen_outputs([eqn], var_ins, eqn.outvars, in_sh, cf.slice, key)
+        return in_ids, in_sh, var_ins
+
+    def add_node(self, kind, name, s, eqns, in_ids, outvars, out_sh, fn, **kw) -> None:
+        """A node of ``eqns`` on slice ``s``, with a new value for each of ``outvars``."""
+        b = self.b
         node_id = len(b.nodes)
-        out_ids = []
-        for v, sh in zip(eqn.outvars, out_sh):
-            _check_divisible(v.aval.shape, sh, f"`{cf.name}` output ({v.aval.str_short()})")
-            out_ids.append(b.new_value(v.aval.shape, v.aval.dtype, sh, "node", node_id, cf.slice))
+        out_ids = [b.new_value(v.aval.shape, v.aval.dtype, sh, "node", node_id, s) for v, sh in zip(outvars, out_sh)]
         b.add_node(
-            name=b.unique(cf.name),
-            kind="compute",
-            slice=cf.slice,
+            name=b.unique(name),
+            kind=kind,
+            slice=s,
             inputs=tuple(in_ids),
             outputs=tuple(out_ids),
-            fn=fn_,
-            source=source,
-            stack=_eqn_stack(eqn),
-            host_callbacks=calls_host([eqn]),
+            fn=fn,
+            source=_eqn_source(eqns[0]),
+            stack=_eqn_stack(eqns[0]),
+            host_callbacks=calls_host(eqns),
+            **kw,
         )
-        for v, vid in zip(eqn.outvars, out_ids):
+        for v, vid in zip(outvars, out_ids):
             b.var_value[v] = vid
-    flush_glue()
 
-    outputs = []
+    # ------------------------------------------------------------------ outputs
+    def place_outputs(self, outvars: Sequence[Any]) -> tuple[int, ...]:
+        """The value of each output; a literal becomes a host constant."""
+        outputs = []
+        for v in outvars:
+            if isinstance(v, Literal):
+                vid = self.b.new_value(np.shape(v.val), np.asarray(v.val).dtype, None, "const")
+                self.consts[vid] = np.asarray(v.val)
+                outputs.append(vid)
+            else:
+                outputs.append(self.b.read(v))
+        return tuple(outputs)
+
+
+def _last_uses(jaxpr: Any) -> dict[Any, int]:
+    """The index of the last equation that reads each var (the program's outputs: one past the end)."""
+    last_use: dict[Any, int] = {}
+    for k, eqn in enumerate(jaxpr.eqns):
+        for v in eqn.invars:
+            if not isinstance(v, Literal):
+                last_use[v] = k
     for v in jaxpr.outvars:
-        if isinstance(v, Literal):
-            vid = b.new_value(np.shape(v.val), np.asarray(v.val).dtype, None, "const")
-            consts[vid] = np.asarray(v.val)
-            outputs.append(vid)
-        else:
-            outputs.append(b.read(v))
-    return ProgramGraph(
-        name=name,
-        nodes=b.nodes,
-        values=b.values,
-        inputs=tuple(input_ids),
-        outputs=tuple(outputs),
-        out_tree=out_tree_box[-1],
-        consts=consts,
-        jaxpr=closed,
-        default_slice=b.default_slice,
-    )
+        if not isinstance(v, Literal):
+            last_use[v] = len(jaxpr.eqns)
+    return last_use
+
+
+def _glue_vars(eqns: Sequence[Any], last_use: dict[Any, int], last_k: int) -> tuple[list[Any], list[Any]]:
+    """A glue group's inputs (vars it reads but does not make) and outputs (vars read after equation ``last_k``)."""
+    produced = {v for e in eqns for v in e.outvars}
+    invars: list[Any] = []
+    for e in eqns:
+        for v in e.invars:
+            if not isinstance(v, Literal) and v not in produced and v not in invars:
+                invars.append(v)
+    outvars = [v for e in eqns for v in e.outvars if last_use.get(v, -1) > last_k]
+    return invars, outvars
+
+
+def _glue_executable(eqns, invars, outvars, in_sh, s: VirtualSlice) -> tuple[Callable, list[Sharding]]:
+    """A glue node's executable and its outputs' shardings."""
+    key = glue_key(eqns, invars, outvars)
+    if in_sh:  # XLA chooses the outputs' shardings, as in a plain jax.jit of the same code
+        return executable_with_chosen_outputs(eqns, invars, outvars, in_sh, s, key)
+    # made from constants only: nothing to propagate from, so on the slice, replicated
+    out_sh = [NamedSharding(s.mesh, PartitionSpec()) for _ in outvars]
+    return node_executable(eqns, invars, outvars, in_sh, out_sh, key), out_sh

@@ -1,0 +1,230 @@
+"""Node executables: a `jax.jit` that replays a node's jaxpr equations with the node's shardings.
+
+Executables are shared between nodes (and programs) that do the same thing with the
+same shardings; host callbacks inside them are guarded so a raise never strands the
+other devices of a collective; where a node leaves its outputs' shardings to XLA,
+the ones XLA chose are read back from the compiled executable.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.extend.core import Literal
+from jax.sharding import NamedSharding, PartitionSpec, Sharding
+
+from ..devices import VirtualSlice
+
+
+def _bind(eqn, args):
+    params = eqn.params
+    bind_params = eqn.primitive.get_bind_params(params)
+    if isinstance(bind_params, tuple):  # older JAX: (subfuns, params)
+        subfuns, bind_params = bind_params
+        return eqn.primitive.bind(*subfuns, *args, **bind_params)
+    return eqn.primitive.bind(*args, **bind_params)
+
+
+def sub_jaxprs(eqn: Any):
+    """The Jaxprs nested in an equation's params (a call's body, a cond's branches, a scan's body)."""
+    for p in eqn.params.values():
+        for sub in p if isinstance(p, (tuple, list)) else (p,):
+            inner = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr's Jaxpr, or a Jaxpr
+            if hasattr(inner, "eqns"):
+                yield inner
+
+
+def calls_host(eqns: Sequence[Any]) -> bool:
+    """Whether these equations (or any jaxpr nested in their params) call back into Python."""
+    return any("callback" in e.primitive.name or any(calls_host(j.eqns) for j in sub_jaxprs(e)) for e in eqns)
+
+
+class _GuardedCallback:
+    """A host callback that never raises into XLA: it records the exception and returns zeros.
+
+    On several devices a callback that raises leaves the other devices waiting in their
+    collectives until XLA aborts the process; guarded, the computation finishes and the
+    node fails afterwards with the recorded exception (`HostCallbackError`).
+    """
+
+    def __init__(self, callback: Callable, result_avals: Sequence[Any], errors: list):
+        self.callback = callback
+        self.result_avals = tuple(result_avals)
+        self.errors = errors
+
+    def __call__(self, *args):
+        try:
+            return self.callback(*args)
+        except BaseException as e:  # noqa: BLE001 - any raise would strand the other devices
+            self.errors.append(e)
+            return [np.zeros(a.shape, a.dtype) for a in self.result_avals]
+
+
+def guard_callbacks(eqns: Sequence[Any], errors: list) -> list:
+    """``eqns`` with every host callback (also in nested jaxprs) guarded, recording into ``errors``."""
+    out = []
+    for e in eqns:
+        params = dict(e.params)
+        changed = False
+        if "callback" in e.primitive.name and callable(params.get("callback")):
+            params["callback"] = _GuardedCallback(params["callback"], params.get("result_avals", ()), errors)
+            changed = True
+        for k, p in e.params.items():
+            if hasattr(p, "jaxpr") and hasattr(p, "consts") and calls_host(p.jaxpr.eqns):  # a ClosedJaxpr
+                params[k] = p.replace(jaxpr=p.jaxpr.replace(eqns=guard_callbacks(p.jaxpr.eqns, errors)))
+                changed = True
+            elif hasattr(p, "eqns") and calls_host(p.eqns):  # a Jaxpr
+                params[k] = p.replace(eqns=guard_callbacks(p.eqns, errors))
+                changed = True
+        out.append(e.replace(params=params) if changed else e)
+    return out
+
+
+def make_evaluator(eqns: Sequence[Any], invars: Sequence[Any], outvars: Sequence[Any]) -> Callable:
+    """A function of ``invars`` that replays ``eqns`` (by binding their primitives) and returns ``outvars``."""
+
+    def evaluate(*args):
+        env = dict(zip(invars, args))
+
+        def read(v):
+            return v.val if isinstance(v, Literal) else env[v]
+
+        for eqn in eqns:
+            ans = _bind(eqn, [read(v) for v in eqn.invars])
+            if eqn.primitive.multiple_results:
+                env.update(zip(eqn.outvars, ans))
+            else:
+                env[eqn.outvars[0]] = ans
+        return tuple(read(v) for v in outvars)
+
+    return evaluate
+
+
+# Node executables are shared between nodes (and programs) that do the same thing with the
+# same shardings, so a chain calling one compiled function K times compiles it once, as JAX would.
+_EXECUTABLES: dict[Any, tuple[Any, Callable]] = {}
+_MAX_EXECUTABLES = 4096
+_OUT_SHARDINGS: dict[Any, tuple[Any, list]] = {}  # glue key and input shardings -> what XLA gives the outputs
+
+
+def literal_key(v) -> Any:
+    val = np.asarray(v.val)
+    return ("lit", val.dtype.str, val.shape, val.tobytes())
+
+
+def glue_key(eqns, invars, outvars) -> Any | None:
+    """A structural key for a group of equations (vars renamed by position); None if not hashable."""
+    local = {v: ("in", i) for i, v in enumerate(invars)}
+    parts = []
+    for k, e in enumerate(eqns):
+        ins = tuple(literal_key(v) if isinstance(v, Literal) else local.get(v, ("?", id(v))) for v in e.invars)
+        params = repr(sorted(e.params.items(), key=lambda kv: kv[0]))
+        if "..." in params or " at 0x" in params:  # truncated or identity-based: not a safe key
+            return None
+        parts.append((e.primitive.name, params, ins, tuple(str(v.aval) for v in e.outvars)))
+        for j, v in enumerate(e.outvars):
+            local[v] = ("t", k, j)
+    outs = tuple(literal_key(v) if isinstance(v, Literal) else local.get(v) for v in outvars)
+    return (tuple(str(v.aval) for v in invars), tuple(parts), outs)
+
+
+def jit_of(eqns, invars, outvars, in_sh, out_sh) -> Callable:
+    """`jax.jit` replaying ``eqns`` with these shardings; host callbacks guarded (see `_GuardedCallback`).
+
+    A guarded executable carries ``callback_errors``: what its callbacks raised, for the dispatcher's
+    watcher to fail the node with once the computation has finished.
+    """
+    errors: list | None = None
+    if calls_host(eqns):
+        errors = []
+        eqns = guard_callbacks(eqns, errors)
+    kw = {} if out_sh is None else {"out_shardings": tuple(out_sh)}  # None: XLA chooses
+    # keep_unused: a node runs on its slice even when its outputs ignore its inputs (jnp.zeros_like
+    # of params on Explicit axes: jit would prune the input, run on one device, and refuse the mesh)
+    fn = jax.jit(make_evaluator(eqns, invars, outvars), in_shardings=tuple(in_sh), keep_unused=True, **kw)
+    if errors is not None:
+        fn.callback_errors = errors
+    return fn
+
+
+def node_executable(eqns, invars, outvars, in_sh, out_sh, key: Any | None = None) -> Callable:
+    """`jax.jit` of the equations with the given shardings, shared with identical nodes (``out_sh`` None: XLA
+    chooses, see `chosen_out_shardings`)."""
+    if key is not None:
+        key = (key, tuple(in_sh), None if out_sh is None else tuple(out_sh))
+        hit = _EXECUTABLES.get(key)
+        if hit is not None:
+            return hit[1]
+    fn = jit_of(eqns, invars, outvars, in_sh, out_sh)
+    if key is not None:
+        if len(_EXECUTABLES) >= _MAX_EXECUTABLES:
+            _EXECUTABLES.clear()
+        _EXECUTABLES[key] = (eqns, fn)  # eqns keep the jaxprs in the key alive
+    return fn
+
+
+def chosen_out_shardings(fn, invars, outvars, in_sh, s: VirtualSlice, key: Any | None = None) -> list[Sharding]:
+    """The shardings XLA gives the outputs of ``fn``, a node executable built without out_shardings.
+
+    So XLA's propagation, `with_sharding_constraint`, a nested jit's out_shardings and
+    shard_map's out_specs all decide, exactly as in a plain `jax.jit` of the same code. The
+    compile this takes is ``fn``'s own: JAX keeps it for the node's first call.
+    ``key`` (structural) caches the answer; None: not cached.
+    """
+    if key is not None:
+        key = (key, tuple(in_sh))
+        hit = _OUT_SHARDINGS.get(key)
+        if hit is not None:
+            return hit[1]
+    args = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype, sharding=sh) for v, sh in zip(invars, in_sh)]
+    out = [_on_slice(sh, v.aval.ndim, s) for sh, v in zip(fn.lower(*args).compile().output_shardings, outvars)]
+    if key is not None:
+        if len(_OUT_SHARDINGS) >= _MAX_EXECUTABLES:
+            _OUT_SHARDINGS.clear()
+        _OUT_SHARDINGS[key] = (fn, out)
+    return out
+
+
+def executable_with_chosen_outputs(eqns, invars, outvars, in_sh, s: VirtualSlice, key):
+    """A node's executable built without out_shardings, and the shardings XLA gives its outputs.
+
+    (Shardings the equations declare themselves, a compiled function's out_specs or a nested
+    jit's, are XLA's choice too.) An output XLA puts on part of the slice only (a value that
+    depends on no input may land on one device) is replicated over the slice instead, with an
+    executable that says so: pw keeps every node's values on its slice.
+    """
+    fn = node_executable(eqns, invars, outvars, in_sh, None, key)
+    chosen = chosen_out_shardings(fn, invars, outvars, in_sh, s, key)
+    devices = set(s.devices)
+    out = [sh if sh.device_set == devices else NamedSharding(s.mesh, PartitionSpec()) for sh in chosen]
+    if out != chosen:
+        fn = node_executable(eqns, invars, outvars, in_sh, out, key)
+    return fn, out
+
+
+def _on_slice(sharding: Sharding, ndim: int, s: VirtualSlice) -> Sharding:
+    """``sharding`` as a NamedSharding on the slice's mesh where XLA gave an equivalent positional one."""
+    if isinstance(sharding, NamedSharding) and sharding.mesh == s.mesh:
+        return sharding
+    if ndim > 4:  # the candidates grow as (axes + 1) ** ndim: keep XLA's own sharding, it is as good
+        return sharding
+    for spec in _candidate_specs(s, ndim):
+        named = NamedSharding(s.mesh, spec)
+        if named.is_equivalent_to(sharding, ndim):
+            return named
+    return sharding
+
+
+def _candidate_specs(s: VirtualSlice, ndim: int):
+    """PartitionSpecs of rank ``ndim`` on the slice's axes, each axis used at most once (small meshes only)."""
+    axes = list(s.mesh.axis_names)
+    yield PartitionSpec()
+    choices = [None, *axes]
+    for combo in itertools.product(choices, repeat=ndim):
+        used = [a for a in combo if a is not None]
+        if used and len(used) == len(set(used)):
+            yield PartitionSpec(*combo)
