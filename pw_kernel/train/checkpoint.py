@@ -18,8 +18,6 @@ opens.
 
 from __future__ import annotations
 
-import base64
-import collections.abc
 import dataclasses
 import os
 import threading
@@ -31,7 +29,9 @@ import numpy as np
 
 from ..runtime import Future, NodeEvent, controller, nbytes_of
 from .errors import CheckpointError
+from .restore import restore_tree
 from .state import PipelineState
+from .tree import canonical, encode_iterator_state, is_iterator_with_state, is_leaf
 
 STATE, DATA = "state", "data"  # the orbax items of a step
 
@@ -45,39 +45,6 @@ def _orbax():
             "`pip install 'pw_kernel[train]'` (or `pip install orbax-checkpoint`)."
         ) from None
     return ocp
-
-
-def is_iterator_with_state(x: Any) -> bool:
-    """A data iterator whose position can be saved and restored (grain's have get_state/set_state)."""
-    return callable(getattr(x, "get_state", None)) and callable(getattr(x, "set_state", None))
-
-
-def _is_leaf(x: Any) -> bool:
-    # Any iterator is a leaf: a generator is not a container of what it will yield.
-    return x is None or isinstance(x, (Future, PipelineState, collections.abc.Iterator)) or is_iterator_with_state(x)
-
-
-def canonical(state: PipelineState) -> dict:
-    """A pipeline state without its layout: per-stage params and optimizer state, one copy of each shared param."""
-    return {
-        "params": list(state.params),
-        "shared": {n: copies[0] for n, copies in state.shared.items()},
-        "opt_state": None if state.opt_state is None else list(state.opt_state),
-    }
-
-
-def _encode_state(st: Any) -> Any:
-    """An iterator's state as JSON can hold it (grain's DataLoader gives bytes)."""
-    if isinstance(st, bytes):
-        return {"__bytes__": base64.b64encode(st).decode()}
-    return st
-
-
-def decode_iterator_state(st: Any) -> Any:
-    """What `_encode_state` wrote, as the iterator's ``set_state`` takes it."""
-    if isinstance(st, dict) and set(st) == {"__bytes__"}:
-        return base64.b64decode(st["__bytes__"])
-    return st
 
 
 @dataclasses.dataclass
@@ -176,7 +143,7 @@ class CheckpointManager:
 
     def _snapshot(self, step: int, tree: Any) -> SaveRecord:
         """What the save writes, fixed now: later steps make new arrays; numpy arrays are copied."""
-        leaves, treedef = jax.tree_util.tree_flatten_with_path(tree, is_leaf=_is_leaf)
+        leaves, treedef = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_leaf)
         out, pipelines, iterators, nbytes = [], [], {}, 0
         for path, leaf in leaves:
             key = jax.tree_util.keystr(path)
@@ -184,7 +151,7 @@ class CheckpointManager:
                 pipelines.append(key)
                 leaf = canonical(leaf)
             elif is_iterator_with_state(leaf):
-                iterators[key] = _encode_state(leaf.get_state())
+                iterators[key] = encode_iterator_state(leaf.get_state())
                 leaf = None
             elif isinstance(leaf, np.ndarray):
                 leaf = np.array(leaf, copy=True)
@@ -351,8 +318,6 @@ class CheckpointManager:
         returned. Without ``target`` arrays come back as numpy arrays on the host and a
         pipeline state as its layout-free dict (``pipe.restore`` places it).
         """
-        from .restore import restore_tree  # the reading side, kept apart from the saver
-
         step = self.finished_step(step, "CheckpointManager.restore")
         saved, data = self.metadata(step)
         return restore_tree(self, step, saved, data, target)
@@ -414,4 +379,4 @@ def managers() -> list[CheckpointManager]:
     return list(_managers)
 
 
-__all__ = ["CheckpointManager", "SaveRecord", "canonical", "managers"]
+__all__ = ["CheckpointManager", "SaveRecord", "managers"]

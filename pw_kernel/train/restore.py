@@ -18,7 +18,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ..runtime import Future
-from .checkpoint import _is_leaf, canonical, decode_iterator_state, is_iterator_with_state
+from .tree import canonical, decode_iterator_state, is_iterator_with_state, is_leaf
 from .errors import CheckpointError
 from .state import PipelineState
 
@@ -82,7 +82,7 @@ def restore_tree(mngr: Any, step: int, saved: Any, data: dict, target: Any) -> A
     """`CheckpointManager.restore`: read ``step`` placed as ``target`` says (numpy without one)."""
     if target is None:
         return mngr.read(step, _host(saved))
-    leaves, treedef = jax.tree_util.tree_flatten_with_path(target, is_leaf=_is_leaf)
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(target, is_leaf=is_leaf)
     abstract, after = [], []
     for path, leaf in leaves:
         key = jax.tree_util.keystr(path)
