@@ -117,6 +117,29 @@ def test_untraceable_function_is_a_tracing_error(two):
         p(jnp.ones(4))
 
 
+@pytest.mark.parametrize(
+    "use, jax_error",
+    [
+        (lambda x: x * float(x[0]), "ConcretizationTypeError"),
+        (lambda x: jnp.asarray(np.asarray(x)), "TracerArrayConversionError"),
+        (lambda x: jnp.stack([x for _ in range(x[0].astype(jnp.int32))]), "TracerIntegerConversionError"),
+    ],
+    ids=["float", "np.asarray", "range"],
+)
+def test_a_concrete_value_needed_at_trace_time_says_what_to_do(two, use, jax_error):
+    s1, _ = two
+
+    @pw.program(slice=s1)
+    def p(x):
+        return use(x)
+
+    prefix = f"`pw.program` 'p' needs a concrete value where it only has a traced one ({jax_error})."
+    with pytest.raises(pw.TracingError, match=re.escape(prefix)) as info:
+        p(jnp.ones(4))
+    assert "Use jnp operations on the array instead" in str(info.value)
+    assert info.value.__cause__ is None and info.value.__suppress_context__  # JAX's frames hidden
+
+
 def test_non_array_outputs_are_refused(two):
     s1, _ = two
 
