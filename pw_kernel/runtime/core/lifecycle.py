@@ -91,7 +91,7 @@ class Lifecycle:
         self.max_collectives = list(max_collectives) if max_collectives is not None else [max_inflight] * n_islands
         # ... and steps that call Python host callbacks: one at a time per island, so that what a
         # guarded callback raised is known to belong to the one execution in flight (see
-        # `tracing._GuardedCallback`).
+        # `executables._GuardedCallback`).
         self.callbacks_inflight = [0] * n_islands
         self.dispatched = [0] * n_islands  # totals, for validation
         self.completed = [0] * n_islands
