@@ -333,7 +333,7 @@ def test_a_timeline_cell_updates_in_place_and_never_shows_up_in_a_later_cell(gat
 
 def test_a_long_blocking_cell_refreshes_its_runs_display(gated, open_gate):
     k = gated
-    k.run("import pw_kernel.magics.magics as m\nsaved = m.PROGRESS_AFTER_S, m.PROGRESS_EVERY_S")
+    k.run("import pw_kernel.magics.live as m\nsaved = m.PROGRESS_AFTER_S, m.PROGRESS_EVERY_S")
     k.run("m.PROGRESS_AFTER_S = m.PROGRESS_EVERY_S = 0.0  # instead of after ~2 s, every 1 s")
     try:
         msg_id = k.submit("%%pathways --block --name patient\ny = held(v)\ny")

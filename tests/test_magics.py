@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import _thread
 import os
 import re
+import signal
 import threading
 
 import jax
@@ -529,18 +529,18 @@ y = held(v)
 
 
 def test_blocking_shows_progress_after_a_while(nb, monkeypatch):
-    from pw_kernel.magics import magics
+    from pw_kernel.magics import live
 
-    monkeypatch.setattr(magics, "PROGRESS_AFTER_S", 0.0)
-    monkeypatch.setattr(magics, "PROGRESS_EVERY_S", 0.0)
+    monkeypatch.setattr(live, "PROGRESS_AFTER_S", 0.0)
+    monkeypatch.setattr(live, "PROGRESS_EVERY_S", 0.0)
     shown = threading.Event()
-    real = magics.display.progress_line
+    real = live.progress_line
 
     def progress_line(run):
         shown.set()
         return real(run)
 
-    monkeypatch.setattr(magics.display, "progress_line", progress_line)
+    monkeypatch.setattr(live, "progress_line", progress_line)
     # The device work finishes once progress has been shown.
     releaser = threading.Thread(target=lambda: shown.wait(20) and nb.ns["gate"].set())
     releaser.start()
@@ -554,17 +554,23 @@ y = held(v)
 
 
 def test_ctrl_c_while_blocking_cancels_the_run(nb, monkeypatch):
-    from pw_kernel.magics import magics
+    from pw_kernel.magics import live
 
-    monkeypatch.setattr(magics, "PROGRESS_AFTER_S", 0.0)
-    # Ctrl-C arrives while the cell is blocked in its wait (the progress line marks that moment).
-    monkeypatch.setattr(magics.display, "progress_line", lambda run: _thread.interrupt_main() or "")
+    monkeypatch.setattr(live, "PROGRESS_AFTER_S", 0.0)
+    shown = threading.Event()
+    monkeypatch.setattr(live, "progress_line", lambda run: shown.set() or "")
+    # Ctrl-C (a real SIGINT, as a terminal sends it) arrives from elsewhere while the cell is blocked in its
+    # wait on the run (the first progress line marks that moment): the wait must not need to wake up on its own.
+    main = threading.main_thread().ident
+    ctrl_c = threading.Thread(target=lambda: shown.wait(20) and signal.pthread_kill(main, signal.SIGINT))
+    ctrl_c.start()
     cell = nb.fail(
         """%%pathways --block --mode chained --name interrupted
 x = held(v)
 y = b(x)
 """
     )
+    ctrl_c.join()
     assert isinstance(cell.error, KeyboardInterrupt)
     run = pw.controller().runs[-1]
     assert run.state == "cancelled"
@@ -638,14 +644,14 @@ def test_graph_finds_a_run_by_name_or_id_or_a_program_variable(nb):
 
 
 def test_wait_blocks_until_runs_finish_and_raises_a_failure(nb, monkeypatch):
-    from pw_kernel.magics import magics
+    from pw_kernel.magics import live
 
     nb.run("%%pathways --name later\ny = held(v)\n")
     later = pw.controller().runs[-1]
     assert not later.done()
     # The device work finishes only while `%pathways wait` is blocked on it (its progress line marks that moment).
-    monkeypatch.setattr(magics, "PROGRESS_AFTER_S", 0.0)
-    monkeypatch.setattr(magics.display, "progress_line", lambda run: nb.ns["gate"].set() or "")
+    monkeypatch.setattr(live, "PROGRESS_AFTER_S", 0.0)
+    monkeypatch.setattr(live, "progress_line", lambda run: nb.ns["gate"].set() or "")
     view = nb.ip.run_line_magic("pathways", "wait later")
     assert later.state == "done" and "'later': done" in repr(view)
     nb.run("%%pathways --name doomed --mode chained\ny = broken(v)\n")

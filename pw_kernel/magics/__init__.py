@@ -1,7 +1,14 @@
 """The notebook front: `%load_ext pw_kernel`, `%%pathways`, `%pathways`, post-run failure reports, kernelspec.
 
 IPython is imported only when the extension is loaded, so `import pw_kernel`
-works where no notebook stack is installed.
+works where no notebook stack is installed. What lives where:
+
+* ``magics.py``: the two magics IPython registers, with their options.
+* ``cell_magic.py``: `%%pathways`, a cell as a program; ``cell.py``: what the cell reads and assigns.
+* ``line_magic.py``: the `%pathways` commands (status, devices, timeline, graph, wait, cancel, reset).
+* ``live.py``: run displays that follow their run, and blocking waits with progress (both on the views' ticker).
+* ``display.py``: the text/HTML views; ``tracebacks.py``: errors that point at cells, with only the user's frames.
+* ``reporting.py``: failures of runs the user moved on from; ``kernelspec.py``; ``errors.py``.
 
 Example::
 

@@ -6,17 +6,15 @@ import threading
 import weakref
 from typing import Any
 
-from ..runtime import ControllerShutdownError
-from . import display
+from ..runtime import ControllerShutdownError, controller
+from .display import failure_view, message_view
 
 MAX_REPORTS = 5
 
 
 def current_controller():
     """The process's controller if one exists, without creating one (creating one starts JAX)."""
-    import pw_kernel as pw
-
-    return pw.controller(create=False)
+    return controller(create=False)
 
 
 class FailureReporter:
@@ -109,10 +107,10 @@ class FailureReporter:
         from IPython.display import display as ipy_display
 
         for r in failed[:MAX_REPORTS]:
-            ipy_display(display.failure_view(r, self.condense))
+            ipy_display(failure_view(r, self.condense))
         if len(failed) > MAX_REPORTS:
             ids = ", ".join(str(r.id) for r in failed[MAX_REPORTS:])
-            ipy_display(display.message_view(f"pw_kernel: {len(failed) - MAX_REPORTS} more runs failed: {ids}"))
+            ipy_display(message_view(f"pw_kernel: {len(failed) - MAX_REPORTS} more runs failed: {ids}"))
 
 
 def _same_error(run, shown: BaseException | None) -> bool:

@@ -8,10 +8,6 @@ ticker; the ticker thread pushes buffered changes to the front-end at most
 
 from __future__ import annotations
 
-import logging
-import threading
-import time
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -19,79 +15,7 @@ import anywidget
 
 from ..runtime import controller
 from .esm import STATIC
-
-PERIOD = 0.1  # seconds between two pushes of one widget: at most ~10 redraws a second
-
-_log = logging.getLogger("pw_kernel")
-
-
-class Ticker:
-    """A daemon thread that calls ``client._tick(now)`` for poked clients, at most every `PERIOD`.
-
-    ``_tick`` returns the monotonic time it wants to be called again at (or None).
-    ``clock`` and ``sleep`` are the time it throttles by (a test passes a fake one).
-    """
-
-    def __init__(
-        self,
-        period: float = PERIOD,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
-    ):
-        self.period = period
-        self._clock = clock
-        self._sleep = sleep
-        self._clients: weakref.WeakSet[Any] = weakref.WeakSet()
-        self._wake = threading.Event()
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-        self._deadlines: dict[int, float] = {}
-
-    def add(self, client: Any) -> None:
-        with self._lock:
-            self._clients.add(client)
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._loop, name="pw-widgets", daemon=True)
-                self._thread.start()
-
-    def discard(self, client: Any) -> None:
-        with self._lock:
-            self._clients.discard(client)
-
-    def poke(self) -> None:
-        """Ask for a tick soon (cheap: called from controller threads for every event)."""
-        if not self._wake.is_set():
-            self._wake.set()
-
-    def _loop(self) -> None:
-        last = -float("inf")
-        while True:
-            now = self._clock()
-            timeout = None
-            if self._deadlines:
-                timeout = max(0.0, min(self._deadlines.values()) - now)
-            self._wake.wait(timeout)
-            wait = last + self.period - self._clock()
-            if wait > 0:
-                self._sleep(wait)  # the throttle: events keep buffering meanwhile
-            self._wake.clear()
-            last = now = self._clock()
-            with self._lock:
-                clients = list(self._clients)
-            deadlines: dict[int, float] = {}
-            for c in clients:
-                try:
-                    nxt = c._tick(now)
-                except Exception:  # a broken widget must not stop the others
-                    _log.exception("pw_kernel: widget %r failed to update; it stops updating", c)
-                    self.discard(c)
-                    continue
-                if nxt is not None:
-                    deadlines[id(c)] = nxt
-            self._deadlines = deadlines
-
-
-ticker = Ticker()
+from .ticker import PERIOD, Ticker, ticker  # noqa: F401 - where the widgets have always found them
 
 
 def controller_of(run: Any) -> Any:

@@ -1,0 +1,185 @@
+"""Errors that point at the user's cells: ``Cell In[N]`` for a cell's file, and only the user's frames.
+
+A `%%pathways` cell is compiled under IPython's temporary filename for it;
+errors raised while tracing, on a device later, or by ``fut.result()`` in
+another cell all name that file. The `Presenter` reads it as ``Cell In[N]``
+and gives an error a traceback of the user's frames only (no runtime, JAX or
+library frames), chosen when IPython displays it.
+
+Example::
+
+    presenter = Presenter(shell)
+    raise presenter.presentable(err)     # shows "Cell In[5], line 3" and the user's frames
+"""
+
+from __future__ import annotations
+
+import functools
+import linecache
+import sys
+import sysconfig
+import types
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from .display import condense_frames, error_headline
+
+#: Files that are never the user's: the standard library, site-packages, pw_kernel itself and JAX.
+_LIB_DIRS = tuple(
+    {
+        str(Path(p).resolve())
+        for p in (
+            *(sysconfig.get_paths().get(k, "") for k in ("stdlib", "platstdlib", "purelib", "platlib")),
+            Path(__file__).resolve().parents[1],  # the pw_kernel package
+            Path(jax.__file__).parent,
+        )
+        if p
+    }
+)
+
+
+class Presenter:
+    """The cells this magic compiled (filename -> ``In[N]``), and errors shown as pointing at them."""
+
+    def __init__(self, shell: Any):
+        self.shell = shell
+        self._cell_files: dict[str, int] = {}  # filenames this magic compiled -> execution count
+
+    def add_cell_file(self, filename: str, number: int) -> None:
+        """``filename`` holds the code of cell ``In[number]``."""
+        self._cell_files[filename] = number
+
+    def cell_number(self) -> int:
+        """The execution count of the cell being run (its ``In[N]``)."""
+        files = getattr(self.shell.compile, "_filename_map", {})
+        frame = sys._getframe(1)
+        while frame is not None:  # the frame running the cell's code: IPython compiled it under In[N]'s name
+            n = files.get(frame.f_code.co_filename)
+            if n is not None:
+                return n
+            frame = frame.f_back
+        # Called from Python (`ip.run_cell_magic`): IPython >= 9 counts the cell before running it.
+        import IPython
+
+        return self.shell.execution_count - (1 if IPython.version_info >= (9,) else 0)
+
+    def cell_label(self, filename: str) -> str | None:
+        n = self._cell_files.get(filename)
+        if n is None:
+            n = getattr(self.shell.compile, "_filename_map", {}).get(filename)
+        return None if n is None else f"Cell In[{n}]"
+
+    def where(self, filename: str, line: int) -> str:
+        """``Cell In[N], line L: <the line's text>``."""
+        label = self.cell_label(filename) or filename
+        text = linecache.getline(filename, line).strip()
+        return f"{label}, line {line}" + (f": {text}" if text else "")
+
+    def condense(self, text: str) -> str:
+        """``text`` with quoted tracebacks cut to the user's frames and cells read as ``Cell In[N]``."""
+        return self.relabel(condense_frames(text, self.is_user_file, self.cell_label))
+
+    def relabel(self, text: str) -> str:
+        """``text`` with every cell's temporary filename read as ``Cell In[N]`` (frames and "at ..." lines)."""
+        files = {**getattr(self.shell.compile, "_filename_map", {}), **self._cell_files}
+        for fname in files:
+            if fname in text:
+                text = text.replace(fname, self.cell_label(fname) or fname)
+        return text
+
+    def headline(self, text: str) -> str:
+        """An error in one line, for a view shown above the same error's traceback."""
+        return error_headline(self.condense(text)) + " (the traceback is below)"
+
+    def source_map(self, graph) -> dict[str, str]:
+        """Node name -> the cell line it came from."""
+        return {n.name: self.where(*n.source) for n in graph.nodes if n.source is not None}
+
+    def fused_source_map(self, graph, filename: str, number: int) -> dict[str, str]:
+        """A fused run is one executable (step ``NAME[fused]``): its failure can only point at the cell's lines."""
+        lines = sorted({n.source[1] for n in graph.nodes if n.source is not None and n.source[0] == filename})
+        span = f"line {lines[0]}" if len(lines) == 1 else f"lines {lines[0]}-{lines[-1]}" if lines else "the cell"
+        where = f"Cell In[{number}], {span} (fused into one executable; `--mode chained` shows the failing line)"
+        return {f"{graph.name}[fused]": where}
+
+    def is_user_file(self, filename: str) -> bool:
+        if self.cell_label(filename) is not None:
+            return True
+        if filename.startswith("<"):
+            return False
+        try:
+            path = str(Path(filename).resolve())
+        except OSError:
+            return False
+        return not path.startswith(_LIB_DIRS) and "/IPython/" not in path
+
+    def presentable(self, err: BaseException, relabel: bool = True) -> BaseException:
+        """``err`` for the notebook: cell filenames read ``Cell In[N]``; its traceback shows only user frames.
+
+        The traceback is chosen when IPython displays the error, so a run's error
+        raised later by ``fut.result()`` shows that cell's line, not the runtime's.
+        """
+        if relabel and err.args and isinstance(err.args[0], str):
+            err.args = (self.relabel(err.args[0]), *err.args[1:])
+        if getattr(err, "_render_traceback_", None) is None:  # IPython's protocol for a custom traceback
+            err._render_traceback_ = functools.partial(
+                _render_user_traceback, self.shell, err, self.is_user_file, self.condense
+            )
+        return err
+
+    def present_run_errors(self, run) -> None:
+        """When ``run`` fails, make its error display without the runtime's frames (wherever it is raised)."""
+
+        def on_done(_fut, run=run):
+            if run.error is not None:
+                self.presentable(run.error, relabel=False)
+
+        for fut in run.futures:  # the first to fail carries the run's error; the others may succeed first
+            fut.add_done_callback(on_done)
+
+
+def _render_user_traceback(shell, err: BaseException, is_user, condense) -> list[str]:
+    """IPython's rendering of ``err`` with only the user's frames and no chained runtime exceptions."""
+    tb = _user_traceback(err, is_user)
+    saved = (err.args, err.__cause__, err.__context__, err.__suppress_context__)
+    try:
+        if err.args and isinstance(err.args[0], str):
+            err.args = (condense(err.args[0]), *err.args[1:])
+        if tb is None:  # nothing of the user's to show: the message says where (`at Cell In[N], line L`)
+            return [f"{type(err).__name__}: {err}" if str(err) else type(err).__name__]
+        err.__cause__ = err.__context__ = None
+        err.__suppress_context__ = True
+        return shell.InteractiveTB.structured_traceback(type(err), err, tb, tb_offset=0)
+    finally:
+        err.args, err.__cause__, err.__context__, err.__suppress_context__ = saved
+
+
+def _user_traceback(err: BaseException, is_user) -> types.TracebackType | None:
+    """A traceback of only the user's frames, from the deepest exception in the chain that has any."""
+    best: list[types.TracebackType] = []
+    seen: set[int] = set()
+    stack = [err]
+    while stack:
+        e = stack.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        entries = []
+        tb = e.__traceback__
+        while tb is not None:
+            nxt = tb.tb_next
+            calls_magic = nxt is not None and nxt.tb_frame.f_code.co_name in ("run_cell_magic", "run_line_magic")
+            if is_user(tb.tb_frame.f_code.co_filename) and not calls_magic:  # a magic's own line says nothing
+                entries.append(tb)
+            tb = nxt
+        if entries:
+            best = entries
+        for nxt in (e.__context__, e.__cause__):
+            if nxt is not None:
+                stack.append(nxt)
+    new = None
+    for t in reversed(best):
+        new = types.TracebackType(new, t.tb_frame, t.tb_lasti, t.tb_lineno)
+    return new
