@@ -30,6 +30,7 @@ TUTORIALS = [
     "04_pipelines.ipynb",
     "05_multi_tenancy.ipynb",
     "06_palm_pipeline.ipynb",
+    "07_checkpoint_resume.ipynb",
 ]
 NOTEBOOK_TIMEOUT_S = 120.0
 BUDGET_S = {"06_palm_pipeline.ipynb": 180.0}  # trains a language model: under 3 minutes on 2 cores
@@ -187,3 +188,15 @@ def test_multi_tenancy_notebook_measures_shares(kernel_dir, tmp_path):
     assert "Jain's fairness index with equal weights" in text
     assert "all finished" in text and "shared devices: [0, 1]" in text
     assert "interactive (D): 2 nodes" in text
+
+
+def test_checkpoint_notebook_resumes_on_another_layout_and_outlives_a_lost_island(kernel_dir, tmp_path):
+    text = "\n".join(by_first_line(execute(NOTEBOOKS / "07_checkpoint_resume.ipynb", kernel_dir, tmp_path)).values())
+    assert "checkpoints kept: [25, 30, 35]" in text and "restore will start at step 35" in text
+    assert "restored step 35 | stage 3's params: P(None, 'model') on devices [4, 5, 6, 7]" in text
+    diff = re.search(r"steps 36-39 after the restart: largest relative difference from the uninterrupted run (\S+)",
+                     text)
+    assert diff is not None and float(diff.group(1)) < 1e-5, text[-600:]
+    if "Ray is not installed" not in text:
+        assert "trained to step 19 after 1 retry: " in text and "IslandLostError: island 1" in text, text[-600:]
+        assert "lost))" in text and "checkpoints: [0, 5, 10, 15]" in text  # the island says so; saves went on
