@@ -697,3 +697,32 @@ m = jax.device_put(jnp.arange(8.0), NamedSharding(mesh, P("i")))
     nb.run("%%pathways --block\nz = jnp.sin(m) * 2\n")
     np.testing.assert_allclose(nb.ns["z"], np.sin(np.arange(8.0)) * 2, rtol=1e-6)
     assert nb.ns["z"].sharding == nb.ns["m"].sharding
+
+
+def test_status_lists_checkpoints_and_a_failed_save_is_reported_once_after_the_next_cell(nb, tmp_path):
+    pytest.importorskip("orbax.checkpoint")
+    nb.ns["ckdir"] = str(tmp_path / "ck")
+    nb.run(
+        """import jax, jax.numpy as jnp
+ckpt = pw.CheckpointManager(ckdir)
+w = pw.compiled(lambda t: t + 1, slice=pw.slice(1))(jnp.zeros(3))
+ckpt.save(1, {"w": w})
+ckpt.wait_until_finished()
+
+def offline(t):
+    raise ValueError("disk controller offline")
+
+bad = pw.compiled(lambda t: jax.pure_callback(offline, jax.ShapeDtypeStruct(t.shape, t.dtype), t), slice=pw.slice(1))(w)
+ckpt.save(2, {"w": bad})
+"""
+    )
+    status = nb.run("%pathways status")
+    assert "checkpoints in " in status.text and "last finished: step 1" in status.text
+    assert "checkpoint of step 2" not in status.text
+    # the user moves on; the save fails meanwhile and is reported after this cell
+    report = nb.run("import time\nwhile ckpt.in_progress:\n    time.sleep(0.01)")
+    text = report.text
+    assert "checkpoint of step 2" in text and "disk controller offline" in text
+    assert "the last finished checkpoint (step 1) is intact" in text
+    assert "checkpoint of step 2" not in nb.run("2 + 2").text  # once
+    nb.run("ckpt.close()")

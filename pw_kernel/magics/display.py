@@ -306,9 +306,9 @@ def timeline_view(events: Iterable[Any], title: str = "timeline") -> View:
 
 
 # ------------------------------------------------------------ status, devices
-def status_view(status, runs: Sequence[Any] = ()) -> View:
-    """Islands, slices and runs (state and progress) from `Controller.status()`."""
-    text = str(status)
+def status_view(status, runs: Sequence[Any] = (), checkpoints: Sequence[str] = ()) -> View:
+    """Islands, slices and runs (state and progress) from `Controller.status()`; checkpoints in progress and done."""
+    text = "\n".join([str(status), *checkpoints])
     isl_rows = [
         (
             esc(i.id),
@@ -357,6 +357,7 @@ def status_view(status, runs: Sequence[Any] = ()) -> View:
             if hidden
             else ""
         )
+        + "".join(f"<div>{esc(line)}</div>" for line in checkpoints)
     )
     return View(text, _page(body))
 

@@ -11,6 +11,7 @@ from typing import Any
 from IPython.core.error import UsageError
 
 from ..runtime import Future, PathwaysError, Program, ProgramGraph, Run, controller
+from ..train.checkpoint import checkpoint_lines
 from .display import devices_view, graph_view, message_view, run_view, status_view, timeline_view
 from .live import Progress, in_kernel, wait_for, widgets_here
 from .reporting import FailureReporter
@@ -50,7 +51,7 @@ class LineCommands:
 
     def status(self, target):
         c = controller()
-        return status_view(c.status(), list(c.runs))
+        return status_view(c.status(), list(c.runs), checkpoint_lines())
 
     def devices(self, target):
         c = controller()
@@ -101,7 +102,7 @@ class LineCommands:
         wait_for(runs, None, "%pathways wait", progress, self.presenter.presentable)
         failed = [r for r in runs if r.state == "failed"]
         if len(runs) > 1:
-            view = status_view(c.status(), list(c.runs))
+            view = status_view(c.status(), list(c.runs), checkpoint_lines())
         else:
             view = run_view(runs[0], condense=self.presenter.condense)
         if failed:

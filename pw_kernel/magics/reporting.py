@@ -7,6 +7,7 @@ import weakref
 from typing import Any
 
 from ..runtime import ControllerShutdownError, controller
+from ..train.checkpoint import take_failed_saves
 from .display import failure_view, message_view
 
 MAX_REPORTS = 5
@@ -100,12 +101,15 @@ class FailureReporter:
             self._reported.update(r.id for r in here if r.done())  # failed in its own cell: shown right above
         try:
             failed = self.collect(shown)
+            saves = take_failed_saves()  # a checkpoint that failed is reported like a run, once
         except Exception:  # a reporting problem must never break the user's cell
             return
-        if not failed:
+        if not failed and not saves:
             return
         from IPython.display import display as ipy_display
 
+        for text in saves:
+            ipy_display(message_view(f"pw_kernel: {text}"))
         for r in failed[:MAX_REPORTS]:
             ipy_display(failure_view(r, self.condense))
         if len(failed) > MAX_REPORTS:

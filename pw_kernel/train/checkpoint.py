@@ -375,8 +375,18 @@ _managers: list[CheckpointManager] = []
 
 
 def managers() -> list[CheckpointManager]:
-    """The checkpoint managers open in this process (what `%pathways status` lists)."""
+    """The checkpoint managers open in this process."""
     return list(_managers)
 
 
-__all__ = ["CheckpointManager", "SaveRecord", "managers"]
+def checkpoint_lines() -> list[str]:
+    """One line per open checkpoint manager: its saves in progress and the last finished (`%pathways status`)."""
+    return [m.status() for m in managers()]
+
+
+def take_failed_saves() -> list[str]:
+    """What to say of each save that failed and was not reported yet (the notebook says it once, after a cell)."""
+    return [m.describe_failure(r) for m in managers() for r in m.take_failures()]
+
+
+__all__ = ["CheckpointManager", "SaveRecord", "checkpoint_lines", "managers", "take_failed_saves"]
