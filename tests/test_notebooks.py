@@ -200,3 +200,18 @@ def test_checkpoint_notebook_resumes_on_another_layout_and_outlives_a_lost_islan
     if "Ray is not installed" not in text:
         assert "trained to step 19 after 1 retry: " in text and "IslandLostError: island 1" in text, text[-600:]
         assert "lost))" in text and "checkpoints: [0, 5, 10, 15]" in text  # the island says so; saves went on
+
+
+def test_checkpoint_notebook_resumes_in_a_fresh_kernel(kernel_dir, tmp_path):
+    """Section 2 of tutorial 07, alone in a new kernel after the whole notebook ran: a real restart."""
+    execute(NOTEBOOKS / "07_checkpoint_resume.ipynb", kernel_dir, tmp_path)  # trains and saves (once per session)
+    nb = nbformat.read(NOTEBOOKS / "07_checkpoint_resume.ipynb", as_version=4)
+    start = next(i for i, c in enumerate(nb.cells) if c.cell_type == "markdown" and c.source.startswith("## 2."))
+    end = next(i for i, c in enumerate(nb.cells) if c.cell_type == "markdown" and c.source.startswith("## 3."))
+    nb.cells = nb.cells[start:end]
+    path = tmp_path / "07_after_restart.ipynb"
+    nbformat.write(nb, path)
+    text = "\n".join(by_first_line(_execute(path, kernel_dir, tmp_path)).values())
+    assert "restored step 35 | stage 3's params: P(None, 'model') on devices [4, 5, 6, 7]" in text
+    diff = re.search(r"largest relative difference from the uninterrupted run (\S+)", text)
+    assert diff is not None and float(diff.group(1)) < 1e-5, text[-600:]
