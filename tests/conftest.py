@@ -38,3 +38,47 @@ def ctl2():
     c = pw.init(pw.Config(islands=2, validate=True))
     yield c
     pw.shutdown()
+
+
+# ------------------------------------------------- the suite leaves the checkout as it found it
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _checkout_state() -> str | None:
+    """`git status --porcelain` of the checkout (None outside git), untracked files included."""
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=all"], cwd=_ROOT, capture_output=True, text=True,
+            timeout=60,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+def pytest_sessionstart(session):
+    session.config.stash[_BEFORE] = _checkout_state()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """A suite that writes into the checkout (a picture, a notebook, a results file) fails, naming what changed.
+
+    Only what changed during the run counts: a developer's own uncommitted work is left alone.
+    """
+    before = session.config.stash.get(_BEFORE, None)
+    after = _checkout_state()
+    if before is None or after is None or after == before:
+        return
+    changed = sorted(set(after.splitlines()) - set(before.splitlines()))
+    if changed:
+        session.config.get_terminal_writer().line(
+            "the test suite changed the checkout (write under artifacts/ or a tmp_path instead):\n  "
+            + "\n  ".join(changed),
+            red=True,
+        )
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+_BEFORE = pytest.StashKey[str | None]()
