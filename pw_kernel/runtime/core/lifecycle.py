@@ -362,11 +362,21 @@ class Lifecycle:
     def input_error(rec: RunRecord, cell: OutputCell) -> InputFailedError:
         """The error of a run that reads ``cell`` of a run that failed or was cancelled."""
         src = cell.producer
-        why = "was cancelled" if src.state == "cancelled" else f"failed: {src.error}"
-        return InputFailedError(
+        # Down a chain of runs the first failure is what matters: quoting each producer's message in
+        # full would make the 10,000th reader's message 10,000 messages long.
+        root = getattr(src.error, "root", None) or src.error
+        if src.state == "cancelled":
+            why = "was cancelled"
+        elif root is not src.error:
+            why = f"failed because an input of its failed first: {type(root).__name__}: {root}"
+        else:
+            why = f"failed: {src.error}"
+        err = InputFailedError(
             f"run {rec.id} ({rec.name!r}) reads output {cell.index} of run {src.id} ({src.name!r}), "
             f"which {why}. Recompute that input, then submit again."
         )
+        err.root = root  # the first failure of the chain
+        return err
 
     def node_error(self, rec: RunRecord, step: Step | None, exc: BaseException) -> NodeError:
         """The error a run fails with when ``step`` raised ``exc``: names the node and where it came from."""
