@@ -43,7 +43,8 @@ class Run:
         self.weight = rec.weight
         self.priority = rec.priority
         self._retired = False  # final, futures set and event emitted (see `retire`)
-        self._lock = threading.Lock()  # between `retire` and a thread that starts waiting
+        self._lock = threading.Lock()  # between threads that start waiting
+        self._complete_here = owner.completion.wait_here  # bound once: `Future.result` is the hot path
         #: Whether the user has read this run's error (``fut.exception()``, or ``fut.result()`` raising
         #: it): the kernel's failure report then has nothing to add.
         self.error_seen = False
@@ -192,11 +193,13 @@ class Run:
     def _wait_retired(self, timeout: float | None) -> bool:
         if self._retired:
             return True
-        with self._lock:
-            if self._retired:
-                return True
+        with self._lock:  # between waiters; `retire` takes no lock (it is on every call's path)
             if self._final is None:
                 self._final = threading.Event()
+        # Set the event, then read the flag: `retire` sets the flag, then reads the event. One of the
+        # two sees the other's write, so a waiter never sleeps on an event nobody will set.
+        if self._retired:
+            return True
         return self._final.wait(timeout)
 
     def result(self, timeout: float | None = None) -> Any:
@@ -206,7 +209,7 @@ class Run:
 
     def complete_here(self, value: Any, done) -> None:
         """Wait for a dispatched output ``value`` on this thread, completing pending steps here meanwhile."""
-        self._owner.complete_here(value, done)
+        self._complete_here(value, done)
 
     # ------------------------------------------- effects the controller applies (its lock held)
     def claim(self) -> None:
@@ -233,10 +236,10 @@ class Run:
     def retire(self) -> list[Future]:
         """The run is final: let go of the futures (returned), wake whoever waits on the run."""
         futures, self._futures = self._futures, None
-        with self._lock:
-            self._retired = True  # after its event and its futures: whoever `wait()`s sees it all
-            if self._final is not None:
-                self._final.set()
+        self._retired = True  # after its event and its futures: whoever `wait()`s sees it all
+        final = self._final
+        if final is not None:
+            final.set()
         return futures
 
     @property

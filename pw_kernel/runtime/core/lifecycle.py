@@ -168,7 +168,7 @@ class Lifecycle:
             return True
         if step.host_callbacks and self.callbacks_inflight[island]:
             return True
-        return step.collectives and self.collectives_inflight[island] >= self.max_collectives[island]
+        return step.exe.collectives and self.collectives_inflight[island] >= self.max_collectives[island]
 
     def next_work(self, now: float) -> tuple[Work | None, list]:
         """The policy's choice among runs that can dispatch now, starting queued runs that can start."""
@@ -295,7 +295,8 @@ class Lifecycle:
                 rec.resolved[j] = True
             effects.append(Reject(rec, pending, error, cancelled=state == "cancelled"))
         effects.append(Finish(rec))
-        self._release_readers(rec, "upstream_failed", now)  # they computed on what this run made: they fail with it
+        if rec.downstream:
+            self._release_readers(rec, "upstream_failed", now)  # they computed on what this run made: they fail with it
         if self.blocked or self.credit_wanted:
             effects.append(WAKE)
         return effects
@@ -333,7 +334,8 @@ class Lifecycle:
         effects.append(Finish(rec))
         if self.blocked:  # its memory may let a queued run start
             effects.append(WAKE)
-        self._release_readers(rec, "upstream_done", now)
+        if rec.downstream:
+            self._release_readers(rec, "upstream_done", now)
         return effects
 
     def _release_readers(self, rec: RunRecord, event: str, now: float) -> None:

@@ -12,6 +12,7 @@ lifecycle does, from these reports.
 from __future__ import annotations
 
 import collections
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -86,7 +87,7 @@ class Completion:
 
         A Ctrl-C while waiting comes out of here (the caller cancels the run).
         """
-        wait = lambda: wait_ready(value, done)  # noqa: E731
+        wait = functools.partial(wait_ready, value, done)
         if not self._help(wait):  # a Ctrl-C held back in there comes out at its end
             wait()  # another thread is completing: it resolves the caller's future
 
@@ -267,7 +268,7 @@ class Completion:
                 if counts is None:
                     counts = per_island[st.island] = [0, 0, 0]
                 counts[0] += 1
-                counts[1] += st.collectives
+                counts[1] += st.exe.collectives
                 counts[2] += st.host_callbacks
                 if failure is None:
                     err = failed.get(0 if first_only else i)

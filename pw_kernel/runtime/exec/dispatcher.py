@@ -207,7 +207,7 @@ class Dispatcher:
                 flush_at = t + _FLUSH_NS
         if batch or k != rec.cursor:
             self._hand_over(rec, k, sent_on, published, cost, batch)
-        elif self.bursts:
+        elif self.bursts.islands:
             self.bursts.flush()  # a failed first step may have buffered its executable's load
         if failed is not None:
             with self.lock:
@@ -244,7 +244,7 @@ class Dispatcher:
 
     def _hand_over(self, rec: RunRecord, cursor: int, sent_on: dict, published: list, cost: int, batch: list) -> None:
         """Report steps dispatched, then give them to the watcher (in that order: credit is counted first)."""
-        if self.bursts:
+        if self.bursts.islands:
             self.bursts.flush()  # the remote steps among them go to their islands' mailboxes now
         with self.lock:
             per_island = tuple((island, *counts) for island, counts in sent_on.items())

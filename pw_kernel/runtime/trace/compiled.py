@@ -84,7 +84,7 @@ def current_trace() -> TraceScope | None:
 
 def in_program_trace() -> bool:
     """Whether this thread is tracing a program now (a program called here becomes part of it)."""
-    return current_trace() is not None
+    return getattr(_thread, "scope", None) is not None  # current_trace() inlined: every call asks
 
 
 @contextlib.contextmanager
