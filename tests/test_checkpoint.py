@@ -229,10 +229,15 @@ def test_a_process_killed_while_saving_leaves_the_last_finished_checkpoint_whole
     """)
     child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     assert child.stdout.readline().strip() == "SAVING"
-    time.sleep(0.3)
+    # Kill it once orbax is writing step 2 (its temporary directory exists), before the commit.
+    deadline = time.monotonic() + 60
+    while not any(n.startswith("2.") for n in os.listdir(directory)) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    writing = [n for n in os.listdir(directory) if n.startswith("2.")]
     child.send_signal(signal.SIGKILL)
     child.wait(30)
     left = os.listdir(directory)
+    assert writing, "the child was killed before it started writing step 2"
     assert "1" in left and "2" not in left, left  # step 2 never committed
     out = run_python(textwrap.dedent(f"""
         import numpy as np, pw_kernel as pw

@@ -20,6 +20,10 @@ if TYPE_CHECKING:
     from .trace.graph import ProgramGraph
 
 
+#: Orders the threads that start waiting on runs (rare: one lock for all, none made per call).
+_WAITERS = threading.Lock()
+
+
 class Run:
     """One execution of a program: its state, progress, outputs and node events.
 
@@ -43,7 +47,6 @@ class Run:
         self.weight = rec.weight
         self.priority = rec.priority
         self._retired = False  # final, futures set and event emitted (see `retire`)
-        self._lock = threading.Lock()  # between threads that start waiting
         self._complete_here = owner.completion.wait_here  # bound once: `Future.result` is the hot path
         #: Whether the user has read this run's error (``fut.exception()``, or ``fut.result()`` raising
         #: it): the kernel's failure report then has nothing to add.
@@ -193,7 +196,7 @@ class Run:
     def _wait_retired(self, timeout: float | None) -> bool:
         if self._retired:
             return True
-        with self._lock:  # between waiters; `retire` takes no lock (it is on every call's path)
+        with _WAITERS:  # between waiters; `retire` takes no lock (it is on every call's path)
             if self._final is None:
                 self._final = threading.Event()
         # Set the event, then read the flag: `retire` sets the flag, then reads the event. One of the

@@ -217,17 +217,19 @@ def _at(tree: Any, key: str) -> Any:
 
 
 def _replace_at(tree: Any, key: str, value: Any) -> Any:
-    keys = _path_keys(key)
+    return _replaced(tree, _path_keys(key), value)
+
+
+def _replaced(tree: Any, keys: list[str], value: Any) -> Any:
+    """``tree`` with the node at ``keys`` replaced by ``value`` (containers copied along the path)."""
     if not keys:
         return value
-    k, rest = keys[0], "".join(f"[{x!r}]" if not x.isdigit() else f"[{x}]" for x in keys[1:])
+    k, rest = keys[0], keys[1:]
     if isinstance(tree, (list, tuple)):
         items = list(tree)
-        items[int(k)] = _replace_at(items[int(k)], rest, value)
+        items[int(k)] = _replaced(items[int(k)], rest, value)
         return type(tree)(items) if isinstance(tree, tuple) else items
-    out = dict(tree)
-    out[k] = _replace_at(out[k], rest, value)
-    return out
+    return {**tree, k: _replaced(tree[k], rest, value)}
 
 
 __all__ = ["abstract_pipeline_state", "opt_shardings", "restore_pipeline", "restore_tree"]

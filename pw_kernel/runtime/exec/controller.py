@@ -333,10 +333,6 @@ class Controller:
     def closed(self) -> bool:
         return self._closed
 
-    def complete_here(self, value: Any, done) -> None:
-        """A caller waits for a dispatched ``value`` and completes pending steps on its own thread meanwhile."""
-        self.completion.wait_here(value, done)
-
     def __repr__(self) -> str:
         state = "closed" if self._closed else "running"
         return f"<pw.Controller {state}: {len(self.devices)} devices, {len(self.islands)} islands, {len(self.runs)} runs>"

@@ -71,26 +71,14 @@ TABLE: tuple[JaxErrorKind, ...] = (
             "plain Python outside the program. Loops over Python ranges are fine: they unroll."
         ),
     ),
-    JaxErrorKind(
-        name="concrete_value",
-        types=(jax.errors.ConcretizationTypeError,),
-        becomes=TracingError,
-        says=_CONCRETE_SAYS,
-        hint=_CONCRETE_HINT,
-    ),
-    JaxErrorKind(
-        name="array_conversion",
-        types=(jax.errors.TracerArrayConversionError,),
-        becomes=TracingError,
-        says=_CONCRETE_SAYS,
-        hint=_CONCRETE_HINT,
-    ),
-    JaxErrorKind(
-        name="integer_conversion",
-        types=(jax.errors.TracerIntegerConversionError,),
-        becomes=TracingError,
-        says=_CONCRETE_SAYS,
-        hint=_CONCRETE_HINT,
+    # A traced value used where Python needs a concrete one: three JAX classes, one message.
+    *(
+        JaxErrorKind(name=name, types=(kind,), becomes=TracingError, says=_CONCRETE_SAYS, hint=_CONCRETE_HINT)
+        for name, kind in (
+            ("concrete_value", jax.errors.ConcretizationTypeError),
+            ("array_conversion", jax.errors.TracerArrayConversionError),
+            ("integer_conversion", jax.errors.TracerIntegerConversionError),
+        )
     ),
     JaxErrorKind(
         name="indivisible_sharding",  # JAX's IndivisibleError is not public: its words tell it
