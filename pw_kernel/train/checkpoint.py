@@ -315,7 +315,7 @@ class CheckpointManager:
 
         ``target`` mirrors the saved tree: arrays, futures and `jax.ShapeDtypeStruct` (with a
         sharding) say where a leaf goes; a data iterator is set to the saved position and
-        returned. Without ``target`` arrays come back as numpy arrays on the host and a
+        returned; None reads what was saved there as numpy. Without ``target`` arrays come back as numpy arrays on the host and a
         pipeline state as its layout-free dict (``pipe.restore`` places it).
         """
         step = self.finished_step(step, "CheckpointManager.restore")

@@ -96,6 +96,9 @@ def restore_tree(mngr: Any, step: int, saved: Any, data: dict, target: Any) -> A
             leaf.set_state(decode_iterator_state(states[key]))
             abstract.append(None)
             after.append(("iterator", leaf))
+        elif leaf is None:  # no place given: what was saved there comes back as numpy
+            abstract.append(_host(_at(saved, key)))
+            after.append(("leaf", None))
         else:
             abstract.append(jax.tree_util.tree_map(_abstract_of, leaf))
             after.append(("leaf", None))
