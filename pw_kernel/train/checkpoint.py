@@ -56,13 +56,17 @@ class SaveRecord:
     submitted: float
     state: str = "queued"
     error: BaseException | None = None
+    writing: float | None = None  # when its futures were all ready and orbax began to write
     finished: float | None = None
     tree: Any = dataclasses.field(default=None, repr=False)
     data: dict = dataclasses.field(default_factory=dict, repr=False)
 
     @property
     def seconds(self) -> float | None:
-        return None if self.finished is None else self.finished - self.submitted
+        """Seconds spent writing (from the moment its futures were ready to the commit)."""
+        if self.finished is None:
+            return None
+        return self.finished - (self.writing if self.writing is not None else self.submitted)
 
 
 class CheckpointManager:
@@ -191,7 +195,9 @@ class CheckpointManager:
             rec.state = "waiting"
             tree = jax.tree_util.tree_map(lambda x: x.result() if isinstance(x, Future) else x, rec.tree,
                                           is_leaf=lambda x: isinstance(x, Future))
-            rec.state = "writing"
+            # The timeline's bar is the writing only: waiting for the step that made the values is
+            # that step's time, already drawn on the devices.
+            rec.state, rec.writing, t0 = "writing", time.time(), log.now()
             args = self._ocp.args.Composite(
                 **{STATE: self._ocp.args.StandardSave(tree), DATA: self._ocp.args.JsonSave(rec.data)}
             )
@@ -353,7 +359,7 @@ class CheckpointManager:
         parts = [f"saving step {r.step} ({r.nbytes / 2**20:.1f} MiB, {r.state})" for r in busy]
         last = self.last_finished
         if last is not None:
-            parts.append(f"last finished: step {last.step} ({last.nbytes / 2**20:.1f} MiB in {last.seconds:.2f} s)")
+            parts.append(f"last finished: step {last.step} ({last.nbytes / 2**20:.1f} MiB written in {last.seconds:.2f} s)")
         failed = [r for r in self.saves if r.state == "failed"]
         if failed:
             parts.append(f"failed: step {failed[-1].step}")

@@ -94,7 +94,7 @@ class EventEncoder:
             self.lanes.append(
                 {
                     "key": "host",
-                    "label": "host (compile, checkpoint)",
+                    "label": "host work",
                     "kind": "host",
                     "device": None,
                     "island": None,
@@ -208,8 +208,8 @@ def lane_names(lanes: Sequence[dict[str, Any]]) -> list[str]:
 
     Example::
 
-        lane_names([{"key": "dev:0", "label": "cpu:0"}, {"key": "host", "label": "host (compile, checkpoint)"}])
-        # ['cpu:0', 'host (compile, checkpoint)']
+        lane_names([{"key": "dev:0", "label": "cpu:0"}, {"key": "host", "label": "host work"}])
+        # ['cpu:0', 'host work']
     """
     count = collections.Counter(str(lane["label"]) for lane in lanes)
     return [str(x["label"]) if count[str(x["label"])] == 1 else f"{x['label']} [{x['key']}]" for x in lanes]

@@ -344,7 +344,7 @@ class TimelineWidget(PwWidget):
 
             tl = pw.timeline(live=False)
             tl.utilization()
-            # {'TFRT_CPU_0': 0.62, ..., 'island 0 → island 1': 0.03, 'host (compile, checkpoint)': 0.41}
+            # {'TFRT_CPU_0': 0.62, ..., 'island 0 → island 1': 0.03, 'host work': 0.41}
         """
         measures, _, bars, _ = self._enc.arrays()
         names = lane_names(self._enc.lanes)
