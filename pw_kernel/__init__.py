@@ -37,7 +37,7 @@ _VIEWS = ("show_mesh", "timeline", "show_pipeline")
 _LAYERS = frozenset(
     {"DEFAULT_CPU_DEVICES", "FINAL", "TraceRow", "backends_started", "busy_time", "chrome_trace",
      "context_mesh_hint", "describe_sharding", "nbytes_of", "short_error", "transition_edges",
-     "configure_cpu_devices"}
+     "configure_cpu_devices", "colocated"}
 )
 
 

@@ -49,6 +49,7 @@ from .exec.controller import Controller, Status, controller, init, shutdown
 from .exec.events import EventLog, NodeEvent, RunEvent, TraceRow, busy_time, chrome_trace
 from .futures import Future, get
 from .program import Program
+from .remote.client import RemoteArray, colocated
 from .run import Run
 from .trace.compiled import CompiledFunction
 from .trace.graph import Edge, Node, ProgramGraph, Value, describe_sharding, nbytes_of
@@ -75,6 +76,7 @@ __all__ = [
     # devices, slices, islands
     "Config",
     "Island",
+    "RemoteArray",
     "VirtualSlice",
     "add_ray_islands",
     "configure_cpu_devices",
@@ -113,6 +115,7 @@ __all__ = [
     "backends_started",
     "busy_time",
     "chrome_trace",
+    "colocated",
     "context_mesh_hint",
     "describe_sharding",
     "nbytes_of",

@@ -113,6 +113,19 @@ class Future(concurrent.futures.Future):
             self.run.error_seen = True  # the run's error, raised here: the user has it
             raise
 
+    def remote_array(self, timeout: float | None = None):
+        """Wait for the value; its `RemoteArray` handle if it lives on a remote island (no bytes move), else None.
+
+        Example::
+
+            handle = state.params[1]["w"].remote_array()   # stays on the island
+        """
+        timeout = check_timeout(timeout, "Future.remote_array")
+        if timeout is None and not self.done() and self._cell.value is not None:
+            self.run.complete_here(self._cell.value, self.done)
+        value = super().result(timeout)
+        return value if hasattr(value, "fetch") else None
+
     def exception(self, timeout: float | None = None):
         timeout = check_timeout(timeout, "Future.exception")
         try:

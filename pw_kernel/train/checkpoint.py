@@ -11,9 +11,11 @@ params and optimizer state, one copy of each shared param), so
 
 On disk it is plain orbax: a step directory with a ``state`` item (a
 `StandardSave` pytree) and a ``data`` item (JSON: where the pipeline states
-are, and each data iterator's state), which
+are, each data iterator's state, and which leaves live in island items), which
 ``ocp.CheckpointManager(dir).restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))``
-opens.
+opens. Leaves that live on a remote (Ray) island are written by that island's
+actor into an item of its own (``island_0``, ...; see `island_io`) and are None
+in ``state``: their bytes never pass through the controller.
 """
 
 from __future__ import annotations
@@ -28,10 +30,12 @@ import jax
 import numpy as np
 
 from ..runtime import Future, NodeEvent, controller, nbytes_of
+from ..runtime import RemoteArray
 from .errors import CheckpointError
-from .restore import restore_tree
+from .island_io import ITEM_PREFIX, handler_types, islands_items, read_item, read_onto_island, remote_leaf
+from .restore import OnIsland, restore_tree
 from .state import PipelineState
-from .tree import canonical, encode_iterator_state, is_iterator_with_state, is_leaf
+from .tree import canonical, encode_iterator_state, flat, is_iterator_with_state, is_leaf
 
 STATE, DATA = "state", "data"  # the orbax items of a step
 
@@ -96,8 +100,10 @@ class CheckpointManager:
             create=True,
         )
         self._ocp = ocp
-        handlers = {STATE: ocp.StandardCheckpointHandler(), DATA: ocp.JsonCheckpointHandler()}
-        self._mngr = ocp.CheckpointManager(self.directory, item_handlers=handlers, options=options)
+        self._island_save = handler_types()[1]
+        # No fixed item handlers: orbax picks each item's handler from its args, so a save may
+        # hold as many island items as islands hold its leaves.
+        self._mngr = ocp.CheckpointManager(self.directory, options=options)
         self.save_interval_steps = save_interval_steps
         self._last_step = self._mngr.latest_step()  # the newest step saved or queued
         self._cond = threading.Condition()
@@ -106,7 +112,6 @@ class CheckpointManager:
         self._unreported: list[SaveRecord] = []
         self._closed = False
         self._thread: threading.Thread | None = None
-        self._plain_mngr = None
         _managers.append(self)
 
     # ----------------------------------------------------------------- saving
@@ -159,7 +164,9 @@ class CheckpointManager:
                 leaf = None
             elif isinstance(leaf, np.ndarray):
                 leaf = np.array(leaf, copy=True)
-            elif leaf is not None and not isinstance(leaf, (Future, jax.Array, np.generic, int, float, bool)):
+            elif leaf is not None and not isinstance(
+                leaf, (Future, RemoteArray, jax.Array, np.generic, int, float, bool)
+            ):
                 raise CheckpointError(
                     f"`CheckpointManager.save({step}, tree)`: the leaf at {key or 'the root'} is a "
                     f"{type(leaf).__name__}, which cannot be checkpointed. Save arrays, futures, pw.PipelineState, "
@@ -193,14 +200,16 @@ class CheckpointManager:
         t0 = log.now()
         try:
             rec.state = "waiting"
-            tree = jax.tree_util.tree_map(lambda x: x.result() if isinstance(x, Future) else x, rec.tree,
-                                          is_leaf=lambda x: isinstance(x, Future))
+            tree, islands = self._resolve(rec.tree)
             # The timeline's bar is the writing only: waiting for the step that made the values is
             # that step's time, already drawn on the devices.
             rec.state, rec.writing, t0 = "writing", time.time(), log.now()
-            args = self._ocp.args.Composite(
-                **{STATE: self._ocp.args.StandardSave(tree), DATA: self._ocp.args.JsonSave(rec.data)}
-            )
+            items = {STATE: self._ocp.args.StandardSave(tree)}
+            for item, (_, names, arrays) in islands.items():  # each island's actor writes its own leaves
+                items[item] = self._island_save(arrays, list(names.values()))
+            data = {**rec.data, "island_items": {item: names for item, (_, names, _) in islands.items()}}
+            items[DATA] = self._ocp.args.JsonSave(data)
+            args = self._ocp.args.Composite(**items)
             self._mngr.save(rec.step, args=args, force=True)
             self._mngr.wait_until_finished()  # orbax writes on its own threads; this one waits for the commit
             rec.state = "done"
@@ -212,6 +221,25 @@ class CheckpointManager:
             rec.finished = time.time()
             rec.tree = None  # the arrays may go now
             self._emit(log, rec, t0)
+
+    @staticmethod
+    def _resolve(tree: Any) -> tuple[Any, dict]:
+        """The tree with each future's value, and the leaves on remote islands taken out (None in
+        their place), grouped per island as `islands_items` gives them."""
+        is_value = lambda x: isinstance(x, (Future, RemoteArray))  # noqa: E731
+        remote: dict[str, RemoteArray] = {}
+
+        def one(path, x):
+            ra = remote_leaf(x)
+            if ra is not None:
+                remote[jax.tree_util.keystr(path)] = ra  # respelled below, as orbax reads paths back
+                return None
+            return x.result() if isinstance(x, Future) else x
+
+        out = jax.tree_util.tree_map_with_path(one, tree, is_leaf=is_value)
+        keys = dict(zip((jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_value)[0]),
+                        (k for k, _ in flat(tree, is_leaf=is_value))))
+        return out, islands_items({keys[k]: ra for k, ra in remote.items()})
 
     def _emit(self, log, rec: SaveRecord, t0: int) -> None:
         """The save as a bar on the timeline's host lane, with its bytes."""
@@ -279,27 +307,31 @@ class CheckpointManager:
         """(shapes and dtypes of the saved tree, the pw data item) of ``step`` (default: the latest)."""
         step = self.finished_step(step, "CheckpointManager.metadata")
         if self._plain_item(step):
-            md = self._plain().item_metadata(step)
-            return getattr(md, "tree", md), {}
-        md = self._mngr.item_metadata(step)
-        tree = md[STATE]
-        tree = getattr(tree, "tree", tree)
+            return self._item_metadata(step, "default"), {}
         data = self._mngr.restore(step, args=self._ocp.args.Composite(**{DATA: self._ocp.args.JsonRestore()}))[DATA]
-        return tree, data or {}
+        data = data or {}
+        tree = self._item_metadata(step, STATE)
+        from .restore import replace_at
+
+        for item, names in data.get("island_items", {}).items():  # each leaf where its island wrote it
+            md = self._item_metadata(step, item)
+            for key, name in names.items():
+                tree = replace_at(tree, key, md[name])
+        return tree, data
+
+    def _item_metadata(self, step: int, item: str) -> Any:
+        md = self._ocp.PyTreeCheckpointHandler().metadata(self._epath(step, item))
+        return getattr(md, "tree", md)
+
+    def _epath(self, step: int, item: str):
+        from etils import epath
+
+        return epath.Path(self.directory) / str(step) / item
 
     def _plain_item(self, step: int) -> bool:
         """Whether ``step`` was written by plain orbax as one default item (not by pw)."""
         here = os.path.join(self.directory, str(step))
         return not os.path.isdir(os.path.join(here, STATE)) and os.path.isdir(os.path.join(here, "default"))
-
-    def _plain(self):
-        """A manager for checkpoints plain orbax wrote with one (default) item."""
-        if self._plain_mngr is None:
-            self._plain_mngr = self._ocp.CheckpointManager(
-                self.directory, item_handlers=self._ocp.StandardCheckpointHandler(),
-                options=self._ocp.CheckpointManagerOptions(read_only=True),
-            )
-        return self._plain_mngr
 
     def finished_step(self, step: int | None, api: str) -> int:
         """``step`` if it is finished on disk (default: the latest); CheckpointError naming ``api`` otherwise."""
@@ -328,12 +360,41 @@ class CheckpointManager:
         saved, data = self.metadata(step)
         return restore_tree(self, step, saved, data, target)
 
-    def read(self, step: int, abstract: Any) -> Any:
-        """Read ``step``'s state item with orbax, placed as the abstract tree says (numpy where it has none)."""
-        if self._plain_item(step):
-            return self._plain().restore(step, args=self._ocp.args.StandardRestore(abstract))
-        args = self._ocp.args.Composite(**{STATE: self._ocp.args.StandardRestore(abstract)})
-        return self._mngr.restore(step, args=args)[STATE]
+    def read_leaves(self, step: int, data: dict, requests: list[tuple[str, Any]]) -> list:
+        """Each (saved leaf's key, destination) of ``step`` read from disk, in order.
+
+        A destination is a `jax.ShapeDtypeStruct` with a sharding (orbax reads each device's
+        shards onto it), None (numpy), or `OnIsland` (that island's actor reads it: no bytes
+        pass through this process). Leaves are read from the item that holds them.
+        """
+        where = {
+            key: (item, f"[{name!r}]")  # as `path_key` spells a key of the item's flat dict
+            for item, names in data.get("island_items", {}).items()
+            for key, name in names.items()
+        }
+        default = "default" if self._plain_item(step) else STATE
+        out: list = [None] * len(requests)
+        rounds: dict[tuple, list[tuple[int, str, Any]]] = {}  # (item, island slice or None, round) -> requests
+        seen: dict[tuple, int] = {}
+        for i, (key, dest) in enumerate(requests):
+            item, name = where.get(key, (default, key))
+            home = dest.slice if isinstance(dest, OnIsland) else None
+            n = seen[(item, id(home), name)] = seen.get((item, id(home), name), -1) + 1  # one destination per read
+            rounds.setdefault((item, home, n), []).append((i, name, dest))
+        for (item, home, _), group in rounds.items():
+            directory = str(self._epath(step, item))
+            if home is not None:
+                try:
+                    values = read_onto_island(home, directory, [(name, d.abstract) for _, name, d in group])
+                except RuntimeError as e:
+                    raise CheckpointError(
+                        f"`CheckpointManager.restore(step={step})`: reading {item} onto {home.name} failed: {e}"
+                    ) from e
+            else:
+                values = read_item(directory, [(name, getattr(d, "sharding", None), d.dtype) for _, name, d in group])
+            for (i, _, _), v in zip(group, values, strict=True):
+                out[i] = v
+        return out
 
     def close(self) -> None:
         """Finish the saves in progress, then release orbax's threads."""
@@ -343,8 +404,6 @@ class CheckpointManager:
         if self._thread is not None:
             self._thread.join()
         self._mngr.close()
-        if self._plain_mngr is not None:
-            self._plain_mngr.close()
         if self in _managers:
             _managers.remove(self)
 

@@ -2,7 +2,9 @@
 
 Orbax reads every array straight onto the devices its `jax.ShapeDtypeStruct`
 names (each device reads its own shards), so restoring onto other slices,
-another mesh shape or other ``param_specs`` is a matter of the target. A
+another mesh shape or other ``param_specs`` is a matter of the target. A leaf
+whose target is a slice on a remote island is read by that island's actor
+(`OnIsland`; see `island_io`) and comes back as a `pw.RemoteArray` there. A
 pipeline's target comes from the pipeline itself (`abstract_state`): its
 stages' slices and specs, the optimizer state's structure from
 `jax.eval_shape` of the optimizer's init, each of its leaves sharded like the
@@ -11,22 +13,47 @@ parameter it mirrors. Nothing is placed to find that out.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import PartitionSpec as P
 
-from ..runtime import Future
-from .tree import canonical, decode_iterator_state, is_iterator_with_state, is_leaf
+from ..runtime import Future, RemoteArray, VirtualSlice
 from .errors import CheckpointError
-from .state import PipelineState
+from .state import PipelineState, opt_shardings
+from .tree import canonical, decode_iterator_state, flat, is_iterator_with_state, is_leaf, path_key
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class OnIsland:
+    """A restore destination on a remote island's slice: that island's actor reads the leaf."""
+
+    abstract: jax.ShapeDtypeStruct  # shape, dtype, and a sharding of the slice's (stand-in) mesh
+    slice: VirtualSlice
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.abstract.shape)
+
+    @property
+    def dtype(self) -> Any:
+        return self.abstract.dtype
+
+
+def on_slice(slice_: VirtualSlice | None, abstract: Any) -> Any:
+    """``abstract`` as a destination on ``slice_``: an `OnIsland` when the slice is on a remote island."""
+    if slice_ is not None and slice_.remote and isinstance(abstract, jax.ShapeDtypeStruct):
+        return OnIsland(abstract, slice_)
+    return abstract
 
 
 def _abstract_of(x: Any) -> Any:
     """Where a target leaf says a value goes."""
-    if isinstance(x, (Future, jax.Array)):
-        return jax.ShapeDtypeStruct(tuple(x.shape), x.dtype, sharding=x.sharding)
+    if isinstance(x, (Future, jax.Array, RemoteArray)):
+        sds = jax.ShapeDtypeStruct(tuple(x.shape), x.dtype, sharding=x.sharding)
+        return on_slice(getattr(x, "slice", None), sds)
     if isinstance(x, jax.ShapeDtypeStruct):
         return x
     if isinstance(x, np.ndarray):
@@ -46,9 +73,9 @@ def _host(saved: Any) -> Any:
 
 def check_shapes(saved: Any, abstract: Any, where: str) -> None:
     """Raise CheckpointError naming the first leaf whose saved shape or dtype differs from the expected one."""
-    got = dict(_flat(saved))
+    got = dict(flat(saved))
     # Parameters first: an optimizer state differs because its parameter does.
-    for key, want in sorted(_flat(abstract), key=lambda kv: "opt_state" in kv[0]):
+    for key, want in sorted(flat(abstract), key=lambda kv: "opt_state" in kv[0]):
         have = got.get(key)
         if have is None or not hasattr(want, "shape"):
             continue
@@ -57,7 +84,7 @@ def check_shapes(saved: Any, abstract: Any, where: str) -> None:
                 f"`{where}`: the leaf {key} was saved with shape {tuple(have.shape)}, but {tuple(want.shape)} is "
                 f"expected here. Restore into a model of the saved sizes, or give a target that matches."
             )
-    missing = [k for k, w in _flat(abstract) if hasattr(w, "shape") and k not in got]
+    missing = [k for k, w in flat(abstract) if hasattr(w, "shape") and k not in got]
     if missing:
         raise CheckpointError(
             f"`{where}`: the checkpoint has no leaf {missing[0]} (it has {sorted(got)[:8]}...). "
@@ -65,23 +92,17 @@ def check_shapes(saved: Any, abstract: Any, where: str) -> None:
         )
 
 
-def _flat(tree: Any) -> list[tuple[str, Any]]:
-    """(path, leaf) with paths spelled alike whether a level is a dict, a list or a named tuple (orbax
-    reads a named tuple's fields back as a dict's keys)."""
-    return [("".join(f"[{_key(k)!r}]" for k in p), v) for p, v in jax.tree_util.tree_flatten_with_path(tree)[0]]
-
-
-def _key(k: Any) -> Any:
-    for attr in ("key", "name", "idx"):
-        if hasattr(k, attr):
-            return getattr(k, attr)
-    return str(k)
+def read(mngr: Any, step: int, data: dict, abstract: Any) -> Any:
+    """``abstract`` (a tree of destinations) with each leaf read from ``step``."""
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(abstract)
+    values = mngr.read_leaves(step, data, [(path_key(p), d) for p, d in leaves])
+    return jax.tree_util.tree_unflatten(treedef, values)
 
 
 def restore_tree(mngr: Any, step: int, saved: Any, data: dict, target: Any) -> Any:
     """`CheckpointManager.restore`: read ``step`` placed as ``target`` says (numpy without one)."""
     if target is None:
-        return mngr.read(step, _host(saved))
+        return read(mngr, step, data, _host(saved))
     leaves, treedef = jax.tree_util.tree_flatten_with_path(target, is_leaf=is_leaf)
     abstract, after = [], []
     for path, leaf in leaves:
@@ -104,11 +125,11 @@ def restore_tree(mngr: Any, step: int, saved: Any, data: dict, target: Any) -> A
             after.append(("leaf", None))
     tree = jax.tree_util.tree_unflatten(treedef, abstract)
     check_shapes(saved, tree, f"CheckpointManager.restore(step={step})")
-    restored_leaves = treedef.flatten_up_to(mngr.read(step, tree))
+    restored_leaves = treedef.flatten_up_to(read(mngr, step, data, tree))
     out = []
-    for (kind, leaf), value in zip(after, restored_leaves, strict=True):
+    for (path, _), (kind, leaf), value in zip(leaves, after, restored_leaves, strict=True):
         if kind == "pipeline":
-            out.append(_copies_like(value, leaf))
+            out.append(_copies_like(mngr, step, data, path_key(path), value, leaf))
         elif kind == "iterator":
             out.append(leaf)
         else:
@@ -116,35 +137,32 @@ def restore_tree(mngr: Any, step: int, saved: Any, data: dict, target: Any) -> A
     return jax.tree_util.tree_unflatten(treedef, out)
 
 
-def _copies_like(value: dict, like: PipelineState) -> PipelineState:
-    """A layout-free pipeline state made a `PipelineState` again, shared copies placed as ``like``'s."""
-    shared = {
-        n: tuple(jax.device_put(value["shared"][n], c.sharding) for c in copies) for n, copies in like.shared.items()
-    }
+def _copies_like(mngr: Any, step: int, data: dict, key: str, value: dict, like: PipelineState) -> PipelineState:
+    """A layout-free pipeline state made a `PipelineState` again, each shared copy placed where ``like``'s is.
+
+    The first copy is the one read with the rest. Another copy is a device-to-device copy
+    of it when both are local; otherwise it is read from the checkpoint onto its own slice
+    (a remote island's actor reads it there).
+    """
+    shared = {}
+    for n, copies in like.shared.items():
+        first = value["shared"][n]
+        placed = [first]
+        for c in copies[1:]:
+            dest = jax.tree_util.tree_map(_abstract_of, c)
+            leaves, treedef = jax.tree_util.tree_flatten_with_path(dest)
+            local = all(isinstance(x, jax.Array) for x in jax.tree_util.tree_leaves(first))
+            if local and not any(isinstance(d, OnIsland) for _, d in leaves):
+                placed.append(jax.tree_util.tree_map(lambda v, d: jax.device_put(v, d.sharding), first, dest))
+            else:
+                prefix = f"{key}['shared'][{n!r}]"
+                vals = mngr.read_leaves(step, data, [(prefix + path_key(p), d) for p, d in leaves])
+                placed.append(jax.tree_util.tree_unflatten(treedef, vals))
+        shared[n] = tuple(placed)
     return PipelineState(list(value["params"]), shared, value["opt_state"])
 
 
 # ------------------------------------------------------------------ pipelines
-def opt_shardings(abstract_opt: Any, stage_tree: Any, replicated: NamedSharding) -> Any:
-    """Each optimizer-state leaf sharded like the parameter it mirrors (the longest path suffix of the same shape).
-
-    Optax's states mirror the params (``mu``, ``nu``, MultiSteps' accumulators): a leaf
-    at ``(..., 'mu', 0, 'w')`` goes where ``(0, 'w')`` lives. Counters and other
-    leaves that mirror no parameter are replicated on the stage's slice.
-    """
-    params = [(tuple(p), v) for p, v in jax.tree_util.tree_flatten_with_path(stage_tree)[0]]
-
-    def place(path, leaf):
-        best, best_len = replicated, -1
-        for ppath, pv in params:
-            n = len(ppath)
-            if n > best_len and tuple(path[-n:]) == ppath and tuple(leaf.shape) == tuple(pv.shape):
-                best, best_len = pv.sharding, n
-        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=best)
-
-    return jax.tree_util.tree_map_with_path(place, abstract_opt)
-
-
 def abstract_pipeline_state(pipe: Any, placement: Any, params: Any, shared: Any = None) -> PipelineState:
     """``pipe``'s state for params of these shapes, as ShapeDtypeStructs on its slices: nothing is placed."""
     placement.check_len(params)
@@ -196,15 +214,30 @@ def restore_pipeline(pipe: Any, placement: Any, mngr: Any, step: int | None, key
     if (node.get("opt_state") is None) != (pipe.optimizer is None):
         had = "no optimizer state" if node.get("opt_state") is None else "an optimizer state"
         raise CheckpointError(f"`{api}`: step {step} saved {had}; this pipeline's optimizer is {pipe.optimizer!r}.")
-    abstract = abstract_pipeline_state(pipe, placement, node["params"], node["shared"])
+    abstract = _on_stage_slices(pipe, placement, abstract_pipeline_state(pipe, placement, node["params"], node["shared"]))
     target = canonical(abstract)
     check_shapes(node, target, api)
-    full = _replace_at(_host(saved), key, target)
-    value = _at(mngr.read(step, full), key)
-    state = _copies_like(value, abstract)
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(target)  # only this state's leaves are read
+    values = mngr.read_leaves(step, data, [(key + path_key(p), d) for p, d in leaves])
+    state = _copies_like(mngr, step, data, key, jax.tree_util.tree_unflatten(treedef, values), abstract)
     if pipe.optimizer is not None:
         placement.opt_specs = [jax.tree_util.tree_map(lambda a: a.sharding.spec, s) for s in state.opt_state]
     return state
+
+
+def _on_stage_slices(pipe: Any, placement: Any, state: PipelineState) -> PipelineState:
+    """``state``'s leaves as destinations on their stages' slices (`OnIsland` where a slice is remote)."""
+    stages = pipe.stages
+
+    def at(j: int, tree: Any) -> Any:
+        return jax.tree_util.tree_map(lambda a: on_slice(stages[j].slice, a), tree)
+
+    params = [at(j, p) for j, p in enumerate(state.params)]
+    shared = {
+        n: tuple(at(u, c) for u, c in zip(placement.shared_users[n], copies)) for n, copies in state.shared.items()
+    }
+    opt = None if state.opt_state is None else [at(j, o) for j, o in enumerate(state.opt_state)]
+    return PipelineState(params, shared, opt)
 
 
 def _path_keys(key: str) -> list[str]:
@@ -219,7 +252,8 @@ def _at(tree: Any, key: str) -> Any:
     return tree
 
 
-def _replace_at(tree: Any, key: str, value: Any) -> Any:
+def replace_at(tree: Any, key: str, value: Any) -> Any:
+    """``tree`` with the node at ``key`` (as `path_key` spells it) replaced by ``value``."""
     return _replaced(tree, _path_keys(key), value)
 
 
@@ -235,4 +269,4 @@ def _replaced(tree: Any, keys: list[str], value: Any) -> Any:
     return {**tree, k: _replaced(tree[k], rest, value)}
 
 
-__all__ = ["abstract_pipeline_state", "opt_shardings", "restore_pipeline", "restore_tree"]
+__all__ = ["abstract_pipeline_state", "restore_pipeline", "restore_tree"]

@@ -15,11 +15,31 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ..runtime import CompiledFunction, Program
 from .errors import PipelineError
 from .stages import Stage, inexact
+
+
+def opt_shardings(abstract_opt: Any, stage_tree: Any, replicated: NamedSharding) -> Any:
+    """Each optimizer-state leaf sharded like the parameter it mirrors (the longest path suffix of the same shape).
+
+    Optax's states mirror the params (``mu``, ``nu``, MultiSteps' accumulators): a leaf
+    at ``(..., 'mu', 0, 'w')`` goes where ``(0, 'w')`` lives. Counters and other
+    leaves that mirror no parameter are replicated on the stage's slice.
+    """
+    params = [(tuple(p), v) for p, v in jax.tree_util.tree_flatten_with_path(stage_tree)[0]]
+
+    def place(path, leaf):
+        best, best_len = replicated, -1
+        for ppath, pv in params:
+            n = len(ppath)
+            if n > best_len and tuple(path[-n:]) == ppath and tuple(leaf.shape) == tuple(pv.shape):
+                best, best_len = pv.sharding, n
+        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=best)
+
+    return jax.tree_util.tree_map_with_path(place, abstract_opt)
 
 
 @jax.tree_util.register_dataclass
@@ -112,12 +132,12 @@ class Placement:
         """Each stage's optimizer state, made on its slice; records how it is sharded in ``opt_specs``."""
         opt_state, specs = [], []
         for st in self.stages:
-            if st.slice.remote:
-                raise PipelineError(
-                    f"`{self.name}`: an optimizer's state is made eagerly on each slice, which stage {st.index}'s "
-                    f"remote slice {st.slice.name!r} does not allow yet. Use plain SGD (no optimizer=) there."
-                )
-            s = self.optimizer.init((state.params[st.index], self.shared_of(state, st)))
+            tree = (state.params[st.index], self.shared_of(state, st))
+            if st.slice.remote:  # another host: a compiled init there makes it on its devices
+                opt_state.append(self._init_remote(st, tree))
+                specs.append(jax.tree_util.tree_map(lambda a: a.sharding.spec, opt_state[-1]))
+                continue
+            s = self.optimizer.init(tree)
             here = set(st.slice.devices)
             s = jax.tree_util.tree_map(  # counters and other scalars start on the default device: move them
                 lambda a, st=st: a if set(a.sharding.device_set) == here else jax.device_put(a, st.slice.sharding(P())), s)
@@ -125,6 +145,16 @@ class Placement:
             specs.append(jax.tree_util.tree_map(lambda a: a.sharding.spec, s))
         self.opt_specs = specs
         return opt_state
+
+    def _init_remote(self, st: Stage, tree: Any) -> Any:
+        """The optimizer state of a stage on a remote slice, each leaf sharded like the param it mirrors."""
+        abstract = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), tree)
+        shapes = jax.eval_shape(self.optimizer.init, abstract)
+        out_specs = jax.tree_util.tree_map(
+            lambda a: a.sharding.spec, opt_shardings(shapes, abstract, st.slice.sharding(P()))
+        )
+        init = CompiledFunction(self.optimizer.init, slice=st.slice, out_specs=out_specs, name=f"opt_init{st.index}")
+        return Program(init, name=init.name, slice=st.slice, controller=self._controller)(tree)
 
     def _put(self, st: Stage, p: Any, spec: Any) -> Any:
         if st.slice.remote:  # another host: an identity node there makes them live on its devices

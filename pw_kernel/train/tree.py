@@ -9,7 +9,9 @@ import base64
 import collections.abc
 from typing import Any
 
-from ..runtime import Future
+import jax
+
+from ..runtime import Future, RemoteArray
 from .state import PipelineState
 
 
@@ -21,7 +23,11 @@ def is_iterator_with_state(x: Any) -> bool:
 def is_leaf(x: Any) -> bool:
     """Where flattening a saved tree stops: futures, pipeline states, iterators, None."""
     # Any iterator is a leaf: a generator is not a container of what it will yield.
-    return x is None or isinstance(x, (Future, PipelineState, collections.abc.Iterator)) or is_iterator_with_state(x)
+    return (
+        x is None
+        or isinstance(x, (Future, RemoteArray, PipelineState, collections.abc.Iterator))
+        or is_iterator_with_state(x)
+    )
 
 
 def canonical(state: PipelineState) -> dict:
@@ -31,6 +37,24 @@ def canonical(state: PipelineState) -> dict:
         "shared": {n: copies[0] for n, copies in state.shared.items()},
         "opt_state": None if state.opt_state is None else list(state.opt_state),
     }
+
+
+def path_key(path: tuple) -> str:
+    """A leaf's path spelled alike whether a level is a dict, a list or a named tuple (orbax reads a
+    named tuple's fields back as a dict's keys, a tuple as a list): ``['params'][0]['w']``."""
+    return "".join(f"[{_key(k)!r}]" for k in path)
+
+
+def _key(k: Any) -> Any:
+    for attr in ("key", "name", "idx"):
+        if hasattr(k, attr):
+            return getattr(k, attr)
+    return str(k)
+
+
+def flat(tree: Any, is_leaf: Any = None) -> list[tuple[str, Any]]:
+    """(path_key, leaf) of each leaf of ``tree``."""
+    return [(path_key(p), v) for p, v in jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_leaf)[0]]
 
 
 def encode_iterator_state(st: Any) -> Any:
@@ -47,4 +71,4 @@ def decode_iterator_state(st: Any) -> Any:
     return st
 
 
-__all__ = ["canonical", "decode_iterator_state", "encode_iterator_state", "is_iterator_with_state", "is_leaf"]
+__all__ = ["canonical", "decode_iterator_state", "encode_iterator_state", "flat", "is_iterator_with_state", "is_leaf", "path_key"]

@@ -3,7 +3,7 @@
 This module is what Ray ships to the island's process: it imports only jax and
 numpy, and nothing of the controller. The controller talks to it through
 `client.py` (the actor's methods are its whole protocol: describe, clock, load,
-run_many, put, reshard, get, free, stats).
+run_many, put, reshard, get, colocated, free, stats).
 """
 
 from __future__ import annotations
@@ -114,6 +114,28 @@ class IslandActor:
         out = self.jax.device_put(self.buffers[src], self._sharding(*layout, spec)).block_until_ready()
         self._store(handle, out)
         return [(start, time.perf_counter_ns())], None
+
+    def colocated(self, fn, in_ids: list[int], out_ids: list[int], out_layouts: list, args: tuple) -> tuple[list, tuple | None]:
+        """Run host code here, beside the island's buffers: ``fn(arrays, out_shardings, *args)`` returns the new arrays.
+
+        What the controller ships is the function and its small arguments; the arrays it
+        reads and makes stay in this process (how a checkpoint's shards are written and read
+        by the island that holds them). Returns, like ``run_many``, one (start, end) per
+        output, and (0, message) if ``fn`` raised.
+        """
+        start = time.perf_counter_ns()
+        try:
+            shardings = [self._sharding(*layout, spec) for layout, spec in out_layouts]
+            outs = list(fn([self.buffers[i] for i in in_ids], shardings, *args) or ())
+            if len(outs) != len(out_ids):
+                raise ValueError(f"{getattr(fn, '__name__', fn)} returned {len(outs)} arrays for {len(out_ids)} outputs")
+            self.jax.block_until_ready(outs)
+        except Exception as e:
+            return [], (0, f"{type(e).__name__}: {e}")
+        for i, o in zip(out_ids, outs):
+            self._store(i, o)
+        end = time.perf_counter_ns()
+        return [(start, end)] * max(1, len(out_ids)), None
 
     def get(self, handle: int):
         return to_wire(self.buffers[handle])

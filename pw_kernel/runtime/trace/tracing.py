@@ -23,6 +23,7 @@ from jax.sharding import NamedSharding, PartitionSpec, Sharding
 from ..devices import ResourceManager, VirtualSlice
 from ..errors import PathwaysError, SpecError, TracingError
 from ..futures import Future
+from ..remote.client import RemoteArray
 from .compiled import CompiledFunction, TraceScope, lookup, trace_scope
 from .executables import calls_host, executable_with_chosen_outputs, glue_key, literal_key, node_executable
 from .graph import Node, ProgramGraph, Value, as_dtype
@@ -34,11 +35,11 @@ _PW_DIR = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))  # pw_kern
 
 def is_traced_leaf(x: Any) -> bool:
     """Arrays and futures are traced program inputs; every other leaf is a constant."""
-    return isinstance(x, (Future, jax.Array, np.ndarray, np.generic))
+    return isinstance(x, (Future, jax.Array, np.ndarray, np.generic, RemoteArray))
 
 
 def abstract_leaf(x: Any) -> jax.ShapeDtypeStruct:
-    if isinstance(x, (Future, jax.Array)):
+    if isinstance(x, (Future, jax.Array, RemoteArray)):
         return jax.ShapeDtypeStruct(tuple(x.shape), x.dtype, sharding=x.sharding)
     x = np.asarray(x)
     return jax.ShapeDtypeStruct(x.shape, x.dtype)
@@ -49,7 +50,7 @@ def signature(args: tuple, kwargs: dict) -> tuple[Any, list[Any], tuple]:
     leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
     key = []
     for i, leaf in enumerate(leaves):
-        if isinstance(leaf, Future):
+        if isinstance(leaf, (Future, RemoteArray)):
             key.append(("A", tuple(leaf.shape), leaf.dtype, leaf.sharding, id(leaf.slice) if leaf.slice else None))
         elif isinstance(leaf, jax.Array):  # the hot path of every call: no ShapeDtypeStruct
             key.append(("A", tuple(leaf.shape), leaf.dtype, leaf.sharding))
