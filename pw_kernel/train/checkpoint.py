@@ -110,6 +110,7 @@ class CheckpointManager:
         self._queue: list[SaveRecord] = []
         self.saves: list[SaveRecord] = []  # every save asked for, in order (the last few kept)
         self._unreported: list[SaveRecord] = []
+        self._metadata: dict[tuple[int, str], Any] = {}  # (step, item) -> its metadata tree
         self._closed = False
         self._thread: threading.Thread | None = None
         _managers.append(self)
@@ -210,6 +211,8 @@ class CheckpointManager:
             data = {**rec.data, "island_items": {item: names for item, (_, names, _) in islands.items()}}
             items[DATA] = self._ocp.args.JsonSave(data)
             args = self._ocp.args.Composite(**items)
+            for key in [k for k in self._metadata if k[0] == rec.step]:  # a step written again
+                del self._metadata[key]
             self._mngr.save(rec.step, args=args, force=True)
             self._mngr.wait_until_finished()  # orbax writes on its own threads; this one waits for the commit
             rec.state = "done"
@@ -308,8 +311,7 @@ class CheckpointManager:
         step = self.finished_step(step, "CheckpointManager.metadata")
         if self._plain_item(step):
             return self._item_metadata(step, "default"), {}
-        data = self._mngr.restore(step, args=self._ocp.args.Composite(**{DATA: self._ocp.args.JsonRestore()}))[DATA]
-        data = data or {}
+        data = self._ocp.JsonCheckpointHandler().restore(self._epath(step, DATA)) or {}
         tree = self._item_metadata(step, STATE)
         from .restore import replace_at
 
@@ -320,8 +322,13 @@ class CheckpointManager:
         return tree, data
 
     def _item_metadata(self, step: int, item: str) -> Any:
-        md = self._ocp.PyTreeCheckpointHandler().metadata(self._epath(step, item))
-        return getattr(md, "tree", md)
+        key = (step, item)
+        if key not in self._metadata:  # a finished step never changes: read each item's metadata once
+            md = self._ocp.PyTreeCheckpointHandler().metadata(self._epath(step, item))
+            self._metadata[key] = getattr(md, "tree", md)
+            while len(self._metadata) > 16:
+                self._metadata.pop(next(iter(self._metadata)))
+        return self._metadata[key]
 
     def _epath(self, step: int, item: str):
         from etils import epath
@@ -391,7 +398,8 @@ class CheckpointManager:
                         f"`CheckpointManager.restore(step={step})`: reading {item} onto {home.name} failed: {e}"
                     ) from e
             else:
-                values = read_item(directory, [(name, getattr(d, "sharding", None), d.dtype) for _, name, d in group])
+                wanted = [(name, getattr(d, "sharding", None), d.dtype) for _, name, d in group]
+                values = read_item(directory, wanted, self._item_metadata(step, item))
             for (i, _, _), v in zip(group, values, strict=True):
                 out[i] = v
         return out

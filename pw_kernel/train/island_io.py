@@ -56,22 +56,27 @@ def read_on_island(arrays: list, out_shardings: list, directory: str, wanted: li
     return read_item(directory, [(key, sh, jax.numpy.dtype(dt)) for (key, dt), sh in zip(wanted, out_shardings)])
 
 
-def read_item(directory: str, wanted: list[tuple[str, Any]]) -> list:
+def read_item(directory: str, wanted: list[tuple[str, Any, Any]], metadata: Any = None) -> list:
     """The leaves ``wanted`` ((key, sharding or None for numpy, dtype) each) of an orbax pytree item, in order.
 
-    The other leaves of the item are not read (``ocp.PLACEHOLDER``).
+    The other leaves of the item are not read (``ocp.PLACEHOLDER``). ``metadata``: the item's
+    metadata tree when the caller has it already (reading it again costs a file read).
     """
     import orbax.checkpoint as ocp
     from etils import epath
 
-    handler = ocp.PyTreeCheckpointHandler()  # the standard handler refuses placeholders
     path = epath.Path(directory)
-    md = handler.metadata(path)
+    if metadata is None:
+        metadata = ocp.PyTreeCheckpointHandler().metadata(path)
+        metadata = getattr(metadata, "tree", metadata)
     wants = {key: (sharding, dtype) for key, sharding, dtype in wanted}
+    partial = False
 
     def target(p, m):
+        nonlocal partial
         key = path_key(p)
         if key not in wants:
+            partial = True
             return ocp.PLACEHOLDER
         sharding, dtype = wants[key]
         dtype = m.dtype if dtype is None else dtype
@@ -79,9 +84,14 @@ def read_item(directory: str, wanted: list[tuple[str, Any]]) -> list:
             return np.zeros(tuple(m.shape), dtype) if getattr(m, "shape", None) is not None else m
         return jax.ShapeDtypeStruct(tuple(m.shape), dtype, sharding=sharding)
 
-    tree = jax.tree_util.tree_map_with_path(target, getattr(md, "tree", md))
-    restore_args = ocp.checkpoint_utils.construct_restore_args(tree)
-    restored = handler.restore(path, args=ocp.args.PyTreeRestore(item=tree, restore_args=restore_args))
+    tree = jax.tree_util.tree_map_with_path(target, metadata)
+    if partial:  # only the standard handler's general form takes placeholders
+        handler = ocp.PyTreeCheckpointHandler()
+        restore_args = ocp.checkpoint_utils.construct_restore_args(tree)
+        restored = handler.restore(path, args=ocp.args.PyTreeRestore(item=tree, restore_args=restore_args))
+    else:  # the whole item: exactly what plain orbax's StandardRestore does
+        handler = ocp.StandardCheckpointHandler()
+        restored = handler.restore(path, args=ocp.args.StandardRestore(tree))
     handler.close()
     got = {path_key(p): v for p, v in jax.tree_util.tree_flatten_with_path(restored)[0]}
     return [got[key] for key, _, _ in wanted]
