@@ -50,7 +50,8 @@ from .exec.events import EventLog, NodeEvent, RunEvent, TraceRow, busy_time, chr
 from .futures import Future, get
 from .program import Program
 from .run import Run
-from .trace.compiled import CompiledFunction
+from .trace.compiled import CompiledFunction, in_program_trace
+from .trace.feeds import input_node
 from .trace.graph import Edge, Node, ProgramGraph, Value, describe_sharding, nbytes_of
 from .trace.tracing import context_mesh_hint
 
@@ -115,6 +116,8 @@ __all__ = [
     "chrome_trace",
     "context_mesh_hint",
     "describe_sharding",
+    "in_program_trace",
+    "input_node",
     "nbytes_of",
     "short_error",
     "transition_edges",
