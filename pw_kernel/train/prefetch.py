@@ -69,6 +69,13 @@ class _Worker:
         self.thread.start()
 
     def _loop(self) -> None:
+        try:
+            self._load_and_place()
+        finally:
+            if self.stopping.is_set():  # what it placed after the stop's drain goes too
+                self._drain()
+
+    def _load_and_place(self) -> None:
         k = self.next_index
         log = controller().events
         while True:
@@ -125,6 +132,9 @@ class _Worker:
         self.stopping.set()
         if wait and self.thread is not threading.current_thread():
             self.thread.join(wait)
+        self._drain()
+
+    def _drain(self) -> None:
         while True:
             try:
                 self.items.get_nowait()
@@ -168,6 +178,7 @@ class PrefetchIterator:
         self._finished: str | None = None  # why no more batches come ("ended", "failed", "closed")
         self._dropped = False  # batches pulled from a non-checkpointable source and dropped by a stop
         self._worker: _Worker | None = None
+        self._stopped: _Worker | None = None  # the last worker stopped (its thread may still be in the source)
         self._finalizer: weakref.finalize | None = None
         self._start()
 
@@ -186,7 +197,8 @@ class PrefetchIterator:
         if w is not None:
             pulled = w.items.qsize() + (self._head is not None)
             w.stop(wait)
-            self._dropped = self._dropped or ((pulled > 0 or w.dropped) and not self.checkpointable)
+            self._dropped = self._dropped or (pulled > 0 and not self.checkpointable)
+            self._stopped = w
         self._head = None
 
     def close(self) -> None:
@@ -230,7 +242,7 @@ class PrefetchIterator:
                 except queue.Empty:
                     continue
                 except KeyboardInterrupt:
-                    self._stop(wait=1.0)  # Ctrl-C: the thread stops and its batches go
+                    self._stop(wait=0.5)  # Ctrl-C: the thread stops and its batches go
                     raise
         return self._head
 
@@ -238,6 +250,10 @@ class PrefetchIterator:
         """Start the worker again after a stop, from the consumer's position."""
         if self._finished in ("ended", "failed"):
             raise StopIteration
+        last, self._stopped = self._stopped, None
+        if last is not None:  # it may still be inside the source: one thread at a time reads it
+            last.thread.join()
+            self._dropped = self._dropped or (last.dropped and not self.checkpointable)
         if self._dropped:
             raise PrefetchError(
                 f"`{self.name}` was stopped (Ctrl-C or close) after reading ahead of batch {self.taken} from a "
@@ -336,6 +352,9 @@ class PrefetchIterator:
             raise CheckpointError(f"`{self.name}.set_state`: not a `pw.prefetch` state: {state!r:.200}.")
         self.get_state()  # raises for a source that cannot be checkpointed
         self._stop()
+        last, self._stopped = self._stopped, None
+        if last is not None:
+            last.thread.join()  # out of the source before it is moved
         self._state = decode_iterator_state(state["source"])
         self._source.set_state(self._state)
         self.taken = int(state["batches"])

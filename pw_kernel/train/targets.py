@@ -21,7 +21,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P, Sharding
 
-from ..runtime import Future, VirtualSlice, compiled, controller, slice as make_slice
+from ..runtime import VirtualSlice, compiled, controller, slice as make_slice
 from .errors import PrefetchError
 
 AUTO = "auto"  # the default data axis: "data" when the slice has one, else its first axis
@@ -145,7 +145,7 @@ class BatchTarget:
             spec = tuple(sh.spec)
             if len(spec) > len(shape):
                 raise PrefetchError(
-                    f"`pw.prefetch(to={self.describe})`: batch {k}'s leaf {path or 'batch'} has shape {shape} (rank "
+                    f"`pw.prefetch(to={self.describe})`: batch {k}: {what(path)} has shape {shape} (rank "
                     f"{len(shape)}), but its sharding {sh.spec} splits {len(spec)} axes. Give it a leading batch axis."
                 )
             for dim, entry in enumerate(spec):
@@ -157,12 +157,12 @@ class BatchTarget:
                 if shape[dim] % need:
                     lo = max(need, shape[dim] // need * need)
                     why = f"{self.multiple} microbatches x " if need != size else ""
+                    fix = f"Batch to such a size (grain: `.batch({lo}, drop_remainder=True)`)" if dim == 0 else "Reshape it"
                     raise PrefetchError(
-                        f"`pw.prefetch(to={self.describe})`: batch {k}'s leaf {path or 'batch'} has shape {shape}; "
-                        f"its axis {dim} ({shape[dim]}) does not split over {why}mesh axis {'/'.join(axes)!r} "
-                        f"({size} devices). Sizes that would: multiples of {need}, e.g. {lo} or {lo + need}. "
-                        f"Batch to such a size (grain: `.batch({lo}, drop_remainder=True)`), or place it elsewhere "
-                        f"with `to=`."
+                        f"`pw.prefetch(to={self.describe})`: batch {k}: {what(path)} has shape {shape}; its axis "
+                        f"{dim} ({shape[dim]}) does not split over {why}mesh axis {'/'.join(axes)!r} ({size} "
+                        f"devices). Sizes that would: multiples of {need}, e.g. {lo} or {lo + need}. {fix}, or "
+                        f"place it elsewhere with `to=`."
                     )
 
     def place(self, leaves: list[Any], parts: list[Part]) -> list[Any]:
@@ -189,6 +189,11 @@ class BatchTarget:
                 lambda xs: list(xs), slice=part.slice, in_specs=(list(specs),), out_specs=list(specs), name="place batch",
             )
         return fn
+
+
+def what(path: str) -> str:
+    """A leaf's name in messages: ``leaf [0]['tokens']``, or the batch itself."""
+    return f"leaf {path}" if path else "the batch"
 
 
 def _is_pipeline(x: Any) -> bool:
@@ -245,10 +250,6 @@ def _describe(to: Any) -> str:
 def placed_nbytes(leaves: list[Any]) -> int:
     """Bytes of a batch's host leaves."""
     return int(sum(np.asarray(x).nbytes if not hasattr(x, "nbytes") else x.nbytes for x in leaves))
-
-
-def is_placed_future(x: Any) -> bool:
-    return isinstance(x, Future)
 
 
 __all__ = ["AUTO", "BatchTarget", "Part", "placed_nbytes"]
