@@ -19,6 +19,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import pw_kernel as pw
 from fresh_python import run_python
+from test_magics import Notebook, ip  # noqa: F401 - ip: the shell fixture
 from test_pipeline import mlp_layer, mlp_params, W
 
 
@@ -337,3 +338,56 @@ def test_reading_inside_a_compiled_function_or_iterating_in_a_trace_is_an_error(
 
     with pytest.raises(pw.PrefetchError, match=re.escape("`for ... in b` inside a traced program")):
         forever()
+
+
+def test_a_50_step_loop_in_a_cell_takes_50_batches_at_run_time_and_tracing_takes_none(ip, ctl):
+    ip.reset()
+    nb = Notebook(ip)
+    nb.run(
+        """
+import numpy as np, jax.numpy as jnp
+import pw_kernel as pw
+s = pw.slice(2, mesh={"data": 2}, name="s")
+f = pw.compiled(lambda w, x: w + x.sum(), slice=s, name="f")
+def source():
+    for i in range(60):
+        yield np.full((2,), i, np.float32)
+batches = pw.prefetch(source(), to=s, name="batches")
+w = jnp.float32(0)
+"""
+    )
+    cell = nb.run(
+        """%%pathways --block --graph
+for i in range(50):
+    w = f(w, next(batches))
+print("taken while tracing:", batches.taken)
+"""
+    )
+    assert "taken while tracing: 0" in cell.stdout
+    assert nb.ns["batches"].taken == 50
+    assert float(nb.ns["w"]) == 2 * sum(range(50))
+    run = pw.controller().runs[-1]
+    assert sum(1 for n in run.graph.nodes if n.kind == "input") == 50
+
+
+# ------------------------------------------------------------------ the timeline
+def test_the_timeline_draws_loads_on_an_input_lane_and_opens_on_the_latest_activity(ctl):
+    from timeline_events import chained_layers, node
+
+    from pw_kernel.widgets.timeline_widget import TimelineWidget
+
+    s = pw.slice(2, mesh={"data": 2}, name="a")
+    list(pw.prefetch(counted(3), to=s, name="feed"))
+    feed = [e for e in ctl.events.nodes if e.program == "feed"]
+    tl = TimelineWidget(events=feed, live=False)
+    lanes = {x["key"]: x for x in tl.lanes}
+    assert lanes["input"]["label"] == "input: load" and lanes["input"]["kind"] == "host"
+    assert lanes[f"xfer:None:{s.island.id}"]["label"] == f"host → island {s.island.id}"
+    assert {x["kind"] for x in tl.lanes} == {"host", "transfer"}  # loading and placing occupy no device lane
+    # an hour of idling between two bursts: the picture opens on the second
+    old = [node(k, "early", k * 1_000_000, (k + 1) * 1_000_000) for k in range(3)]
+    later = chained_layers(4, t0=3_600_000_000_000)
+    tl = TimelineWidget(events=old + later, live=False)
+    assert tl.recent_t0 == later[0].start
+    page = tl.static_html()
+    assert "3 earlier events before an idle gap not drawn" in page and ">early<" not in page
