@@ -391,3 +391,21 @@ def test_the_timeline_draws_loads_on_an_input_lane_and_opens_on_the_latest_activ
     assert tl.recent_t0 == later[0].start
     page = tl.static_html()
     assert "3 earlier events before an idle gap not drawn" in page and ">early<" not in page
+
+
+def test_show_pipeline_gives_each_schedule_a_timeline_of_its_own(ctl):
+    pytest.importorskip("ipywidgets")
+    slices = [pw.slice(2, mesh={"data": 2}, name=f"p{j}") for j in range(2)]
+    pipes = {k: pw.pipeline([mlp_layer] * 2, slices=slices, microbatches=2, schedule=k, name=k) for k in ("gpipe", "1f1b")}
+    x = np.ones((8, W), np.float32)
+    stats = []
+    for p in pipes.values():
+        params = p.place(mlp_params(2))
+        stats.append(p.stats(p.submit_step(params, x, x, mode="chained").wait()))
+    view = pw.show_pipeline(stats)
+    timelines = view.children[0].children
+    assert [t.title.split(":")[0] for t in timelines] == ["gpipe.step", "1f1b.step"]
+    for t, st in zip(timelines, stats):  # each one the events of its own step only
+        assert {r["id"] for r in t.runs} == {st.run.id}
+    html = view._repr_mimebundle_()[0]["text/html"]
+    assert html.count("pw-timeline") >= 2 and "bubble ideal" in html
