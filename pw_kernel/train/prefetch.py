@@ -119,11 +119,11 @@ class _Worker:
         load.start, load.end = t0, t1
         log.emit_node(load)
         for part in parts:
-            if part.slice.remote:  # its identity node's run draws the transfer to the island
+            if part.remote:  # its identity node's run draws the transfer to the island
                 continue
             b = placed_nbytes([leaves[i] for i in part.leaves])
-            ev = NodeEvent(-1, -1, self.name, "input", f"place batch {k}", "transfer", (), part.slice.island.id,
-                           None, t1, b, f"{b / 2**20:.2f} MiB -> {part.slice.name}")
+            ev = NodeEvent(-1, -1, self.name, "input", f"place batch {k}", "transfer", (), part.island,
+                           None, t1, b, f"{b / 2**20:.2f} MiB -> {part.where}")
             ev.start, ev.end = t1, t2
             log.emit_node(ev)
 
@@ -314,7 +314,7 @@ class PrefetchIterator:
                 raise PrefetchError("the `pw.prefetch` iterator this program reads was closed and collected.")
             return it._take_like(avals)
 
-        leaves = input_node(take, avals, slice=parts[0].slice, name=f"input {self.name}")
+        leaves = input_node(take, avals, slice=parts[0].program_slice(), name=f"input {self.name}")
         return jax.tree_util.tree_unflatten(item.treedef, leaves)
 
     def _take_like(self, avals: tuple) -> list:

@@ -29,11 +29,31 @@ AUTO = "auto"  # the default data axis: "data" when the slice has one, else its 
 
 @dataclasses.dataclass(frozen=True)
 class Part:
-    """The leaves of a batch that go to one slice: their positions in the flat batch and their shardings."""
+    """The leaves of a batch that go to one mesh: their positions in the flat batch and their shardings."""
 
-    slice: VirtualSlice
+    slice: VirtualSlice | None  # None: a mesh of the notebook's own that no pw slice covers
     leaves: tuple[int, ...]
     shardings: tuple[NamedSharding, ...]
+
+    @property
+    def remote(self) -> bool:
+        return self.slice is not None and self.slice.remote
+
+    @property
+    def island(self) -> int | None:
+        """The island its devices belong to (where the timeline draws its transfer)."""
+        if self.slice is not None:
+            return self.slice.island.id
+        dev = next(iter(self.shardings[0].device_set))
+        return next((i.id for i in controller().islands if dev in i.devices), None)
+
+    @property
+    def where(self) -> str:
+        return self.slice.name if self.slice is not None else f"mesh {dict(self.shardings[0].mesh.shape)}"
+
+    def program_slice(self) -> VirtualSlice:
+        """The pw slice an input node of these leaves runs on (the notebook's mesh is adopted as one)."""
+        return self.slice if self.slice is not None else make_slice(mesh=self.shardings[0].mesh)
 
 
 class BatchTarget:
@@ -63,10 +83,10 @@ class BatchTarget:
         hit = self._plans.get(key)
         if hit is None:
             shardings = self._shardings(batch, treedef, shapes)
-            by_slice: dict[int, tuple[VirtualSlice, list[int]]] = {}
+            by_slice: dict[Any, tuple[VirtualSlice | None, list[int]]] = {}
             for i, sh in enumerate(shardings):
                 s = self._slice_of(sh)
-                by_slice.setdefault(id(s), (s, []))[1].append(i)
+                by_slice.setdefault(id(s) if s is not None else sh.mesh, (s, []))[1].append(i)
             parts = [Part(s, tuple(ix), tuple(shardings[i] for i in ix)) for s, ix in by_slice.values()]
             hit = self._plans[key] = (parts, shardings)
         return leaves, treedef, *hit
@@ -120,8 +140,8 @@ class BatchTarget:
         pairs = jax.tree_util.tree_leaves(per_leaf, is_leaf=lambda v: isinstance(v, tuple) and len(v) == 2 and isinstance(v[0], VirtualSlice))
         return [_on(s, spec, shape) for (s, spec), shape in zip(pairs, shapes)]
 
-    def _slice_of(self, sh: NamedSharding) -> VirtualSlice:
-        """The pw slice a sharding's devices form (the notebook's own mesh is adopted as one)."""
+    def _slice_of(self, sh: NamedSharding) -> VirtualSlice | None:
+        """The pw slice whose mesh a sharding is on, if any."""
         if isinstance(self.to, VirtualSlice):
             return self.to
         if _is_pipeline(self.to):
@@ -134,7 +154,7 @@ class BatchTarget:
         for s in controller().resources.slices:
             if not s.released and s.mesh == sh.mesh:
                 return s
-        return make_slice(mesh=sh.mesh)
+        return None
 
     # ------------------------------------------------------------------ placing
     def check(self, leaves: list[Any], shardings: list[NamedSharding], treedef: Any, k: int) -> None:
@@ -170,7 +190,7 @@ class BatchTarget:
         out: list[Any] = [None] * len(leaves)
         for part in parts:
             host = [leaves[i] for i in part.leaves]
-            if part.slice.remote:
+            if part.remote:
                 placed = self._remote_put(part)(host)
                 placed = list(placed) if isinstance(placed, (list, tuple)) else [placed]
             else:
