@@ -325,7 +325,7 @@ def test_a_program_that_reads_past_the_end_fails_saying_so(ctl):
         pw.get(loop())
 
 
-def test_reading_inside_a_compiled_function_or_iterating_in_a_trace_is_an_error(ctl):
+def test_reading_inside_a_compiled_function_or_iterating_forever_in_a_trace_is_an_error(ctl, monkeypatch):
     s = pw.slice(2, mesh={"data": 2}, name="a")
     batches = pw.prefetch(counted(10, shape=(2,)), to=s, name="b")
     inner = pw.compiled(lambda w: w + next(batches), slice=s)
@@ -333,10 +333,19 @@ def test_reading_inside_a_compiled_function_or_iterating_in_a_trace_is_an_error(
         pw.program(lambda w: inner(w))(jnp.zeros(2))
 
     @pw.program
+    def bounded():
+        return [x * 1 for _, x in zip(range(3), batches)]
+
+    assert len(pw.get(bounded())) == 3 and batches.taken == 3
+
+    @pw.program
     def forever():
         return [x for x in batches]
 
-    with pytest.raises(pw.PrefetchError, match=re.escape("`for ... in b` inside a traced program")):
+    from pw_kernel.runtime.trace import feeds
+
+    monkeypatch.setattr(feeds, "MAX_READS", 20)  # 10,000 by default: fewer, so the test traces fewer
+    with pytest.raises(pw.TracingError, match=re.escape("a `for batch in batches` loop in a traced program never ends")):
         forever()
 
 

@@ -215,13 +215,7 @@ class PrefetchIterator:
 
     # ------------------------------------------------------------------ taking batches
     def __iter__(self) -> PrefetchIterator:
-        if in_program_trace():
-            raise PrefetchError(
-                f"`for ... in {self.name}` inside a traced program (`%%pathways`, `@pw.program`) would trace "
-                f"forever: the program does not know when the data ends. Take a fixed number of batches: "
-                f"`for _ in range(n): x, y = next({self.name})`."
-            )
-        return self
+        return self  # in a traced program too: `zip(range(n), batches)` bounds it (an unbounded loop is refused)
 
     def __next__(self):
         if in_program_trace():

@@ -29,6 +29,8 @@ from .compiled import current_trace
 # The jit eqn of an input carries this in its name; the trace scope maps the name to its `InputRead`.
 _MARK = "__pwinput"
 _uids = itertools.count()
+#: Reads of feeds one program may make: an unbounded ``for x in batches`` in a traced program stops here.
+MAX_READS = 10_000
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -70,6 +72,12 @@ def input_node(
     for a in avals:
         if a.sharding is None:
             raise TracingError(f"`input_node` ({name!r}): every value needs a sharding; {a} has none.")
+    if len(scope.inputs) >= MAX_READS:
+        raise TracingError(
+            f"`input_node` ({name!r}): this program already reads {MAX_READS} batches while being traced; a "
+            f"`for batch in batches` loop in a traced program never ends (the data's end is only known when it "
+            f"runs). Bound it: `for _, batch in zip(range(n), batches)`, or `for _ in range(n): next(batches)`."
+        )
     jit_name = f"input{_MARK}{next(_uids)}"
 
     def placeholder():  # traced only, never run: the run takes the values from ``take``
