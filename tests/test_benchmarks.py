@@ -211,7 +211,7 @@ def test_the_remote_islands_benchmark_runs_on_a_local_ray_cluster(tmp_path):
     out = bench("remote.py", "--json", str(tmp_path / "result.json"))
     has_table(
         out,
-        rf"^  local\s+each further node\s+{NUM} µs, fixed per run\s+-?{NUM} ms",
+        rf"^  local\s+each further node\s+-?{NUM} µs, fixed per run\s+-?{NUM} ms",
         rf"^  remote / local per node: -?{NUM}x$",
         *(rf"^{re.escape(pair)}\s+{NUM}$" for pair in ("local -> remote", "remote -> remote (actor to actor)")),
     )
