@@ -380,6 +380,27 @@ def checkpoint_table(ck: dict) -> tuple[list[str], list[dict]]:
     return out, ck["targets"]
 
 
+def input_table(inp: dict) -> tuple[list[str], list[dict]]:
+    out = [
+        "#### Input pipelines: pw.prefetch against batches placed beforehand (input.py)",
+        "",
+        "Each batch takes half a step to load (storage: a sleep; CPU: Python tokenizing, holding the GIL). "
+        "async: the loop submits every step without waiting; logged: it reads each step's loss. "
+        "inline: the loop loads each batch itself.",
+        "",
+        "| step | load | loop | placed (steps/s) | prefetch / placed | inline / placed |",
+        "|---|---|---|---|---|---|",
+    ]
+    for label, rows in (("data-parallel", inp["data_parallel"]), ("pipelined", inp["pipelined"])):
+        for r in rows:
+            for style in ("async", "logged"):
+                sps = r["steps_per_s"][f"placed/{style}"]
+                out.append(f"| {label} | {r['load']} ({r['load_ms']:.0f} ms) | {style} | {sps:.1f} | "
+                           f"{r[style]['prefetch']:.2f}x | {r[style]['inline']:.2f}x |")
+    out.append("")
+    return out, inp["targets"]
+
+
 def targets_table(targets: list[dict]) -> list[str]:
     out = ["#### Targets", "", "| target | measured | limit | |", "|---|---|---|---|"]
     for t in targets:
@@ -396,7 +417,7 @@ def targets_table(targets: list[dict]) -> list[str]:
 def render(platform: str, results: Path, status: dict | None) -> str:
     loaded = {n: _load(results, n, platform) for n in
               ("dispatch", "interactive", "parity", "utilization", "profile_overhead", "multitenancy", "pipeline",
-               "timeline_redraw", "remote", "checkpoint")}
+               "timeline_redraw", "remote", "checkpoint", "input")}
     first = next((v for v in loaded.values() if v and isinstance(v.get("machine"), dict)), None)
     lines = header(platform, status, first)
     lines.append("")
@@ -408,7 +429,7 @@ def render(platform: str, results: Path, status: dict | None) -> str:
         ("parity", parity_table, body), ("utilization", utilization_table, body),
         ("profile_overhead", lambda r: (profile_tables(r), []), tail), ("multitenancy", multitenancy_table, tail),
         ("pipeline", pipeline_table, tail), ("timeline_redraw", timeline_table, tail),
-        ("remote", remote_table, tail), ("checkpoint", checkpoint_table, tail),
+        ("remote", remote_table, tail), ("checkpoint", checkpoint_table, tail), ("input", input_table, tail),
     )
     for name, fn, where in renderers:
         if not loaded[name]:

@@ -128,6 +128,14 @@ QUICK = {
          rf"^restore\s+{NUM} MB: pw\s+{NUM} MB/s, orbax\s+{NUM} MB/s, pw/orbax {NUM}x$",
          rf"^loop\s+10 steps, a save every 5: {NUM}x the steps/s of the loop without saves$"],
     ),
+    "input": (
+        "input.py",
+        [],
+        (),
+        [rf"^data-parallel step on 8 devices: {NUM} ms; each batch loads in {NUM} ms$",
+         rf"^dp\s+sleep async : placed\s+{NUM} steps/s; prefetch {NUM}x, inline {NUM}x of placed$",
+         rf"^pipeline\s+cpu\s+logged: placed\s+{NUM} steps/s; prefetch {NUM}x, inline {NUM}x of placed$"],
+    ),
 }
 
 
@@ -203,7 +211,7 @@ def test_the_remote_islands_benchmark_runs_on_a_local_ray_cluster(tmp_path):
     out = bench("remote.py", "--json", str(tmp_path / "result.json"))
     has_table(
         out,
-        rf"^  local\s+each further node\s+{NUM} µs, fixed per run\s+-?{NUM} ms",
+        rf"^  local\s+each further node\s+-?{NUM} µs, fixed per run\s+-?{NUM} ms",
         rf"^  remote / local per node: -?{NUM}x$",
         *(rf"^{re.escape(pair)}\s+{NUM}$" for pair in ("local -> remote", "remote -> remote (actor to actor)")),
     )

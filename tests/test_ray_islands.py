@@ -205,3 +205,20 @@ def test_a_transfer_to_a_remote_island_does_not_hold_up_local_dispatch(remote):
     # Dispatching the transfer waited for nothing: the quick call behind it was dispatched during
     # `slow` (the transfer's wait for `slow`'s value and its serialising are the island mailbox's).
     assert quick_ev.dispatch < slow_ev.end, (quick_ev, slow_ev)
+
+
+def test_prefetch_sends_batches_from_the_host_to_the_islands_actor(remote):
+    i0, i1 = remote
+    s = pw.slice(4, mesh={"data": 4}, island=i0.id)
+    total = pw.compiled(lambda x: x.sum(), slice=s)
+    source = (np.full((8, 2), k, np.float32) for k in range(4))
+    local_before = len(jax.live_arrays())
+    got = []
+    for x in pw.prefetch(source, to=s, name="remote-feed"):
+        assert isinstance(x, pw.Future) and x.slice is s and x.sharding.spec == jax.sharding.PartitionSpec("data")
+        got.append(float(total(x).result()))
+    assert got == [16.0 * k for k in range(4)]
+    assert len(jax.live_arrays()) <= local_before  # nothing was placed on local devices on the way
+    runs = [r for r in pw.controller().runs if r.name == "place batch"]
+    moved = [e for r in runs for e in r.events if e.kind == "transfer"]
+    assert len(runs) == 4 and all(e.src_island is None and e.island == s.island.id for e in moved)

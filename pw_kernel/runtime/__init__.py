@@ -49,9 +49,10 @@ from .exec.controller import Controller, Status, controller, init, shutdown
 from .exec.events import EventLog, NodeEvent, RunEvent, TraceRow, busy_time, chrome_trace
 from .futures import Future, get
 from .program import Program
-from .remote.client import RemoteArray, colocated
+from .remote.client import RemoteArray
 from .run import Run
 from .trace.compiled import CompiledFunction
+from .trace.feeds import input_node
 from .trace.graph import Edge, Node, ProgramGraph, Value, describe_sharding, nbytes_of
 from .trace.tracing import context_mesh_hint
 
@@ -115,9 +116,9 @@ __all__ = [
     "backends_started",
     "busy_time",
     "chrome_trace",
-    "colocated",
     "context_mesh_hint",
     "describe_sharding",
+    "input_node",
     "nbytes_of",
     "short_error",
     "transition_edges",

@@ -34,6 +34,17 @@ class Program:
         step.trace(v)                        # the ProgramGraph
     """
 
+    @staticmethod
+    def tracing() -> bool:
+        """Whether a program is being traced on this thread (what reads data there makes input nodes).
+
+        Example::
+
+            if pw.Program.tracing():
+                ...   # inside a @pw.program's trace
+        """
+        return in_program_trace()
+
     def __init__(
         self,
         fn: Callable,

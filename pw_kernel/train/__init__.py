@@ -15,7 +15,10 @@ order, accumulation, shared-gradient sums, clipping, optimizer update),
 finished step), `checkpoint` (`CheckpointManager`: asynchronous saves from
 futures, orbax underneath), `restore` (reading back onto any slice layout),
 `elastic` (`elastic_retry`: training again on what is left after a lost
-island) and `errors`.
+island), `prefetch` (`pw.prefetch`: batches loaded on a thread and placed
+ahead of the step, checkpointable; input nodes inside traced programs),
+`targets` (where a batch goes: a slice's data axis, a sharding, a pipeline's
+stages) and `errors`.
 
 Example::
 
@@ -31,9 +34,10 @@ from collections.abc import Callable, Sequence
 from ..runtime import VirtualSlice, controller
 from .checkpoint import CheckpointManager
 from .elastic import elastic_retry
-from .errors import CheckpointError, PipelineError
+from .errors import CheckpointError, PipelineError, PrefetchError
 from .pipeline import Pipeline
 from .pipeline import pipeline as _pipeline
+from .prefetch import PrefetchIterator, prefetch
 from .schedules import SCHEDULES, Replay, Schedule, replay, schedule_ops, theory_bubble
 from .state import PipelineState
 from .stats import PipelineStats, SliceStats
@@ -52,11 +56,14 @@ __all__ = [
     "PipelineError",
     "PipelineState",
     "PipelineStats",
+    "PrefetchError",
+    "PrefetchIterator",
     "Replay",
     "Schedule",
     "SliceStats",
     "elastic_retry",
     "pipeline",
+    "prefetch",
     "replay",
     "schedule_ops",
     "theory_bubble",

@@ -13,4 +13,8 @@ class CheckpointError(PathwaysError, RuntimeError):
     """A checkpoint that cannot be written or read as asked (no such step, shapes that differ, a failed save)."""
 
 
-__all__ = ["CheckpointError", "PipelineError"]
+class PrefetchError(PathwaysError, RuntimeError):
+    """A `pw.prefetch` batch that could not be read or placed (the source raised, a shape that does not split)."""
+
+
+__all__ = ["CheckpointError", "PipelineError", "PrefetchError"]

@@ -14,7 +14,7 @@ Plain orbax opens these items like any other:
 ``mngr.restore(step, args=ocp.args.Composite(island_0=ocp.args.StandardRestore()))``.
 
 The functions named ``*_on_island`` run inside the actor's process (shipped by
-`pw.runtime.colocated`, pickled by reference): they import orbax there.
+`RemoteIsland.colocated`, pickled by reference): they import orbax there.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from ..runtime import RemoteArray, colocated
+from ..runtime import RemoteArray
 from .tree import path_key
 
 ITEM_PREFIX = "island_"
@@ -128,7 +128,8 @@ def handler_types():
             """Saves an island's item by asking the island's actor to write it into the step's directory."""
 
             def save(self, directory, args: IslandSave) -> None:  # orbax's temporary item directory
-                colocated(args.arrays[0], write_on_island, args.arrays, args=(args.names, str(directory)))
+                island = args.arrays[0].island
+                island.colocated(write_on_island, args.arrays, args=(args.names, str(directory)))
 
             def restore(self, directory, args: Any = None) -> Any:
                 return ocp.StandardCheckpointHandler().restore(directory)
@@ -157,7 +158,8 @@ _TYPES = None
 def read_onto_island(slice_: Any, directory: str, wanted: list[tuple[str, jax.ShapeDtypeStruct]]) -> list[RemoteArray]:
     """Have ``slice_``'s island read ``wanted`` ((key, abstract with a sharding of ``slice_``) each) from an item."""
     specs = [(key, jax.numpy.dtype(a.dtype).name) for key, a in wanted]
-    out = colocated(slice_, read_on_island, (), [a for _, a in wanted], args=(directory, specs))
+    island = slice_.island.remote
+    out = island.colocated(read_on_island, (), [a for _, a in wanted], args=(directory, specs), slice_=slice_)
     if out:
         out[0].block_until_ready()  # a restore is not on the hot path: say now if the island could not read
     return out

@@ -308,6 +308,29 @@ class Pipeline:
         self.check_params(st)
         return self._forward(st, x, dict(fields))
 
+    def batch_placement(self) -> dict[str, Any]:
+        """Where a step reads each part of its batch, as (slice, PartitionSpec): what `pw.prefetch` places.
+
+        ``x`` goes to the first stage's slice, ``y`` and ``weights`` to the last's, each field to
+        the first slice whose stages read it; the spec splits the batch axis over the slice's
+        data axis where the stage runs data-parallel.
+
+        Example::
+
+            pipe.batch_placement()["x"]   # (VirtualSlice('slice0', ...), PartitionSpec('data',))
+        """
+        first, last = self.stages[0], self.stages[-1]
+        fields: dict[str, tuple[VirtualSlice, P]] = {}
+        for st in self.stages:
+            for n in st.fields:
+                fields.setdefault(n, (st.slice, st.act_spec))
+        return {
+            "x": (first.slice, first.act_spec),
+            "y": (last.slice, last.act_spec),
+            "weights": (last.slice, last.act_spec),
+            "fields": fields,
+        }
+
     def trace(self, state, x, y, *, weights=None, **fields):
         """The ProgramGraph of one training step."""
         st, _ = self._state(state, "trace")

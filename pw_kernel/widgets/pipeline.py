@@ -56,9 +56,11 @@ def stats_html(stats: Sequence[Any]) -> str:
 
 
 def show_pipeline(stats: Any, title: str | None = None, **timeline_kwargs: Any) -> Any:
-    """A timeline of the stats' runs with their per-slice table beside it (an ipywidgets Box).
+    """A timeline per step (each schedule fills the width on its own lanes) with the per-slice table beside them.
 
-    Its mimebundle also carries a static picture of both, for viewers without widgets.
+    Steps that ran one after another would share one time axis, each a third of it with bars a few
+    pixels wide; here each step's timeline spans the width (compare their spans in the table and in
+    each title). Its mimebundle also carries a static picture, for viewers without widgets.
 
     Example::
 
@@ -71,19 +73,26 @@ def show_pipeline(stats: Any, title: str | None = None, **timeline_kwargs: Any) 
     class PipelineView(ipywidgets.Box):
         def _repr_mimebundle_(self, **kwargs: Any):
             out = super()._repr_mimebundle_(**kwargs)
-            static = self.children[0].static_html() + self.children[1].value
+            timelines, table = self.children[0].children, self.children[1]
+            static = "".join(t.static_html() for t in timelines) + table.value
             if out is None:
                 return {"text/plain": repr(self), "text/html": static}
             data, metadata = out if isinstance(out, tuple) else (out, {})
             return {**data, "text/html": static}, metadata
 
     stats = list(stats) if isinstance(stats, (list, tuple)) else [stats]
-    runs = [s.run for s in stats if s.run is not None]
-    title = title or " · ".join(f"{s.run.name if s.run is not None else s.pipeline}" for s in stats)
-    tl = TimelineWidget(runs, live=False, title=title, **timeline_kwargs)
+    timelines = []
+    for st in stats:
+        name = st.run.name if st.run is not None else st.pipeline
+        label = f"{title} · {name}" if title else f"{name}: {st.schedule}, span {_html.fmt_ns(st.span_ns)}"
+        if st.run is not None:
+            timelines.append(TimelineWidget([st.run], live=False, title=label, **timeline_kwargs))
+        else:
+            timelines.append(TimelineWidget(live=False, events=[], title=label, **timeline_kwargs))
     table = ipywidgets.HTML(stats_html(stats))
+    column = ipywidgets.VBox(timelines, layout=ipywidgets.Layout(flex="1 1 640px", min_width="480px"))
     return PipelineView(
-        [tl, table],
+        [column, table],
         layout=ipywidgets.Layout(display="flex", flex_flow="row wrap", align_items="flex-start", gap="12px"),
     )
 

@@ -5,7 +5,8 @@ bytes) as float64, ``ids`` (run, string ids, kind) as uint32, one (event,
 lane) pair per bar, plus the strings not sent before. `TimelineWidget` ships
 chunks to its front-end as binary buffers; `timeline_html` draws the static
 picture from the same arrays. Lanes are one per device, one per transfer
-path (``island a → island b``) and one for the host's compiles.
+path (``island a → island b``), one for the host's compiles and checkpoints,
+and one for input (`pw.prefetch` loading batches, programs taking them).
 """
 
 from __future__ import annotations
@@ -18,9 +19,12 @@ import numpy as np
 
 from ..runtime import busy_time
 
-KINDS: tuple[str, ...] = ("compute", "glue", "transfer", "compile", "checkpoint")
+KINDS: tuple[str, ...] = ("compute", "glue", "transfer", "compile", "checkpoint", "input")
+_INPUT = KINDS.index("input")
 _KIND = {k: i for i, k in enumerate(KINDS)}
 NONE = 0xFFFFFFFF  # "no string" (an event without an error)
+#: An idle stretch this long (ns) ends a burst of activity: a view opens on the latest burst, not the whole session.
+IDLE_GAP_NS = 2_000_000_000
 MEASURE_FIELDS = ("start", "end", "nbytes")  # the columns of `Chunk.measures` (float64)
 ID_FIELDS = ("run", "node", "program", "tenant", "shapes", "error", "kind")  # the columns of `Chunk.ids` (uint32)
 
@@ -61,6 +65,8 @@ class EventEncoder:
         self.chunks: list[Chunk] = []
         self.n_events = 0
         self.n_bars = 0
+        self.recent_t0 = 0.0  # where the latest burst of activity starts (after the last idle gap)
+        self._reach = -float("inf")  # the latest end seen
         for dev_id, label, island in devices:
             self.device_lane(dev_id, label, island)
 
@@ -103,6 +109,17 @@ class EventEncoder:
             )
         return lane
 
+    def input_lane(self) -> int:
+        """The host lane of input: `pw.prefetch` loading each batch, and programs' input nodes taking one."""
+        lane = self._lane_of.get("input")
+        if lane is None:
+            lane = len(self.lanes)
+            self._lane_of["input"] = lane
+            self.lanes.append(
+                {"key": "input", "label": "input: load", "kind": "host", "device": None, "island": None, "cross": False}
+            )
+        return lane
+
     def transfer_lane(self, src: int | None, dst: int | None) -> int:
         key, label, cross = transfer_key(src, dst)
         lane = self._lane_of.get(key)
@@ -139,11 +156,18 @@ class EventEncoder:
         lane_of = self._lane_of
         for ev in events:
             measures += (ev.start, ev.end, ev.nbytes or 0)
+            if ev.start > self._reach + IDLE_GAP_NS:
+                self.recent_t0 = float(ev.start)
+            self._reach = max(self._reach, ev.end)
             kind = _KIND.get(ev.kind, 0)
             # host work of no run (a checkpoint) has run id -1: no run, as a string may be no string
             ids += (ev.run_id if ev.run_id >= 0 else NONE, sid(ev.node), sid(ev.program), sid(ev.tenant), sid(ev.shapes), sid(ev.error), kind)
             if kind == 2:
                 bars += (k, self.transfer_lane(ev.src_island, ev.island))
+            elif kind == _INPUT:  # on the input lane only: taking a placed batch occupies no device
+                bars += (k, self.input_lane())
+                k += 1
+                continue
             elif kind >= 3:  # compile, checkpoint
                 bars += (k, self.host_lane())
             for d in ev.devices:
@@ -222,6 +246,7 @@ def busy_union(measures: np.ndarray, bars: np.ndarray, lane: int, t0: float = -n
 
 
 __all__ = [
+    "IDLE_GAP_NS",
     "ID_FIELDS",
     "KINDS",
     "MEASURE_FIELDS",

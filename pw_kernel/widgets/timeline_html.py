@@ -263,7 +263,7 @@ def _legend_html(entries: Sequence[tuple[str, str]], more: int, host: bool, merg
     if more:
         items.append(f'<span style="color:#666;margin-right:10px">+{more} more</span>')
     if host:  # compiles are drawn on the host lane
-        items.append(item(f"background:{HATCH_CSS};border:1px solid #666", "host: compile, checkpoint"))
+        items.append(item(f"background:{HATCH_CSS};border:1px solid #666", "host: compile, checkpoint, input load"))
     items.append(item("background:#e9e9e9;border:1.5px solid #555", "transfer"))
     items.append(item(f"background:#e9e9e9;border:1.5px solid {_html.CROSS_ISLAND}", "cross-island transfer"))
     if False in merged:

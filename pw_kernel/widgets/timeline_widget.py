@@ -77,6 +77,7 @@ class TimelineWidget(PwWidget):
     live = t.Bool(False).tag(sync=True)
     n_events = t.Int(0).tag(sync=True)
     n_chunks = t.Int(0).tag(sync=True)
+    recent_t0 = t.Float(0.0).tag(sync=True)  # the view opens here: the latest burst of activity, not idle hours
     uid = t.Unicode("").tag(sync=True)
     _base = t.Dict().tag(sync=True)
 
@@ -243,6 +244,7 @@ class TimelineWidget(PwWidget):
             self._runs_dirty = False
         self.n_chunks = len(self._enc.chunks)
         self.n_events = self._enc.n_events
+        self.recent_t0 = self._enc.recent_t0
 
     def _pack_dict(self) -> dict[str, Any]:
         meta, (measures, ids, bars) = self._enc.pack(0)
@@ -400,8 +402,17 @@ class TimelineWidget(PwWidget):
 
     def static_html(self) -> str:
         measures, ids, bars, strings = self._enc.arrays()
+        title = self.title
+        earlier = measures[:, 1] < self._enc.recent_t0
+        if earlier.any():  # the latest burst of activity, as the live view opens on it
+            keep = ~earlier
+            index = np.cumsum(keep) - 1
+            bars = bars[keep[bars[:, 0]]]
+            bars = np.stack([index[bars[:, 0]], bars[:, 1]], axis=1).astype(np.uint32)
+            measures, ids = measures[keep], ids[keep]
+            title += f" (latest activity; {int(earlier.sum())} earlier events before an idle gap not drawn)"
         return timeline_html(
-            self.title,
+            title,
             self._enc.lanes,
             self._runs,
             list(self.palette),

@@ -232,6 +232,8 @@ def fusable(graph: ProgramGraph) -> str | None:
     if not work:
         return "it has no compute or glue nodes"
     slices = {id(n.slice): n.slice.name for n in work}
+    if any(n.kind == "input" for n in work):
+        return "it takes batches from a data feed as it runs (input nodes)"
     if len(slices) > 1:
         return f"its nodes run on {len(slices)} slices ({', '.join(sorted(slices.values()))}); fusion needs one"
     entry = {v for v in (*graph.inputs, *graph.consts)}

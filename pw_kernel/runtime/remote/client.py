@@ -221,6 +221,51 @@ class RemoteIsland:
         finally:
             ticket.sent.set()
 
+    def colocated(
+        self, fn: Callable, inputs: Sequence[Any] = (), outputs: Sequence[Any] = (), args: tuple = (), slice_=None
+    ) -> list:
+        """Run ``fn(arrays, out_shardings, *args)`` in this island's process, beside its buffers.
+
+        Pathways' colocated host code: ``inputs`` (RemoteArrays) are read there and ``fn``
+        returns the arrays that ``outputs`` (ShapeDtypeStructs with shardings of ``slice_``,
+        one of this island's slices) describe, placed as ``out_shardings`` (those shardings
+        on the island's own devices) say; no array bytes pass through this process, only
+        ``fn`` (pickled by reference) and ``args``. With outputs, returns their RemoteArrays at once (ordered
+        after everything sent to the island before); without, waits for ``fn`` and raises
+        what it raised.
+
+        Example::
+
+            def write(arrays, out_shardings, path):
+                np.save(path, np.asarray(arrays[0]))
+                return []
+
+            remote_array.island.colocated(write, [remote_array], args=("/shared/x.npy",))
+        """
+        import ray
+
+        isl = self
+        isl.check("colocated")
+        if isl.bursts:  # empty off the dispatching thread: what made the inputs was handed over
+            isl.bursts.flush()
+        in_ids = [a.handle for a in inputs]
+        out_ids = [isl.new_handle() for _ in outputs]
+        layouts = [(_layout(o.sharding), spec_tuple(o.sharding)) for o in outputs]
+        ticket = _Ticket(isl)
+        isl.post([("call", lambda: isl.actor.colocated.remote(fn, in_ids, out_ids, layouts, tuple(args)), ticket)])
+        if outputs:
+            return [
+                RemoteArray(isl, h, o.shape, o.dtype, o.sharding, ticket, k, slice_)
+                for k, (h, o) in enumerate(zip(out_ids, outputs))
+            ]
+        try:
+            _, failure = ray.get(ticket.wait_ref())
+        except ray.exceptions.RayActorError as e:
+            raise isl.lost(e) from None
+        if failure is not None:
+            raise RuntimeError(f"on remote island {isl.island.id if isl.island else '?'}: {failure[1]}")
+        return []
+
     def __repr__(self) -> str:
         state = "" if self.alive else ", lost"
         return f"RemoteIsland({self._where()}, {len(self.info['devices'])} {self.info['platform']} devices{state})"
@@ -325,53 +370,6 @@ class RemoteArray:
 
     def __repr__(self) -> str:
         return f"RemoteArray({self.dtype.name}{list(self.shape)}, handle={self.handle}, {self.island!r})"
-
-
-def colocated(where, fn: Callable, inputs: Sequence[RemoteArray] = (), outputs: Sequence[Any] = (), args: tuple = ()):
-    """Run ``fn(arrays, out_shardings, *args)`` in the process of the remote island ``where`` lives on.
-
-    Pathways' colocated host code: ``inputs`` (RemoteArrays) are read there and ``fn``
-    returns the arrays that ``outputs`` (ShapeDtypeStructs with shardings of ``where``'s
-    slice) describe, placed as ``out_shardings`` (those shardings on the island's own
-    devices) say; no array bytes pass through this process, only ``fn`` (pickled by
-    reference) and ``args``. With outputs, returns their RemoteArrays at once (ordered
-    after everything sent to the island before); without, waits for ``fn`` and raises
-    what it raised.
-
-    Example::
-
-        def write(arrays, out_shardings, path):
-            np.save(path, np.asarray(arrays[0]))
-            return []
-
-        colocated(remote_array, write, [remote_array], args=("/shared/x.npy",))
-    """
-    import ray
-
-    slice_ = where if not isinstance(where, RemoteArray) else where.slice
-    isl = where.island if isinstance(where, RemoteArray) else where.island.remote
-    if isl is None:
-        raise PathwaysError(f"`colocated`: {where!r} is not on a remote island; run local host code directly.")
-    isl.check("colocated")
-    if isl.bursts:  # empty off the dispatching thread: what made the inputs was handed over
-        isl.bursts.flush()
-    in_ids = [a.handle for a in inputs]
-    out_ids = [isl.new_handle() for _ in outputs]
-    layouts = [(_layout(o.sharding), spec_tuple(o.sharding)) for o in outputs]
-    ticket = _Ticket(isl)
-    isl.post([("call", lambda: isl.actor.colocated.remote(fn, in_ids, out_ids, layouts, tuple(args)), ticket)])
-    if outputs:
-        return [
-            RemoteArray(isl, h, o.shape, o.dtype, o.sharding, ticket, k, slice_)
-            for k, (h, o) in enumerate(zip(out_ids, outputs))
-        ]
-    try:
-        _, failure = ray.get(ticket.wait_ref())
-    except ray.exceptions.RayActorError as e:
-        raise isl.lost(e) from None
-    if failure is not None:
-        raise RuntimeError(f"on remote island {isl.island.id if isl.island else '?'}: {failure[1]}")
-    return []
 
 
 def _avals(values) -> list[jax.ShapeDtypeStruct]:

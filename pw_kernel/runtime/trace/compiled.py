@@ -68,6 +68,7 @@ class TraceScope:
 
     def __init__(self):
         self.seen: dict[str, CompiledFunction] = {}
+        self.inputs: dict[str, Any] = {}  # jit name -> feeds.InputRead: reads of data iterators (input nodes)
 
     def record(self, cf: CompiledFunction) -> None:
         self.seen[cf.jit_name] = cf

@@ -24,7 +24,7 @@ from ..devices import Island, VirtualSlice
 from .names import program_output_names
 
 Shape = tuple[int, ...]
-NodeKind = Literal["compute", "glue", "transfer"]
+NodeKind = Literal["compute", "glue", "transfer", "input"]  # input: a batch taken from a feed at run time
 ValueOrigin = Literal["input", "const", "node"]
 
 

@@ -25,6 +25,7 @@ from ..errors import PathwaysError, SpecError, TracingError
 from ..futures import Future
 from ..remote.client import RemoteArray
 from .compiled import CompiledFunction, TraceScope, lookup, trace_scope
+from .feeds import InputRead, input_read
 from .executables import calls_host, executable_with_chosen_outputs, glue_key, literal_key, node_executable
 from .graph import Node, ProgramGraph, Value, as_dtype
 from .jax_errors import UNTRACEABLE, JaxErrorKind, classify
@@ -418,14 +419,27 @@ class _Tracer:
     def walk(self, jaxpr: Any) -> None:
         """Each `pw.compiled` call becomes a compute node; the equations between them, glue nodes."""
         self.last_use = _last_uses(jaxpr)
+        taken = 0
         for k, eqn in enumerate(jaxpr.eqns):
-            cf = lookup(str(eqn.params.get("name", ""))) if "jit" in eqn.primitive.name else None
-            if cf is None:
+            is_jit = "jit" in eqn.primitive.name
+            cf = lookup(str(eqn.params.get("name", ""))) if is_jit else None
+            read = input_read(str(eqn.params.get("name", ""))) if is_jit and cf is None else None
+            if read is not None:
+                self.flush_glue()
+                self.add_input(eqn, read)
+                taken += 1
+            elif cf is None:
                 self.collect_glue(k, eqn)
             else:
                 self.flush_glue()
                 self.add_compute(eqn, cf)
         self.flush_glue()
+        if taken != len(self.scope.inputs):  # a read inside a compiled function or a jax loop would run its placeholder
+            raise TracingError(
+                f"{self.api} reads a data iterator (`next(...)` of a `pw.prefetch`) inside a `pw.compiled` "
+                f"function, a `jax.jit` or a jax loop, where a batch cannot be taken as the run goes. Read it in "
+                f"the program's own body (a Python `for` loop) and pass the batch to the compiled function."
+            )
 
     def collect_glue(self, k: int, eqn: Any) -> None:
         """Add ``eqn`` to the glue group being collected; a group on another slice is made a node first."""
@@ -478,6 +492,28 @@ class _Tracer:
         label = ",".join(prims[:3]) + (",…" if len(prims) > 3 else "")
         self.add_node("glue", f"glue[{label}]", s, eqns, in_ids, outvars, out_sh, fn, primitives=prims)
         self.glue.clear()
+
+    def add_input(self, eqn: Any, read: InputRead) -> None:
+        """A read of a data feed as an input node: at run time it takes the next batch, placed as traced."""
+        s = read.slice
+        s.check_live(f"pw.program {self.name!r}")
+        if s.remote:
+            raise TracingError(
+                f"{self.api} reads {read.name!r} inside the program, but its batches go to slice {s.name!r} on a "
+                f"remote island, where a program cannot take them as it runs yet. Iterate it outside the program "
+                f"(`for x, y in batches: pipe.step(state, x, y)`), which places them there directly."
+            )
+        b = self.b
+        node_id = len(b.nodes)
+        out_ids = [b.new_value(a.shape, a.dtype, a.sharding, "node", node_id, b.slice_of(a.sharding) or s) for a in read.avals]
+        take = read.take
+        b.add_node(
+            name=b.unique(read.name), kind="input", slice=s, inputs=(), outputs=tuple(out_ids),
+            fn=lambda: list(take()), source=_eqn_source(eqn), stack=_eqn_stack(eqn),
+            host_callbacks=True,  # it may wait for the feed: never on a submitting thread, one at a time
+        )
+        for v, vid in zip(eqn.outvars, out_ids):
+            b.var_value[v] = vid
 
     def add_compute(self, eqn: Any, cf: CompiledFunction) -> None:
         """A `pw.compiled` call as a compute node on its slice, its arguments moved there."""

@@ -14,7 +14,7 @@ function render({ model, el }) {
   const live = h("span", "pw-tl-live", "live");
   const controls = h("span", "pw-tl-controls");
   const fit = h("button", "", "fit");
-  fit.title = "Fit all events and follow new ones (or double-click the plot)";
+  fit.title = "Fit the latest activity and follow new events (or double-click the plot); wheel out for earlier ones";
   const colourBy = h("select");
   for (const v of ["run", "program", "tenant"]) {
     const o = h("option", "", `colour by ${v}`);
@@ -168,7 +168,7 @@ function render({ model, el }) {
       item.append(h("span", `pw-swatch ${cls}`), h("span", "", text));
       legend.appendChild(item);
     };
-    if (kinds.host) extra("compile", "pw-compile", "host: compile, checkpoint", "compiling an executable before a program's first call, or writing a checkpoint");
+    if (kinds.host) extra("compile", "pw-compile", "host: compile, checkpoint, input load", "compiling an executable before a program's first call, writing a checkpoint, or loading a batch (pw.prefetch)");
     extra("transfer", "pw-xfer", "transfer", "one transfer: a light box (drawn low on a device lane)");
     extra("cross", "pw-xfer-cross", "cross-island transfer", "a transfer between islands (the paper's DCN hop)");
     if (kinds.transfer)
@@ -195,8 +195,10 @@ function render({ model, el }) {
   // ---- the view window
   function fitWindow() {
     if (!(store.tmax > store.tmin)) return { v0: 0, v1: 1e6 };
-    const span = store.tmax - store.tmin;
-    return { v0: store.tmin - span * 0.01, v1: store.tmax + span * 0.02 };
+    // the latest burst of activity (after the last idle gap), not the whole idle session; wheel out for more
+    const t0 = Math.min(Math.max(store.tmin, model.get("recent_t0") || 0), store.tmax - 1);
+    const span = store.tmax - t0;
+    return { v0: t0 - span * 0.01, v1: store.tmax + span * 0.02 };
   }
   function windowNow() {
     if (store.view.follow || !(store.view.v1 > store.view.v0)) {
