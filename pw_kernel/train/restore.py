@@ -5,8 +5,9 @@ names (each device reads its own shards), so restoring onto other slices,
 another mesh shape or other ``param_specs`` is a matter of the target. A
 pipeline's target comes from the pipeline itself (`abstract_state`): its
 stages' slices and specs, the optimizer state's structure from
-`jax.eval_shape` of the optimizer's init, each of its leaves sharded like the
-parameter it mirrors. Nothing is placed to find that out.
+`jax.eval_shape` of the optimizer's init over the whole model, each of its
+leaves where the parameter it mirrors lives (`optimizer.py`). Nothing is placed
+to find that out.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ..runtime import Future
 from .tree import canonical, decode_iterator_state, is_iterator_with_state, is_leaf
@@ -125,50 +125,13 @@ def _copies_like(value: dict, like: PipelineState) -> PipelineState:
 
 
 # ------------------------------------------------------------------ pipelines
-def opt_shardings(abstract_opt: Any, stage_tree: Any, replicated: NamedSharding) -> Any:
-    """Each optimizer-state leaf sharded like the parameter it mirrors (the longest path suffix of the same shape).
-
-    Optax's states mirror the params (``mu``, ``nu``, MultiSteps' accumulators): a leaf
-    at ``(..., 'mu', 0, 'w')`` goes where ``(0, 'w')`` lives. Counters and other
-    leaves that mirror no parameter are replicated on the stage's slice.
-    """
-    params = [(tuple(p), v) for p, v in jax.tree_util.tree_flatten_with_path(stage_tree)[0]]
-
-    def place(path, leaf):
-        best, best_len = replicated, -1
-        for ppath, pv in params:
-            n = len(ppath)
-            if n > best_len and tuple(path[-n:]) == ppath and tuple(leaf.shape) == tuple(pv.shape):
-                best, best_len = pv.sharding, n
-        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=best)
-
-    return jax.tree_util.tree_map_with_path(place, abstract_opt)
-
-
 def abstract_pipeline_state(pipe: Any, placement: Any, params: Any, shared: Any = None) -> PipelineState:
     """``pipe``'s state for params of these shapes, as ShapeDtypeStructs on its slices: nothing is placed."""
     placement.check_len(params)
-
-    def on(st, tree, spec):
-        def one(a, sp=None):
-            return jax.ShapeDtypeStruct(tuple(a.shape), a.dtype, sharding=st.slice.sharding(sp or P()))
-
-        if spec is None or isinstance(spec, P):
-            return jax.tree_util.tree_map(lambda a: one(a, spec), tree)
-        return jax.tree_util.tree_map(one, tree, spec, is_leaf=lambda v: v is None or isinstance(v, P))
-
-    stages = pipe.stages
-    p_abs = [on(st, p, st.param_spec) for st, p in zip(stages, params)]
-    shared = dict(shared or {})
-    copies = {n: tuple(on(stages[u], shared[n], None) for u in users) for n, users in placement.shared_users.items()}
-    state = PipelineState(p_abs, copies, None)
-    if pipe.optimizer is not None:
-        opt = []
-        for st in stages:
-            tree = (p_abs[st.index], placement.shared_of(state, st))
-            shapes = jax.eval_shape(pipe.optimizer.init, tree)
-            opt.append(opt_shardings(shapes, tree, st.slice.sharding(P())))
-        state.opt_state = opt
+    state = placement.abstract(params, shared)
+    opt = placement.optimizer
+    if opt is not None:  # the whole model's optimizer state, each leaf where its parameter lives
+        state.opt_state = opt.layout(opt.whole(state.params, placement.owned(state))).state
     return state
 
 
@@ -201,10 +164,7 @@ def restore_pipeline(pipe: Any, placement: Any, mngr: Any, step: int | None, key
     check_shapes(node, target, api)
     full = _replace_at(_host(saved), key, target)
     value = _at(mngr.read(step, full), key)
-    state = _copies_like(value, abstract)
-    if pipe.optimizer is not None:
-        placement.opt_specs = [jax.tree_util.tree_map(lambda a: a.sharding.spec, s) for s in state.opt_state]
-    return state
+    return _copies_like(value, abstract)
 
 
 def _path_keys(key: str) -> list[str]:
@@ -235,4 +195,4 @@ def _replaced(tree: Any, keys: list[str], value: Any) -> Any:
     return {**tree, k: _replaced(tree[k], rest, value)}
 
 
-__all__ = ["abstract_pipeline_state", "opt_shardings", "restore_pipeline", "restore_tree"]
+__all__ = ["abstract_pipeline_state", "restore_pipeline", "restore_tree"]

@@ -19,6 +19,7 @@ from jax.sharding import PartitionSpec as P
 
 from ..runtime import CompiledFunction, Program
 from .errors import PipelineError
+from .optimizer import WholeModelOptimizer
 from .stages import Stage, inexact
 
 
@@ -28,9 +29,11 @@ class PipelineState:
     """What a pipeline trains, placed on its slices: per-stage params, shared params, optimizer state.
 
     ``params[j]`` lives on stage j's slice; ``shared[name]`` holds one copy per
-    stage that uses ``name`` (in stage order, all equal); ``opt_state[j]`` is the
-    optimizer's state for stage j's ``(params, shared copies)``, sharded like
-    them. After `Pipeline.step` every leaf is a `pw.Future`.
+    stage that uses ``name`` (in stage order, all equal); ``opt_state`` is the
+    optimizer's state for the whole model, ``tx.init(params)`` (``tx.init((params,
+    shared))`` with shared params) as optax makes it, each leaf on the slice of the
+    parameter it mirrors and sharded like it. After `Pipeline.step` every leaf is a
+    `pw.Future`.
 
     Example::
 
@@ -45,22 +48,18 @@ class PipelineState:
 
     def __repr__(self) -> str:
         shared = ", ".join(f"{k}: {len(v)} copies" for k, v in self.shared.items()) or "none"
-        opt = "none" if self.opt_state is None else "per stage"
+        opt = "none" if self.opt_state is None else "whole model"
         return f"PipelineState({len(self.params)} stages; shared: {shared}; optimizer state: {opt})"
 
 
 class Placement:
-    """Where a pipeline's state lives: puts it on the stages' slices and checks it is still there.
-
-    ``opt_specs[j]``, known once `init` has made the optimizer state, is how
-    stage j's optimizer state is sharded (the update node's specs).
-    """
+    """Where a pipeline's state lives: puts it on the stages' slices and checks it is still there."""
 
     def __init__(
         self,
         stages: Sequence[Stage],
         shared_users: Mapping[str, tuple[int, ...]],
-        optimizer: Any,
+        optimizer: WholeModelOptimizer | None,
         *,
         name: str,
         controller: Callable[[], Any],
@@ -69,7 +68,6 @@ class Placement:
         self.shared_users = shared_users
         self.optimizer = optimizer
         self.name = name
-        self.opt_specs: list[Any] | None = None
         self._controller = controller
 
     def shared_of(self, state: PipelineState, st: Stage) -> dict:
@@ -108,23 +106,35 @@ class Placement:
             state.opt_state = self._init_optimizer(state)
         return state
 
-    def _init_optimizer(self, state: PipelineState) -> list:
-        """Each stage's optimizer state, made on its slice; records how it is sharded in ``opt_specs``."""
-        opt_state, specs = [], []
+    def _init_optimizer(self, state: PipelineState) -> Any:
+        """The optimizer's state for the whole model, each leaf placed where its parameter lives."""
         for st in self.stages:
             if st.slice.remote:
                 raise PipelineError(
                     f"`{self.name}`: an optimizer's state is made eagerly on each slice, which stage {st.index}'s "
                     f"remote slice {st.slice.name!r} does not allow yet. Use plain SGD (no optimizer=) there."
                 )
-            s = self.optimizer.init((state.params[st.index], self.shared_of(state, st)))
-            here = set(st.slice.devices)
-            s = jax.tree_util.tree_map(  # counters and other scalars start on the default device: move them
-                lambda a, st=st: a if set(a.sharding.device_set) == here else jax.device_put(a, st.slice.sharding(P())), s)
-            opt_state.append(s)
-            specs.append(jax.tree_util.tree_map(lambda a: a.sharding.spec, s))
-        self.opt_specs = specs
-        return opt_state
+        return self.optimizer.init(self.optimizer.whole(state.params, self.owned(state)))
+
+    def owned(self, state: PipelineState) -> dict:
+        """Each shared param's first copy: the one on its first user's slice, which the optimizer updates."""
+        return {n: copies[0] for n, copies in state.shared.items()}
+
+    def abstract(self, params: Sequence[Any], shared: Mapping[str, Any] | None) -> PipelineState:
+        """Params and shared copies of these shapes as ShapeDtypeStructs on the stages' slices (no optimizer state)."""
+
+        def on(st, tree, spec):
+            def one(a, sp=None):
+                return jax.ShapeDtypeStruct(tuple(a.shape), a.dtype, sharding=st.slice.sharding(sp or P()))
+
+            if spec is None or isinstance(spec, P):
+                return jax.tree_util.tree_map(lambda a: one(a, spec), tree)
+            return jax.tree_util.tree_map(one, tree, spec, is_leaf=lambda v: v is None or isinstance(v, P))
+
+        shared = dict(shared or {})
+        p_abs = [on(st, p, st.param_spec) for st, p in zip(self.stages, params)]
+        copies = {n: tuple(on(self.stages[u], shared[n], None) for u in users) for n, users in self.shared_users.items()}
+        return PipelineState(p_abs, copies, None)
 
     def _put(self, st: Stage, p: Any, spec: Any) -> Any:
         if st.slice.remote:  # another host: an identity node there makes them live on its devices
