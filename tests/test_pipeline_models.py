@@ -131,22 +131,32 @@ def test_language_model_equals_unpipelined_and_trains_like_optax(ctl, schedule, 
     np.testing.assert_allclose(np.asarray(first), np.asarray(ref[1]["embed"]), rtol=1e-3, atol=1e-5)
 
 
-def test_the_step_graph_shows_tied_sums_and_the_global_norm(ctl):
-    pipe, n_blocks = make_pipeline("1f1b", True, optax.adam(1e-3))
+def test_the_step_graph_shows_tied_sums_and_the_global_norm_as_small_cross_slice_nodes(ctl):
+    pipe, n_blocks = make_pipeline("1f1b", True, optax.adam(1e-3))  # clip_norm=1.0: chain(clip, adam)
     stage_params, shared = model_params(n_blocks)
     tokens, targets, weights, positions = batch()
     state = pipe.init(stage_params, shared=shared)
     graph = pipe.trace(state, tokens, targets, weights=weights, positions=positions)
     names = [n.name for n in graph.nodes]
-    assert "tie:embed" in names and "global_norm" in names
-    assert sum(n.startswith("sqnorm") for n in names) == 4 and sum(n.startswith("update") for n in names) == 4
+    assert "tie:embed" in names and "update:cross" in names
+    # per slice: its part of the squared norm, then (once the global norm is known) its update
+    assert all(f"update{k}.0" in names and f"update{k}.1" in names for k in range(4))
     tie = next(n for n in graph.nodes if n.name == "tie:embed")
     feeding = [graph.nodes[graph.values[v].producer].name for v in tie.inputs]
     assert any(f.startswith("transfer") for f in feeding)  # the last stage's embedding gradient moves to stage 0
-    # the optimizer state lives on each stage's slice, sharded like its params
-    for st, s in zip(pipe.stages, state.opt_state):
-        for leaf in jax.tree_util.tree_leaves(s):
+    # the global norm reads each other slice's squares as one small transfer, and sends back scalars only
+    cross = next(n for n in graph.nodes if n.name == "update:cross")
+    moved = [graph.values[v] for v in cross.inputs if graph.nodes[graph.values[v].producer].kind == "transfer"]
+    assert len(moved) == 3 and all(v.nbytes <= 64 for v in moved)
+    for n in graph.nodes:
+        if n.kind == "transfer" and graph.nodes[graph.values[n.inputs[0]].producer or 0].name == "update:cross":
+            assert graph.values[n.outputs[0]].nbytes <= 64
+    # adam's state is optax's for the whole model, each moment on its parameter's slice
+    mu = state.opt_state[1][0].mu
+    for st in pipe.stages:
+        for leaf in jax.tree_util.tree_leaves(mu[0][st.index]):
             assert set(leaf.sharding.device_set) == set(st.slice.devices)
+    assert set(mu[1]["embed"].sharding.device_set) == set(pipe.stages[0].slice.devices)
 
 
 def test_optax_masks_accumulation_and_injected_hyperparams_work_per_stage(ctl):
@@ -433,7 +443,7 @@ def test_a_stage_sharded_over_a_model_axis_keeps_its_params_and_optimizer_state_
         np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=2e-4, atol=1e-6)
     state, _ = pipe.step(state, x, t)
     for j in range(2):
-        for tree in (state.params[j], grads[j], pw.get(state.opt_state[j])[0].mu[0]):  # mu of (params, shared)
+        for tree in (state.params[j], grads[j], pw.get(state.opt_state[0].mu[j])):  # adam's mu of the whole model
             assert tree["w1"].sharding.spec == megatron["w1"] and tree["w2"].sharding.spec == megatron["w2"]
 
 
