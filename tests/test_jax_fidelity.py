@@ -334,3 +334,43 @@ def test_jit_options_it_does_not_take_are_refused_with_what_to_do(ctl):
         pw.compiled(lambda x: x * 2, slice=s, backend="cpu")
     with pytest.raises(pw.ArgumentError, match=r"static_argnums=...\)` takes ints, as jax.jit does; got 'n'"):
         pw.compiled(lambda x, n: x * n, slice=s, static_argnums="n")
+
+
+SPEC_TREES = [  # (in_specs, out_specs) as a user writes them; None leaves left to JAX
+    (None, P("model", None)),
+    (None, (P("model", None), None)),
+    (None, (P(None, "model"), P("model", None), None)),
+    (None, {"a": P("model", None), "b": None, "c": P("data", "model")}),
+    (None, [P("model", None, None), None]),
+    ((P("model", None), None), None),
+    ((P("model", None), None), (P("data", None), None)),
+    ((P(None, "model"), P("data", None)), (None, P("model", None))),
+]
+
+
+@pytest.mark.parametrize("in_specs,out_specs", SPEC_TREES, ids=[f"{i}->{o}" for i, o in SPEC_TREES])
+def test_every_spec_comes_back_as_jax_jit_gives_it(ctl, in_specs, out_specs):
+    # trailing Nones kept, with None siblings in the tree: code that compares specs, as JAX's docs do, works
+    s = pw.slice(4, mesh={"model": 2, "data": 2})
+    sharding = lambda t: None if t is None else s.sharding(t)  # noqa: E731
+    is_spec = lambda v: v is None or isinstance(v, P)  # noqa: E731
+
+    def f(x, y):
+        rank3, outs = (x * y)[None].repeat(2, 0), iter([x * 2, x + y, x - y])
+        return jax.tree.map(lambda sp: rank3 if sp is not None and len(sp) == 3 else next(outs), out_specs, is_leaf=is_spec)
+
+    x, y = jnp.arange(32.0).reshape(4, 8), jnp.ones((4, 8))
+    if in_specs is not None:
+        x, y = (jax.device_put(a, sharding(sp) or s.sharding()) for a, sp in zip((x, y), in_specs))
+    else:
+        x, y = (jax.device_put(a, s.sharding()) for a in (x, y))
+    got = pw.get(pw.compiled(f, slice=s, in_specs=in_specs, out_specs=out_specs)(x, y))
+    want = jax.jit(
+        f,
+        in_shardings=None if in_specs is None else jax.tree.map(sharding, in_specs, is_leaf=is_spec),
+        out_shardings=jax.tree.map(sharding, out_specs, is_leaf=is_spec),
+    )(x, y)
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        assert a.sharding.spec == b.sharding.spec, (a.sharding.spec, b.sharding.spec)
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -490,7 +490,13 @@ class _Tracer:
         if all(isinstance(sh, Sharding) for sh in out_sh):
             fn = node_executable([eqn], var_ins, eqn.outvars, in_sh, out_sh, key)
         else:  # an out_specs of None: XLA chooses, as for jax.jit without out_shardings
-            fn, out_sh = executable_with_chosen_outputs([eqn], var_ins, eqn.outvars, in_sh, cf.slice, key)
+            fn, chosen = executable_with_chosen_outputs([eqn], var_ins, eqn.outvars, in_sh, cf.slice, key)
+            # the leaves that were given keep their spec as written (P('model', None), not XLA's P('model',)),
+            # as jax.jit returns them
+            given = [d if isinstance(d, Sharding) else c for d, c in zip(out_sh, chosen)]
+            if given != chosen or any(g is not c for g, c in zip(given, chosen)):
+                fn = node_executable([eqn], var_ins, eqn.outvars, in_sh, given, key)
+            out_sh = given
         for v, sh in zip(eqn.outvars, out_sh):
             _check_divisible(v.aval.shape, sh, f"`{cf.name}` output ({v.aval.str_short()})")
         self.add_node("compute", cf.name, cf.slice, [eqn], in_ids, eqn.outvars, out_sh, fn)
