@@ -264,7 +264,9 @@ def test_steps_called_inside_a_program_are_one_run_equal_to_separate_steps(ctl):
     runs = len(pw.controller().runs)
     new, first, second = pw.get(two_steps(state, tokens, targets, weights, positions))
     assert len(pw.controller().runs) == runs + 1
-    one, l1 = pipe.step(state, tokens, targets, weights=weights, positions=positions)
+    with pytest.raises(pw.ArgumentError, match="was donated to run .*'two_steps'"):  # the run used it up
+        pipe.step(state, tokens, targets, weights=weights, positions=positions)
+    one, l1 = pipe.step(pipe.init(stage_params, shared=shared), tokens, targets, weights=weights, positions=positions)
     two, l2 = pipe.step(one, tokens, targets, weights=weights, positions=positions)
     np.testing.assert_allclose([float(first), float(second)], [float(l1.result()), float(l2.result())], rtol=1e-6)
     for a, b in zip(jax.tree_util.tree_leaves(new.params), jax.tree_util.tree_leaves(pw.get(two.params))):

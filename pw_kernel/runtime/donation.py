@@ -99,8 +99,8 @@ def check_not_donated(x: Any, api: str, what: str) -> None:
     if where is not None:
         raise ArgumentError(
             f"`{api}`: {what} was donated to {where}, whose outputs now use its buffer. Use the values that "
-            f"run returned, or keep this one: leave it out of `donate_argnums` (a pipeline: `pw.pipeline(..., "
-            f"donate=False)`), or read it before submitting that run."
+            f"run returned; to keep this one readable, do not donate it: leave it out of `donate_argnums` (a "
+            f"pipeline: `pw.pipeline(..., donate=False)`)."
         )
 
 

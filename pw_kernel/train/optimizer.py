@@ -71,8 +71,11 @@ class WholeModelOptimizer:
         new_tree, new_state = opt.apply(grads_tree, state, tree)   # inside the step's trace
     """
 
-    def __init__(self, tx: Any, stages: Sequence[Stage], shared_users: Mapping[str, tuple[int, ...]], *, name: str):
+    def __init__(
+        self, tx: Any, stages: Sequence[Stage], shared_users: Mapping[str, tuple[int, ...]], *, name: str, donate: bool = True
+    ):
         self.tx = tx
+        self.donate = donate
         self.stages = stages
         self.shared_users = shared_users
         self.name = name
@@ -225,13 +228,41 @@ class WholeModelOptimizer:
             base = "update:cross" if g.home < 0 else f"update{loc}"
             same = per_home[g.home]
             name = base if len(same) == 1 else f"{base}.{same.index(gi)}"
-            nodes.append(CompiledFunction(g.fn, slice=s, in_specs=None, out_specs=tuple(specs), name=name))
+            donate = self._donations(split, gi, layout.n_params) if self.donate else ()
+            nodes.append(CompiledFunction(g.fn, slice=s, in_specs=None, out_specs=tuple(specs), name=name, donate_argnums=donate))
         moves = {}
         for o in split.moves:
             loc = layout.out_at[o]
             spec = layout.out_shardings[o].spec
             moves[o] = CompiledFunction(lambda a: a, slice=self.slices[loc], in_specs=None, out_specs=spec, name=f"place{loc}")
         layout.nodes, layout.moves = nodes, moves
+
+    @staticmethod
+    def _donations(split: Split, gi: int, n_grads: int) -> tuple[int, ...]:
+        """Arguments of group ``gi`` whose buffers its results may take: the params, optimizer state and
+        gradients it reads last, as many of each shape and dtype as it returns (XLA reuses no more)."""
+        flat, groups = split.flat, split.groups
+        g = groups[gi]
+        later = {r for h in groups[gi + 1 :] for kind, r, *_ in h.ins if kind == "ref"}
+        passed = {r for r in flat.outs if isinstance(r, int)}
+        free: dict[tuple, int] = {}
+        for kind, r in g.outs:
+            ref = flat.outs[r] if kind == "out" else r
+            if kind != "packed" and isinstance(ref, int):
+                a = flat.avals[ref]
+                free[(a.shape, a.dtype)] = free.get((a.shape, a.dtype), 0) + 1
+        # what the step replaces (params, state) first; the gradients where buffers of their shape remain
+        order = sorted(range(len(g.ins)), key=lambda i: g.ins[i][0] != "ref" or g.ins[i][1] < n_grads)
+        out = []
+        for i in order:
+            kind, r = g.ins[i][0], g.ins[i][1]
+            if kind != "ref" or r >= flat.n_in or r in later or r in passed:
+                continue
+            a = flat.avals[r]
+            if free.get((a.shape, a.dtype), 0) > 0:
+                free[(a.shape, a.dtype)] -= 1
+                out.append(i)
+        return tuple(sorted(out))
 
 
 __all__ = ["Layout", "WholeModelOptimizer", "apply_updates", "with_clip"]

@@ -63,6 +63,7 @@ class Pipeline:
         param_specs: Sequence[Any] | None,
         name: str,
         controller: Callable[[], Any],
+        donate: bool = True,
     ):
         api = "pw.pipeline"
         _check_args(stages, slices, microbatches, schedule, optimizer, clip_norm, param_specs, api=api)
@@ -104,7 +105,7 @@ class Pipeline:
         self._nodes = StageNodes(V, microbatches, loss, self.remat)
         # clip_norm= with an optimizer is optax.chain(optax.clip_by_global_norm(clip_norm), optimizer)
         whole = None if optimizer is None else WholeModelOptimizer(
-            with_clip(optimizer, self.clip_norm), self.stages, self.shared_users, name=name)
+            with_clip(optimizer, self.clip_norm), self.stages, self.shared_users, name=name, donate=donate)
         self._placement = Placement(self.stages, self.shared_users, whole, name=name, controller=controller)
         train = TrainingStep(
             self.stages, self._nodes, self._placement, self.ops, split_backward=self.split_backward,
@@ -367,6 +368,7 @@ def pipeline(
     batch_axis: str | None = "data",
     param_specs: Sequence[Any] | None = None,
     name: str = "pipeline",
+    donate: bool = True,
     controller: Callable[[], Any],
 ) -> Pipeline:
     """Pipeline ``stages`` over ``slices`` with ``microbatches`` microbatches; see `Pipeline`.
@@ -398,6 +400,11 @@ def pipeline(
     - ``param_specs``: one PartitionSpec pytree (a prefix of the params) per stage, to shard
       its params, and the optimizer state with them, over the slice's other axes (tensor
       parallelism inside a stage); None replicates them.
+    - ``donate``: a step's update donates the params, optimizer state and gradient sums it
+      replaces (as a `jax.jit` step with ``donate_argnums``), so training holds one copy of
+      them. The state passed to `step` is then used up: keep going with the one it returns
+      (reading the old one raises, naming the step it went to; a checkpoint being written
+      from it is waited for). ``donate=False`` keeps old states readable, at twice the memory.
 
     Example::
 
@@ -412,7 +419,7 @@ def pipeline(
         return Pipeline(
             stages, slices, microbatches, schedule, loss=loss, optimizer=optimizer, learning_rate=learning_rate,
             clip_norm=clip_norm, remat=remat, shared=shared, fields=fields, batch_axis=batch_axis,
-            param_specs=param_specs, name=name, controller=controller,
+            param_specs=param_specs, name=name, controller=controller, donate=donate,
         )
     except SpecError as e:
         raise PipelineError(str(e)) from None

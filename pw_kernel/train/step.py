@@ -88,7 +88,8 @@ class TrainingStep:
         params, shared = opt.parts(new_tree)
         copies = {}
         for n, users in self.shared_users.items():
-            copies[n] = (shared[n],) + tuple(self._share_node(n, u)(shared[n]) for u in users[1:])
+            old = state.shared[n]
+            copies[n] = (shared[n],) + tuple(self._share_node(n, u)(shared[n], old[i + 1]) for i, u in enumerate(users[1:]))
         return PipelineState(params, copies, opt_state)
 
     def forward(self, state: PipelineState, x, fields: dict):
@@ -226,9 +227,13 @@ class TrainingStep:
         return self.nodes.cached(("sgd", st.index), lambda: self.nodes.compiled(st, sgd, f"sgd{st.index}", (ps, None, ps, None, None, None), (ps, None)))
 
     def _share_node(self, name: str, user: int) -> CompiledFunction:
-        """``share:{name}{k}``: a shared param's new value, copied to stage k's slice (which reads it next step)."""
+        """``share:{name}{k}``: a shared param's new value, copied to stage k's slice (which reads it next step)
+        into the buffer of the copy it replaces (donated)."""
         st = self.stages[user]
-        return self.nodes.cached(("share", name, user), lambda: self.nodes.compiled(st, lambda a: a, f"share:{name}{user}", (None,), P()))
+        donate = (1,) if self.optimizer.donate else ()
+        return self.nodes.cached(("share", name, user), lambda: CompiledFunction(
+            lambda new, old: new, slice=st.slice, in_specs=(None, None), out_specs=P(), name=f"share:{name}{user}",
+            donate_argnums=donate))
 
 
 def _nbytes(tree: Any) -> int:
