@@ -47,6 +47,7 @@ STEPS: dict[str, tuple[str, list[str], int]] = {
     "timeline_redraw": ("timeline_redraw.py", [], 240),
     "remote": ("remote.py", [], 300),
     "checkpoint": ("checkpoint.py", [], 420),
+    "memory": ("memory.py", [], 420),
 }
 
 

@@ -128,6 +128,13 @@ QUICK = {
          rf"^restore\s+{NUM} MB: pw\s+{NUM} MB/s, orbax\s+{NUM} MB/s, pw/orbax {NUM}x$",
          rf"^loop\s+10 steps, a save every 5: {NUM}x the steps/s of the loop without saves$"],
     ),
+    "memory": (
+        "memory.py",
+        [],
+        (),
+        [rf"^pw\s+\d+\s+{NUM}$", rf"^pw, donate=False\s+\d+\s+{NUM}$", rf"^plain JAX \(donated jit\)\s+\d+\s+{NUM}$",
+         rf"^pw / plain JAX: {NUM}x the layers$"],
+    ),
 }
 
 
