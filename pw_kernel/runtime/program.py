@@ -10,7 +10,6 @@ from typing import Any
 
 from typing import TYPE_CHECKING
 
-import jax
 import numpy as np
 
 from .core.records import FINAL
@@ -103,9 +102,11 @@ class Program:
                 f"`%%pathways` cell): a run cannot start inside a program. Call `{self.name}(...)` there instead: "
                 f"it becomes part of the enclosing program."
             )
-        traced = [x for x in jax.tree_util.tree_leaves((args, kwargs)) if is_traced_leaf(x)]
-        keep = self._inputs_still_read(traced)
-        graph, _ = self._trace(args, kwargs, keep)
+        graph, leaves = self._trace(args, kwargs)
+        traced = [x for x in leaves if is_traced_leaf(x)]
+        keep = self._inputs_still_read(traced, graph.donated_inputs)
+        if keep:  # traced again with those inputs kept (once per signature and mask, then cached)
+            graph, _ = self._trace(args, kwargs, keep)
         run = self._controller().submit(
             graph,
             traced,
@@ -120,14 +121,11 @@ class Program:
         self._note_reads(graph, traced, run)
         return run
 
-    def _inputs_still_read(self, traced: list) -> tuple[int, ...]:
-        """Refuse inputs an earlier run was given (donated); the positions of those pw still has to read."""
-        keep = []
+    def _inputs_still_read(self, traced: list, donated: dict[int, str]) -> tuple[int, ...]:
+        """Refuse inputs an earlier run was given (donated); of those this one donates, the ones pw still reads."""
         for i, x in enumerate(traced):
             check_not_donated(x, self.name, f"input {i} ({getattr(x, 'dtype', '')}{list(getattr(x, 'shape', ()))})")
-            if still_read(x):
-                keep.append(i)
-        return tuple(keep)
+        return tuple(i for i in sorted(donated) if still_read(traced[i]))
 
     @staticmethod
     def _note_reads(graph: ProgramGraph, traced: list, run: Run) -> None:

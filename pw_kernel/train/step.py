@@ -63,8 +63,11 @@ class TrainingStep:
         """``(new state, loss)``: the gradients, summed for shared params, then the optimizer (or SGD) applied."""
         loss, acc = self._run_schedule(state, batch)
         totals = self._tie(acc)
-        if self.optimizer is not None:
-            return self._optimize(state, acc, totals), loss
+        new = self._sgd(state, acc, totals, lr) if self.optimizer is None else self._optimize(state, acc, totals)
+        return new, loss  # the outputs are named after this line: new.params[0]['w'], ..., loss
+
+    def _sgd(self, state: PipelineState, acc: list, totals: dict, lr) -> PipelineState:
+        """Plain SGD per stage, after an optional clip by the global norm of every stage's gradients."""
         gnorm = self._global_norm(acc, totals) if self.clip_norm is not None else None
         params, copies = [], {n: [] for n in self.shared_users}
         for st in self.stages:
@@ -74,7 +77,7 @@ class TrainingStep:
             params.append(new_p)
             for n in st.shared:
                 copies[n].append(new_sh[n])
-        return PipelineState(params, {n: tuple(c) for n, c in copies.items()}, None), loss
+        return PipelineState(params, {n: tuple(c) for n, c in copies.items()}, None)
 
     def _optimize(self, state: PipelineState, acc: list, totals: dict) -> PipelineState:
         """The optimizer on the whole model (split per slice, `optimizer.py`); shared params' new value sent to each user."""
