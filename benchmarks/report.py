@@ -399,6 +399,23 @@ def input_table(inp: dict) -> tuple[list[str], list[dict]]:
                            f"{r[style]['prefetch']:.2f}x | {r[style]['inline']:.2f}x |")
     out.append("")
     return out, inp["targets"]
+def memory_table(mm: dict) -> tuple[list[str], list[dict]]:
+    out = [
+        "#### Memory: the largest model admitted under a limit (memory.py)",
+        "",
+        f"Layers of width {mm['width']}, {mm['stages']} one-device stages, {mm['micro']} microbatches, adam, "
+        f"{mm['limit_mb']:g} MiB per device. pw: resident state + the step's reservation (admission's figure); "
+        f"plain JAX: XLA's memory analysis of the stage's donated jitted step.",
+        "",
+        "| | layers per stage | need on the fullest device |",
+        "|---|---|---|",
+    ]
+    for label, r in mm["rows"].items():
+        out.append(f"| {label} | {r['layers_per_stage']} | {r['need'] / 2**20:.2f} MiB |")
+    m = mm.get("measured")
+    out += ["", "Measured peak: " + ("not reported by this backend." if not m else
+            f"{m['peak_bytes'] / 2**20:.2f} MiB on {m['device']} (plan's estimate {mm['rows']['pw']['need'] / 2**20:.2f} MiB)."), ""]
+    return out, mm["targets"]
 
 
 def targets_table(targets: list[dict]) -> list[str]:
@@ -417,7 +434,7 @@ def targets_table(targets: list[dict]) -> list[str]:
 def render(platform: str, results: Path, status: dict | None) -> str:
     loaded = {n: _load(results, n, platform) for n in
               ("dispatch", "interactive", "parity", "utilization", "profile_overhead", "multitenancy", "pipeline",
-               "timeline_redraw", "remote", "checkpoint", "input")}
+               "timeline_redraw", "remote", "checkpoint", "input", "memory")}
     first = next((v for v in loaded.values() if v and isinstance(v.get("machine"), dict)), None)
     lines = header(platform, status, first)
     lines.append("")
@@ -430,6 +447,7 @@ def render(platform: str, results: Path, status: dict | None) -> str:
         ("profile_overhead", lambda r: (profile_tables(r), []), tail), ("multitenancy", multitenancy_table, tail),
         ("pipeline", pipeline_table, tail), ("timeline_redraw", timeline_table, tail),
         ("remote", remote_table, tail), ("checkpoint", checkpoint_table, tail), ("input", input_table, tail),
+        ("memory", memory_table, tail),
     )
     for name, fn, where in renderers:
         if not loaded[name]:

@@ -48,6 +48,7 @@ STEPS: dict[str, tuple[str, list[str], int]] = {
     "remote": ("remote.py", [], 300),
     "checkpoint": ("checkpoint.py", [], 420),
     "input": ("input.py", [], 420),
+    "memory": ("memory.py", [], 420),
 }
 
 

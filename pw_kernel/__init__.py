@@ -36,7 +36,7 @@ _VIEWS = ("show_mesh", "timeline", "show_pipeline")
 #: The runtime's names for the layers above, not for users.
 _LAYERS = frozenset(
     {"DEFAULT_CPU_DEVICES", "FINAL", "TraceRow", "backends_started", "busy_time", "chrome_trace",
-     "context_mesh_hint", "describe_sharding", "input_node", "nbytes_of", "short_error",
+     "context_mesh_hint", "describe_sharding", "nbytes_of", "short_error",
      "transition_edges", "configure_cpu_devices"}
 )
 

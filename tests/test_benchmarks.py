@@ -135,6 +135,12 @@ QUICK = {
         [rf"^data-parallel step on 8 devices: {NUM} ms; each batch loads in {NUM} ms$",
          rf"^dp\s+sleep async : placed\s+{NUM} steps/s; prefetch {NUM}x, inline {NUM}x of placed$",
          rf"^pipeline\s+cpu\s+logged: placed\s+{NUM} steps/s; prefetch {NUM}x, inline {NUM}x of placed$"],
+    "memory": (
+        "memory.py",
+        [],
+        (),
+        [rf"^pw\s+\d+\s+{NUM}$", rf"^pw, donate=False\s+\d+\s+{NUM}$", rf"^plain JAX \(donated jit\)\s+\d+\s+{NUM}$",
+         rf"^pw / plain JAX: {NUM}x the layers$"],
     ),
 }
 

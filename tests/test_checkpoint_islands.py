@@ -19,7 +19,6 @@ from fresh_python import run_python
 
 ray = pytest.importorskip("ray")
 ocp = pytest.importorskip("orbax.checkpoint")
-optax = pytest.importorskip("optax")
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
 W = 8
@@ -72,7 +71,7 @@ def train(pipe, state, steps):
 def test_the_island_writes_and_reads_its_own_shards(island, fetches, tmp_path):
     local = pw.slice(2, mesh={"data": 2})
     far = pw.slice(2, mesh={"data": 2}, island=island.id)
-    pipe = pw.pipeline([layer, layer], slices=[local, far], microbatches=4, optimizer=optax.adam(1e-2))
+    pipe = pw.pipeline([layer, layer], slices=[local, far], microbatches=4, learning_rate=0.1)
     state, _ = train(pipe, pipe.init(params()), range(3))
     w_remote = state.params[1]["w"]
     assert w_remote.remote_array() is not None  # it lives on the island
@@ -81,35 +80,34 @@ def test_the_island_writes_and_reads_its_own_shards(island, fetches, tmp_path):
     fetches.clear()
     ckpt.save(3, {"state": state})
     ckpt.wait_until_finished()
-    assert fetches == []  # the island wrote stage 1's params and adam state itself
+    assert fetches == []  # the island wrote stage 1's params itself
     step_dir = tmp_path / "ck" / "3"
     assert sorted(p.name for p in step_dir.iterdir() if p.is_dir()) == ["data", "island_0", "state"]
 
     # Restored onto the island again, on a slice of another layout and spec: read there.
     far4 = pw.slice(4, mesh={"model": 4}, island=island.id)
     pipe2 = pw.pipeline(
-        [layer, layer], slices=[pw.slice(2, mesh={"data": 2}), far4], microbatches=4,
-        optimizer=optax.adam(1e-2), param_specs=[None, {"w": P(None, "model"), "b": P()}],
+        [layer, layer], slices=[pw.slice(2, mesh={"data": 2}), far4], microbatches=4, learning_rate=0.1,
+        param_specs=[None, {"w": P(None, "model"), "b": P()}],
     )
     fetches.clear()
     restored = pipe2.restore(ckpt)
     w = restored.params[1]["w"]
     assert isinstance(w, pw.RemoteArray) and w.slice is far4 and w.sharding.spec == P(None, "model")
-    mu = restored.opt_state[1][0].mu[0]["w"]
-    assert isinstance(mu, pw.RemoteArray) and mu.sharding.spec == P(None, "model")  # sharded like its param
+    assert fetches == []  # the island read its leaves itself
+    w_saved = np.asarray(w)  # brought here on purpose, to compare (the counter has been read)
     _, loss_restored = train(pipe2, restored, [3, 4])
-    # Training on: activations' gradients and the loss cross to stage 0; no parameter or optimizer state.
-    assert not [f for f in fetches if f.shape in ((W, W), (W,))]
+    # Training on: activations' gradients and the loss cross to stage 0; no parameter.
+    assert not [f for f in fetches[1:] if f.shape in ((W, W), (W,))]
 
     # The same two steps from the state that was saved: the same loss.
     _, loss_uninterrupted = train(pipe, state, [3, 4])
     np.testing.assert_allclose(loss_restored, loss_uninterrupted, rtol=1e-6)
-    np.testing.assert_array_equal(np.asarray(w), np.asarray(w_remote.result()))
 
     # Plain orbax opens the island's item; `state` holds None where the island's leaves were.
     plain = ocp.CheckpointManager(tmp_path / "ck")
     got = plain.restore(3, args=ocp.args.Composite(island_0=ocp.args.StandardRestore()))["island_0"]
-    assert any(np.array_equal(v, np.asarray(w_remote.result())) for v in got.values())
+    assert any(np.array_equal(v, w_saved) for v in got.values())
     plain.close()
     ckpt.close()
 

@@ -6,6 +6,8 @@ the values and the shardings.
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -328,9 +330,118 @@ def test_static_arguments_as_jax_jit_takes_them(ctl, axis_type):
 
 def test_jit_options_it_does_not_take_are_refused_with_what_to_do(ctl):
     s = pw.slice(2)
-    with pytest.raises(pw.ArgumentError, match="it does not donate buffers yet.*Leave it out"):
-        pw.compiled(lambda x: x * 2, slice=s, donate_argnums=0)
     with pytest.raises(pw.ArgumentError, match="got 'backend', which it does not take. It takes slice, in_specs"):
         pw.compiled(lambda x: x * 2, slice=s, backend="cpu")
     with pytest.raises(pw.ArgumentError, match=r"static_argnums=...\)` takes ints, as jax.jit does; got 'n'"):
         pw.compiled(lambda x, n: x * n, slice=s, static_argnums="n")
+
+
+SPEC_TREES = [  # (in_specs, out_specs) as a user writes them; None leaves left to JAX
+    (None, P("model", None)),
+    (None, (P("model", None), None)),
+    (None, (P(None, "model"), P("model", None), None)),
+    (None, {"a": P("model", None), "b": None, "c": P("data", "model")}),
+    (None, [P("model", None, None), None]),
+    ((P("model", None), None), None),
+    ((P("model", None), None), (P("data", None), None)),
+    ((P(None, "model"), P("data", None)), (None, P("model", None))),
+]
+
+
+@pytest.mark.parametrize("in_specs,out_specs", SPEC_TREES, ids=[f"{i}->{o}" for i, o in SPEC_TREES])
+def test_every_spec_comes_back_as_jax_jit_gives_it(ctl, in_specs, out_specs):
+    # trailing Nones kept, with None siblings in the tree: code that compares specs, as JAX's docs do, works
+    s = pw.slice(4, mesh={"model": 2, "data": 2})
+    sharding = lambda t: None if t is None else s.sharding(t)  # noqa: E731
+    is_spec = lambda v: v is None or isinstance(v, P)  # noqa: E731
+
+    def f(x, y):
+        rank3, outs = (x * y)[None].repeat(2, 0), iter([x * 2, x + y, x - y])
+        return jax.tree.map(lambda sp: rank3 if sp is not None and len(sp) == 3 else next(outs), out_specs, is_leaf=is_spec)
+
+    x, y = jnp.arange(32.0).reshape(4, 8), jnp.ones((4, 8))
+    if in_specs is not None:
+        x, y = (jax.device_put(a, sharding(sp) or s.sharding()) for a, sp in zip((x, y), in_specs))
+    else:
+        x, y = (jax.device_put(a, s.sharding()) for a in (x, y))
+    got = pw.get(pw.compiled(f, slice=s, in_specs=in_specs, out_specs=out_specs)(x, y))
+    want = jax.jit(
+        f,
+        in_shardings=None if in_specs is None else jax.tree.map(sharding, in_specs, is_leaf=is_spec),
+        out_shardings=jax.tree.map(sharding, out_specs, is_leaf=is_spec),
+    )(x, y)
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        assert a.sharding.spec == b.sharding.spec, (a.sharding.spec, b.sharding.spec)
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_donation_as_jax_jit_has_it_reuses_the_buffer_and_says_where_it_went(ctl):
+    s = pw.slice(2, mesh={"d": 2})
+    double = pw.compiled(lambda x: x * 2, slice=s, donate_argnums=0, name="double")
+    bump = pw.compiled(lambda x, *, by: x + by, slice=s, donate_argnames="x", name="bump")
+    x = jax.device_put(jnp.arange(8.0), s.sharding("d"))
+    y = double(x)
+    np.testing.assert_array_equal(np.asarray(y.result()), np.arange(8.0) * 2)
+    assert x.is_deleted()  # as jax.jit(donate_argnums=0) leaves it
+    z = bump(y, by=1.0)
+    np.testing.assert_array_equal(np.asarray(z.result()), np.arange(8.0) * 2 + 1)
+    # the future given up is never read by accident: each reader is told where it went
+    with pytest.raises(pw.ArgumentError, match=re.escape("was donated to run") + ".*node 'bump'"):
+        y.result()
+    with pytest.raises(pw.ArgumentError, match="input 0 .* was donated to run .*Use the values that run returned"):
+        double(y)
+
+
+def test_a_donated_value_read_later_in_the_program_is_refused_naming_the_reader(ctl):
+    s = pw.slice(2, mesh={"d": 2})
+    add = pw.compiled(lambda a, b: a + b, slice=s, name="add")
+    scale = pw.compiled(lambda a: a * 3, slice=s, donate_argnums=0, name="scale")
+    x = jax.device_put(jnp.ones(8), s.sharding("d"))
+
+    @pw.program
+    def reads_it_after(v):
+        h = add(v, v)
+        return scale(h), add(h, h)
+
+    msg = "`pw.compiled(donate_argnums=...)` 'scale': its argument 0 (float32[8]) is donated, but `add` (line"
+    with pytest.raises(pw.ArgumentError, match=re.escape(msg) + ".*reads it afterwards.*pass a copy"):
+        reads_it_after(x)
+
+    @pw.program
+    def returns_it(v):
+        h = add(v, v)
+        return scale(h), h
+
+    with pytest.raises(pw.ArgumentError, match=re.escape("but the program's caller (the program returns it")):
+        returns_it(x)
+
+    @pw.program
+    def fine(v):
+        h = add(v, v)
+        return scale(h)
+
+    graph = fine.trace(x)
+    assert [n.donated for n in graph.nodes] == [(), (0,)]
+    # the donated intermediate's buffer holds the output: the run allocates one buffer, not two
+    plan = pw.controller().plan(graph, "chained")
+    assert plan.peak_bytes == {d.id: 4 * 8 // 2 for d in s.devices}
+    np.testing.assert_array_equal(np.asarray(fine(x).result()), np.full(8, 6.0))
+    assert not x.is_deleted()  # only what the program made was donated
+
+
+def test_an_input_pw_still_reads_is_not_donated(ctl):
+    # a checkpoint still to write it, or an earlier run that reads it: the donating run leaves it alone (a copy)
+    s = pw.slice(2, mesh={"d": 2})
+    double = pw.compiled(lambda x: x * 2, slice=s, donate_argnums=0, name="double")
+    x = jax.device_put(jnp.arange(8.0), s.sharding("d"))
+    held = pw.runtime.hold({"x": x})
+    y = double(x)
+    assert not x.is_deleted() and pw.controller().runs[-1].graph.nodes[0].donated == ()
+    held.release()
+    np.testing.assert_array_equal(np.asarray(x), np.arange(8.0))
+    y.run.wait()  # the run that read it (without donating) is over too
+    y2 = double(x)  # nobody else reads it now: donated
+    np.testing.assert_array_equal(np.asarray(y2.result()), np.arange(8.0) * 2)
+    assert x.is_deleted()
+    np.testing.assert_array_equal(np.asarray(y.result()), np.arange(8.0) * 2)

@@ -10,7 +10,8 @@ over ``jax._src``. What lives where:
   completion (the watcher thread and a waiting caller), Ctrl-C deferral, the event log.
 * ``remote/``: Ray islands: the actor that owns a host's devices, and the controller's client of it.
 * ``devices.py`` (islands, resource manager, slices), ``program.py``, ``run.py``, ``futures.py``
-  (the handles users hold), ``api.py`` (the entry calls), ``config.py``, ``errors.py``.
+  (the handles users hold), ``donation.py`` (donated inputs and who still reads them),
+  ``api.py`` (the entry calls), ``config.py``, ``errors.py``.
 
 Example::
 
@@ -26,6 +27,7 @@ from .core.lifecycle import transition_edges
 from .core.records import FINAL
 from .core.scheduler import FIFO, FairShare, Policy, Priority
 from .devices import Island, VirtualSlice
+from .donation import hold
 from .errors import (
     AdmissionError,
     ArgumentError,
@@ -52,7 +54,6 @@ from .program import Program
 from .remote.client import RemoteArray
 from .run import Run
 from .trace.compiled import CompiledFunction
-from .trace.feeds import input_node
 from .trace.graph import Edge, Node, ProgramGraph, Value, describe_sharding, nbytes_of
 from .trace.tracing import context_mesh_hint
 
@@ -118,7 +119,7 @@ __all__ = [
     "chrome_trace",
     "context_mesh_hint",
     "describe_sharding",
-    "input_node",
+    "hold",
     "nbytes_of",
     "short_error",
     "transition_edges",

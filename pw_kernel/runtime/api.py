@@ -72,6 +72,8 @@ def compiled(
     name: str | None = None,
     static_argnums: int | Sequence[int] | None = None,
     static_argnames: str | Sequence[str] | None = None,
+    donate_argnums: int | Sequence[int] | None = None,
+    donate_argnames: str | Sequence[str] | None = None,
     **jit_options: Any,
 ):
     """Compile ``fn`` for a slice: `jax.jit` with NamedShardings on the slice's mesh.
@@ -84,6 +86,12 @@ def compiled(
     Usable as a decorator: ``@pw.compiled(slice=s, in_specs=P("d"))``.
     ``static_argnums`` / ``static_argnames`` are `jax.jit`'s: those arguments are
     Python values baked into the trace (``in_specs`` then cover the others).
+    ``donate_argnums`` / ``donate_argnames`` are `jax.jit`'s too: the outputs may
+    reuse those arguments' buffers, and an array or future passed there is used up
+    (reading it later raises, naming the run it was donated to). Safe by construction:
+    in a program, donating a value that a later node reads or that the program
+    returns is refused at trace time; a value pw itself still has to read (another
+    run's input, a checkpoint being written) is not donated, which is a copy.
 
     Example::
 
@@ -91,15 +99,9 @@ def compiled(
         fut = a(jnp.array([1.0, 2.0]))     # a one-node program; returns a Future
     """
     if jit_options:
-        donate = [k for k in jit_options if k.startswith("donate")]
         raise ArgumentError(
-            f"`pw.compiled` got {', '.join(map(repr, jit_options))}, which it does not take"
-            + (
-                ": it does not donate buffers yet (a donated value may still be read by another node or "
-                "a future of the dataflow). Leave it out: memory use is that of jax.jit without donation."
-                if donate
-                else ". It takes slice, in_specs, out_specs, name, static_argnums and static_argnames."
-            )
+            f"`pw.compiled` got {', '.join(map(repr, jit_options))}, which it does not take. It takes slice, "
+            f"in_specs, out_specs, name, static_argnums, static_argnames, donate_argnums and donate_argnames."
         )
     if isinstance(slice, str):
         slice = controller().resources.get(slice)
@@ -113,6 +115,7 @@ def compiled(
         cf = CompiledFunction(
             f, slice=slice, in_specs=in_specs, out_specs=out_specs, name=name,
             static_argnums=static_argnums, static_argnames=static_argnames,
+            donate_argnums=donate_argnums, donate_argnames=donate_argnames,
         )
         return cf.bind(Program(cf, name=cf.name, slice=cf.slice, controller=controller))
 

@@ -12,6 +12,7 @@ import jax
 import numpy as np
 from jax.sharding import Sharding
 
+from .donation import check_not_donated
 from .errors import ArgumentError, CancelledError, TimeoutError
 from .trace.graph import as_dtype, describe_sharding
 
@@ -83,6 +84,7 @@ class Future(concurrent.futures.Future):
         Ctrl-C while waiting cancels the run (nodes not yet dispatched are dropped).
         """
         timeout = check_timeout(timeout, "Future.result")
+        check_not_donated(self, "Future.result", self._label())
         if timeout is None and not self.done():
             value = self._cell.value
             if value is not None:

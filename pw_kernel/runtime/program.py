@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import functools
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 from typing import TYPE_CHECKING
 
+import numpy as np
+
+from .core.records import FINAL
+from .donation import check_not_donated, mark_donated, read_later, still_read
 from .trace.compiled import in_program_trace
+from .trace.feeds import input_node
 from .devices import VirtualSlice
 from .errors import ArgumentError
 from .trace.graph import ProgramGraph
@@ -33,6 +39,16 @@ class Program:
         y, z = step(jnp.array([1.0, 2.0]))   # futures, immediately
         step.trace(v)                        # the ProgramGraph
     """
+
+    @staticmethod
+    def input_node(take, avals, *, slice, name: str = "input") -> list:  # noqa: A002 - as pw.compiled's keyword
+        """Inside a program's trace: values that the run takes from ``take()`` when it gets there.
+
+        See `trace.feeds.input_node` (how `pw.prefetch` reads data in a traced loop). Example::
+
+            (x,) = pw.Program.input_node(take, [jax.ShapeDtypeStruct((4,), jnp.float32, sharding=sh)], slice=s)
+        """
+        return input_node(take, avals, slice=slice, name=name)
 
     @staticmethod
     def tracing() -> bool:
@@ -70,9 +86,12 @@ class Program:
         """The ProgramGraph for these arguments (traced once per signature, then cached)."""
         return self._trace(args, kwargs)[0]
 
-    def _trace(self, args, kwargs) -> tuple[ProgramGraph, list]:
+    def _trace(self, args, kwargs, keep: tuple[int, ...] = ()) -> tuple[ProgramGraph, list]:
+        """The graph for these arguments; ``keep``: traced inputs not to donate (pw still reads them elsewhere)."""
         c = self._controller()
         _, leaves, key = signature(args, kwargs)
+        if keep:
+            key = (key, keep)
         with self._cache_lock:
             if self._owner is not c:
                 self._cache.clear()
@@ -80,7 +99,7 @@ class Program:
             graph = self._cache.get(key)
         if graph is None:
             graph = trace_program(
-                self.fn, args, kwargs, name=self.name, resources=c.resources, default_slice=self.slice
+                self.fn, args, kwargs, name=self.name, resources=c.resources, default_slice=self.slice, keep=keep
             )
             with self._cache_lock:
                 self._cache[key] = graph
@@ -106,9 +125,13 @@ class Program:
                 f"it becomes part of the enclosing program."
             )
         graph, leaves = self._trace(args, kwargs)
-        return self._controller().submit(
+        traced = [x for x in leaves if is_traced_leaf(x)]
+        keep = self._inputs_still_read(traced, graph.donated_inputs)
+        if keep:  # traced again with those inputs kept (once per signature and mask, then cached)
+            graph, _ = self._trace(args, kwargs, keep)
+        run = self._controller().submit(
             graph,
-            [x for x in leaves if is_traced_leaf(x)],
+            traced,
             name=name or self.name,
             mode=mode or self.mode,
             tenant=tenant or self.tenant,
@@ -117,6 +140,30 @@ class Program:
             source_map=source_map,
             claim=_claim,
         )
+        self._note_reads(graph, traced, run)
+        return run
+
+    def _inputs_still_read(self, traced: list, donated: dict[int, str]) -> tuple[int, ...]:
+        """Refuse inputs an earlier run was given (donated); of those this one donates, the ones pw still reads."""
+        for i, x in enumerate(traced):
+            check_not_donated(x, self.name, f"input {i} ({getattr(x, 'dtype', '')}{list(getattr(x, 'shape', ()))})")
+        return tuple(i for i in sorted(donated) if still_read(traced[i]))
+
+    @staticmethod
+    def _note_reads(graph: ProgramGraph, traced: list, run: Run) -> None:
+        """What this run donates is marked; what it reads stays read (not donated by others) until it ends."""
+        donated = graph.donated_inputs
+        ref = weakref.ref(run)
+
+        def active() -> bool:
+            r = ref()
+            return r is not None and r.state not in FINAL
+
+        for i, x in enumerate(traced):
+            if i in donated:
+                mark_donated(x, f"run {run.id} ({run.name!r}), node {donated[i]!r}")
+            elif not isinstance(x, np.ndarray):  # numpy inputs are copied to the devices: nothing to keep
+                read_later(x, active)
 
     def __call__(self, *args, **kwargs):
         """Submit a run and return its outputs as futures; inside another program, become part of it.

@@ -29,8 +29,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from ..runtime import Future, NodeEvent, controller, nbytes_of
-from ..runtime import RemoteArray
+from ..runtime import Future, NodeEvent, RemoteArray, controller, hold, nbytes_of
 from .errors import CheckpointError
 from .island_io import ITEM_PREFIX, handler_types, islands_items, read_item, read_onto_island, remote_leaf
 from .restore import OnIsland, restore_tree
@@ -64,6 +63,7 @@ class SaveRecord:
     finished: float | None = None
     tree: Any = dataclasses.field(default=None, repr=False)
     data: dict = dataclasses.field(default_factory=dict, repr=False)
+    held: Any = dataclasses.field(default=None, repr=False)  # keeps the tree's values from being donated
 
     @property
     def seconds(self) -> float | None:
@@ -180,7 +180,8 @@ class CheckpointManager:
             out.append(leaf)
         saved = jax.tree_util.tree_unflatten(treedef, out)
         data = {"pipeline_states": pipelines, "iterators": iterators}
-        return SaveRecord(step, nbytes, time.time(), tree=saved, data=data)
+        # a step submitted next would donate these (its update reuses their buffers): not while we still read them
+        return SaveRecord(step, nbytes, time.time(), tree=saved, data=data, held=hold(saved))
 
     def _save_loop(self) -> None:
         while True:
@@ -223,6 +224,7 @@ class CheckpointManager:
         finally:
             rec.finished = time.time()
             rec.tree = None  # the arrays may go now
+            rec.held.release()
             self._emit(log, rec, t0)
 
     @staticmethod

@@ -23,6 +23,7 @@ from jax.sharding import PartitionSpec as P
 
 from ..runtime import Program, SpecError, VirtualSlice, context_mesh_hint
 from .errors import PipelineError
+from .optimizer import WholeModelOptimizer, with_clip
 from .schedules import Schedule, check_schedule, schedule_ops
 from .stages import Stage, StageNodes
 from .state import PipelineState, Placement
@@ -39,7 +40,7 @@ class Pipeline:
         pipe = pw.pipeline([embed, block, block, head], slices=[s0, s1, s2, s3], microbatches=8,
                            schedule="1f1b", loss=xent, optimizer=optax.adamw(1e-3),
                            shared={"embed": (0, 3)})
-        state = pipe.init(params, shared={"embed": E})   # onto the slices, optimizer state made there
+        state = pipe.init(params, shared={"embed": E})   # onto the slices; adamw's state for the whole model
         state, loss = pipe.step(state, tokens, targets)  # one training step: futures, at once
         loss, (grads, shared_grads) = pipe.grads(state, tokens, targets)
     """
@@ -62,6 +63,7 @@ class Pipeline:
         param_specs: Sequence[Any] | None,
         name: str,
         controller: Callable[[], Any],
+        donate: bool = True,
     ):
         api = "pw.pipeline"
         _check_args(stages, slices, microbatches, schedule, optimizer, clip_norm, param_specs, api=api)
@@ -101,10 +103,13 @@ class Pipeline:
             )
         self._controller = controller
         self._nodes = StageNodes(V, microbatches, loss, self.remat)
-        self._placement = Placement(self.stages, self.shared_users, optimizer, name=name, controller=controller)
+        # clip_norm= with an optimizer is optax.chain(optax.clip_by_global_norm(clip_norm), optimizer)
+        whole = None if optimizer is None else WholeModelOptimizer(
+            with_clip(optimizer, self.clip_norm), self.stages, self.shared_users, name=name, donate=donate)
+        self._placement = Placement(self.stages, self.shared_users, whole, name=name, controller=controller)
         train = TrainingStep(
             self.stages, self._nodes, self._placement, self.ops, split_backward=self.split_backward,
-            shared_users=self.shared_users, optimizer=optimizer, clip_norm=self.clip_norm,
+            shared_users=self.shared_users, optimizer=whole, clip_norm=self.clip_norm,
         )
         self._grads = Program(train.grads, name=f"{name}.grads", controller=controller)
         self._step = Program(train.step, name=f"{name}.step", controller=controller)
@@ -152,7 +157,8 @@ class Pipeline:
         Example::
 
             target = pipe.abstract_state(params, shared={"embed": E})
-            target.opt_state[0]      # ShapeDtypeStructs sharded like stage 0's params
+            target.opt_state         # optax's state for the whole model: ShapeDtypeStructs, each
+                                     # on the slice of the parameter it mirrors
         """
         return abstract_pipeline_state(self, self._placement, params, shared)
 
@@ -385,6 +391,7 @@ def pipeline(
     batch_axis: str | None = "data",
     param_specs: Sequence[Any] | None = None,
     name: str = "pipeline",
+    donate: bool = True,
     controller: Callable[[], Any],
 ) -> Pipeline:
     """Pipeline ``stages`` over ``slices`` with ``microbatches`` microbatches; see `Pipeline`.
@@ -397,11 +404,16 @@ def pipeline(
       microbatches so the step's loss is the weighted mean over the whole batch.
     - ``schedule``: "gpipe", "1f1b", "interleaved" (``len(stages) = v * len(slices)``)
       or "zero_bubble" (ZB-H1).
-    - ``optimizer``: an optax GradientTransformation (its state lives per stage,
-      sharded like the params; it sees stage j's ``(params, {shared name: value})``,
-      so masks should be functions of the tree); without it, SGD with ``learning_rate``.
-    - ``clip_norm``: clip by the global norm of all stages' gradients (a
-      cross-stage reduction); an optax clip inside ``optimizer`` would see one stage only.
+    - ``optimizer``: any optax GradientTransformation, applied as on the whole model:
+      ``tx.init(params)`` and ``tx.update(grads, state, params)`` over the list of stage
+      params, or over ``(params, shared)`` with shared params, exactly as `init` got
+      them (so masks and label trees are one fixed pytree of that structure, a
+      global-norm clip takes every stage's gradients, ``optax.MultiSteps`` counts steps
+      once). pw runs each slice's part of the update on that slice, the optimizer state
+      of each parameter beside it; cross-stage reductions are small nodes of their own.
+      Without it, SGD with ``learning_rate``.
+    - ``clip_norm``: clip by the global norm of all stages' gradients; with
+      ``optimizer=tx`` it is shorthand for ``optax.chain(optax.clip_by_global_norm(clip_norm), tx)``.
     - ``remat``: recompute each stage's forward in its backward (True) or keep its residuals (False).
     - ``shared={"embed": (0, 3)}``: params declared once and used by several
       stages (tied embeddings); their gradients are summed across those stages.
@@ -411,6 +423,11 @@ def pipeline(
     - ``param_specs``: one PartitionSpec pytree (a prefix of the params) per stage, to shard
       its params, and the optimizer state with them, over the slice's other axes (tensor
       parallelism inside a stage); None replicates them.
+    - ``donate``: a step's update donates the params, optimizer state and gradient sums it
+      replaces (as a `jax.jit` step with ``donate_argnums``), so training holds one copy of
+      them. The state passed to `step` is then used up: keep going with the one it returns
+      (reading the old one raises, naming the step it went to; a checkpoint being written
+      from it is waited for). ``donate=False`` keeps old states readable, at twice the memory.
 
     Example::
 
@@ -425,7 +442,7 @@ def pipeline(
         return Pipeline(
             stages, slices, microbatches, schedule, loss=loss, optimizer=optimizer, learning_rate=learning_rate,
             clip_norm=clip_norm, remat=remat, shared=shared, fields=fields, batch_axis=batch_axis,
-            param_specs=param_specs, name=name, controller=controller,
+            param_specs=param_specs, name=name, controller=controller, donate=donate,
         )
     except SpecError as e:
         raise PipelineError(str(e)) from None

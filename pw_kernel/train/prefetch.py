@@ -12,7 +12,7 @@ state right after the last batch the loop *took*, not after what the worker
 pulled ahead, so a restored iterator yields exactly the batches that follow.
 
 Inside a traced program (`%%pathways`, `@pw.program`) ``next(batches)`` reads
-nothing: it becomes an input node (`pw_kernel.runtime.input_node`) that takes
+nothing: it becomes an input node (`pw.Program.input_node`) that takes
 the next placed batch when the run gets there.
 """
 
@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 import jax
 
-from ..runtime import NodeEvent, Program, controller, input_node
+from ..runtime import NodeEvent, Program, controller
 from .errors import CheckpointError, PrefetchError
 from .targets import AUTO, BatchTarget, placed_nbytes
 from .tree import decode_iterator_state, encode_iterator_state, is_iterator_with_state
@@ -308,7 +308,7 @@ class PrefetchIterator:
                 raise PrefetchError("the `pw.prefetch` iterator this program reads was closed and collected.")
             return it._take_like(avals)
 
-        leaves = input_node(take, avals, slice=parts[0].program_slice(), name=f"input {self.name}")
+        leaves = Program.input_node(take, avals, slice=parts[0].program_slice(), name=f"input {self.name}")
         return jax.tree_util.tree_unflatten(item.treedef, leaves)
 
     def _take_like(self, avals: tuple) -> list:

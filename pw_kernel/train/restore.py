@@ -7,8 +7,9 @@ whose target is a slice on a remote island is read by that island's actor
 (`OnIsland`; see `island_io`) and comes back as a `pw.RemoteArray` there. A
 pipeline's target comes from the pipeline itself (`abstract_state`): its
 stages' slices and specs, the optimizer state's structure from
-`jax.eval_shape` of the optimizer's init, each of its leaves sharded like the
-parameter it mirrors. Nothing is placed to find that out.
+`jax.eval_shape` of the optimizer's init over the whole model, each of its
+leaves where the parameter it mirrors lives (`optimizer.py`). Nothing is placed
+to find that out.
 """
 
 from __future__ import annotations
@@ -18,11 +19,10 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import PartitionSpec as P
 
 from ..runtime import Future, RemoteArray, VirtualSlice
 from .errors import CheckpointError
-from .state import PipelineState, opt_shardings
+from .state import PipelineState
 from .tree import canonical, decode_iterator_state, flat, is_iterator_with_state, is_leaf, path_key
 
 
@@ -166,27 +166,10 @@ def _copies_like(mngr: Any, step: int, data: dict, key: str, value: dict, like: 
 def abstract_pipeline_state(pipe: Any, placement: Any, params: Any, shared: Any = None) -> PipelineState:
     """``pipe``'s state for params of these shapes, as ShapeDtypeStructs on its slices: nothing is placed."""
     placement.check_len(params)
-
-    def on(st, tree, spec):
-        def one(a, sp=None):
-            return jax.ShapeDtypeStruct(tuple(a.shape), a.dtype, sharding=st.slice.sharding(sp or P()))
-
-        if spec is None or isinstance(spec, P):
-            return jax.tree_util.tree_map(lambda a: one(a, spec), tree)
-        return jax.tree_util.tree_map(one, tree, spec, is_leaf=lambda v: v is None or isinstance(v, P))
-
-    stages = pipe.stages
-    p_abs = [on(st, p, st.param_spec) for st, p in zip(stages, params)]
-    shared = dict(shared or {})
-    copies = {n: tuple(on(stages[u], shared[n], None) for u in users) for n, users in placement.shared_users.items()}
-    state = PipelineState(p_abs, copies, None)
-    if pipe.optimizer is not None:
-        opt = []
-        for st in stages:
-            tree = (p_abs[st.index], placement.shared_of(state, st))
-            shapes = jax.eval_shape(pipe.optimizer.init, tree)
-            opt.append(opt_shardings(shapes, tree, st.slice.sharding(P())))
-        state.opt_state = opt
+    state = placement.abstract(params, shared)
+    opt = placement.optimizer
+    if opt is not None:  # the whole model's optimizer state, each leaf where its parameter lives
+        state.opt_state = opt.layout(opt.whole(state.params, placement.owned(state))).state
     return state
 
 
@@ -220,8 +203,6 @@ def restore_pipeline(pipe: Any, placement: Any, mngr: Any, step: int | None, key
     leaves, treedef = jax.tree_util.tree_flatten_with_path(target)  # only this state's leaves are read
     values = mngr.read_leaves(step, data, [(key + path_key(p), d) for p, d in leaves])
     state = _copies_like(mngr, step, data, key, jax.tree_util.tree_unflatten(treedef, values), abstract)
-    if pipe.optimizer is not None:
-        placement.opt_specs = [jax.tree_util.tree_map(lambda a: a.sharding.spec, s) for s in state.opt_state]
     return state
 
 
@@ -236,8 +217,8 @@ def _on_stage_slices(pipe: Any, placement: Any, state: PipelineState) -> Pipelin
     shared = {
         n: tuple(at(u, c) for u, c in zip(placement.shared_users[n], copies)) for n, copies in state.shared.items()
     }
-    opt = None if state.opt_state is None else [at(j, o) for j, o in enumerate(state.opt_state)]
-    return PipelineState(params, shared, opt)
+    # The optimizer's state is the whole model's; a remote slice takes no optimizer, so it is all local.
+    return PipelineState(params, shared, state.opt_state)
 
 
 def _path_keys(key: str) -> list[str]:

@@ -15,31 +15,12 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import PartitionSpec as P
 
 from ..runtime import CompiledFunction, Program
 from .errors import PipelineError
+from .optimizer import WholeModelOptimizer
 from .stages import Stage, inexact
-
-
-def opt_shardings(abstract_opt: Any, stage_tree: Any, replicated: NamedSharding) -> Any:
-    """Each optimizer-state leaf sharded like the parameter it mirrors (the longest path suffix of the same shape).
-
-    Optax's states mirror the params (``mu``, ``nu``, MultiSteps' accumulators): a leaf
-    at ``(..., 'mu', 0, 'w')`` goes where ``(0, 'w')`` lives. Counters and other
-    leaves that mirror no parameter are replicated on the stage's slice.
-    """
-    params = [(tuple(p), v) for p, v in jax.tree_util.tree_flatten_with_path(stage_tree)[0]]
-
-    def place(path, leaf):
-        best, best_len = replicated, -1
-        for ppath, pv in params:
-            n = len(ppath)
-            if n > best_len and tuple(path[-n:]) == ppath and tuple(leaf.shape) == tuple(pv.shape):
-                best, best_len = pv.sharding, n
-        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=best)
-
-    return jax.tree_util.tree_map_with_path(place, abstract_opt)
 
 
 @jax.tree_util.register_dataclass
@@ -48,9 +29,11 @@ class PipelineState:
     """What a pipeline trains, placed on its slices: per-stage params, shared params, optimizer state.
 
     ``params[j]`` lives on stage j's slice; ``shared[name]`` holds one copy per
-    stage that uses ``name`` (in stage order, all equal); ``opt_state[j]`` is the
-    optimizer's state for stage j's ``(params, shared copies)``, sharded like
-    them. After `Pipeline.step` every leaf is a `pw.Future`.
+    stage that uses ``name`` (in stage order, all equal); ``opt_state`` is the
+    optimizer's state for the whole model, ``tx.init(params)`` (``tx.init((params,
+    shared))`` with shared params) as optax makes it, each leaf on the slice of the
+    parameter it mirrors and sharded like it. After `Pipeline.step` every leaf is a
+    `pw.Future`.
 
     Example::
 
@@ -65,22 +48,18 @@ class PipelineState:
 
     def __repr__(self) -> str:
         shared = ", ".join(f"{k}: {len(v)} copies" for k, v in self.shared.items()) or "none"
-        opt = "none" if self.opt_state is None else "per stage"
+        opt = "none" if self.opt_state is None else "whole model"
         return f"PipelineState({len(self.params)} stages; shared: {shared}; optimizer state: {opt})"
 
 
 class Placement:
-    """Where a pipeline's state lives: puts it on the stages' slices and checks it is still there.
-
-    ``opt_specs[j]``, known once `init` has made the optimizer state, is how
-    stage j's optimizer state is sharded (the update node's specs).
-    """
+    """Where a pipeline's state lives: puts it on the stages' slices and checks it is still there."""
 
     def __init__(
         self,
         stages: Sequence[Stage],
         shared_users: Mapping[str, tuple[int, ...]],
-        optimizer: Any,
+        optimizer: WholeModelOptimizer | None,
         *,
         name: str,
         controller: Callable[[], Any],
@@ -89,7 +68,6 @@ class Placement:
         self.shared_users = shared_users
         self.optimizer = optimizer
         self.name = name
-        self.opt_specs: list[Any] | None = None
         self._controller = controller
 
     def shared_of(self, state: PipelineState, st: Stage) -> dict:
@@ -128,33 +106,35 @@ class Placement:
             state.opt_state = self._init_optimizer(state)
         return state
 
-    def _init_optimizer(self, state: PipelineState) -> list:
-        """Each stage's optimizer state, made on its slice; records how it is sharded in ``opt_specs``."""
-        opt_state, specs = [], []
+    def _init_optimizer(self, state: PipelineState) -> Any:
+        """The optimizer's state for the whole model, each leaf placed where its parameter lives."""
         for st in self.stages:
-            tree = (state.params[st.index], self.shared_of(state, st))
-            if st.slice.remote:  # another host: a compiled init there makes it on its devices
-                opt_state.append(self._init_remote(st, tree))
-                specs.append(jax.tree_util.tree_map(lambda a: a.sharding.spec, opt_state[-1]))
-                continue
-            s = self.optimizer.init(tree)
-            here = set(st.slice.devices)
-            s = jax.tree_util.tree_map(  # counters and other scalars start on the default device: move them
-                lambda a, st=st: a if set(a.sharding.device_set) == here else jax.device_put(a, st.slice.sharding(P())), s)
-            opt_state.append(s)
-            specs.append(jax.tree_util.tree_map(lambda a: a.sharding.spec, s))
-        self.opt_specs = specs
-        return opt_state
+            if st.slice.remote:
+                raise PipelineError(
+                    f"`{self.name}`: an optimizer's state is made eagerly on each slice, which stage {st.index}'s "
+                    f"remote slice {st.slice.name!r} does not allow yet. Use plain SGD (no optimizer=) there."
+                )
+        return self.optimizer.init(self.optimizer.whole(state.params, self.owned(state)))
 
-    def _init_remote(self, st: Stage, tree: Any) -> Any:
-        """The optimizer state of a stage on a remote slice, each leaf sharded like the param it mirrors."""
-        abstract = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), tree)
-        shapes = jax.eval_shape(self.optimizer.init, abstract)
-        out_specs = jax.tree_util.tree_map(
-            lambda a: a.sharding.spec, opt_shardings(shapes, abstract, st.slice.sharding(P()))
-        )
-        init = CompiledFunction(self.optimizer.init, slice=st.slice, out_specs=out_specs, name=f"opt_init{st.index}")
-        return Program(init, name=init.name, slice=st.slice, controller=self._controller)(tree)
+    def owned(self, state: PipelineState) -> dict:
+        """Each shared param's first copy: the one on its first user's slice, which the optimizer updates."""
+        return {n: copies[0] for n, copies in state.shared.items()}
+
+    def abstract(self, params: Sequence[Any], shared: Mapping[str, Any] | None) -> PipelineState:
+        """Params and shared copies of these shapes as ShapeDtypeStructs on the stages' slices (no optimizer state)."""
+
+        def on(st, tree, spec):
+            def one(a, sp=None):
+                return jax.ShapeDtypeStruct(tuple(a.shape), a.dtype, sharding=st.slice.sharding(sp or P()))
+
+            if spec is None or isinstance(spec, P):
+                return jax.tree_util.tree_map(lambda a: one(a, spec), tree)
+            return jax.tree_util.tree_map(one, tree, spec, is_leaf=lambda v: v is None or isinstance(v, P))
+
+        shared = dict(shared or {})
+        p_abs = [on(st, p, st.param_spec) for st, p in zip(self.stages, params)]
+        copies = {n: tuple(on(self.stages[u], shared[n], None) for u in users) for n, users in self.shared_users.items()}
+        return PipelineState(p_abs, copies, None)
 
     def _put(self, st: Stage, p: Any, spec: Any) -> Any:
         if st.slice.remote:  # another host: an identity node there makes them live on its devices

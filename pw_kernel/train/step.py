@@ -6,9 +6,10 @@ forward and backward nodes in the order of the schedule (see
 `schedules.py`), which is the order every island receives them; activations
 and gradients between stages move as explicit transfer nodes. Gradients are
 accumulated over microbatches inside the backward nodes; then shared (tied)
-parameters' gradients are summed across the stages that use them, an
-optional global-norm clip reduces across all stages, and an optimizer step
-(or plain SGD) runs per stage. The pipelined forward pass, with no loss,
+parameters' gradients are summed across the stages that use them, and the
+optimizer runs on the whole model, split per slice (`optimizer.py`); without
+one, plain SGD runs per stage after an optional global-norm clip across all
+stages. The pipelined forward pass, with no loss,
 runs the stages alone per microbatch.
 """
 
@@ -23,6 +24,7 @@ from jax.sharding import PartitionSpec as P
 
 from ..runtime import CompiledFunction, nbytes_of
 from .schedules import Op
+from .optimizer import WholeModelOptimizer, apply_updates
 from .stages import Stage, StageNodes, microbatch_rows
 from .state import PipelineState, Placement
 
@@ -39,7 +41,7 @@ class TrainingStep:
         *,
         split_backward: bool,
         shared_users: Mapping[str, tuple[int, ...]],
-        optimizer: Any,
+        optimizer: WholeModelOptimizer | None,
         clip_norm: float | None,
     ):
         self.stages = stages
@@ -58,26 +60,40 @@ class TrainingStep:
         return loss, ([a[0] for a in acc], self._tie(acc))
 
     def step(self, state: PipelineState, batch: dict, lr):
-        """``(new state, loss)``: the gradients, summed for shared params, clipped, applied per stage."""
+        """``(new state, loss)``: the gradients, summed for shared params, then the optimizer (or SGD) applied."""
         loss, acc = self._run_schedule(state, batch)
         totals = self._tie(acc)
+        new = self._sgd(state, acc, totals, lr) if self.optimizer is None else self._optimize(state, acc, totals)
+        return new, loss  # the outputs are named after this line: new.params[0]['w'], ..., loss
+
+    def _sgd(self, state: PipelineState, acc: list, totals: dict, lr) -> PipelineState:
+        """Plain SGD per stage, after an optional clip by the global norm of every stage's gradients."""
         gnorm = self._global_norm(acc, totals) if self.clip_norm is not None else None
-        params, copies, opt_state = [], {n: [] for n in self.shared_users}, []
+        params, copies = [], {n: [] for n in self.shared_users}
         for st in self.stages:
             j = st.index
             p, sh = state.params[j], self.placement.shared_of(state, st)
-            gsh = {n: totals[n] for n in st.shared}
-            f = self._update_node(st)
-            if self.optimizer is None:
-                new_p, new_sh = f(p, sh, acc[j][0], gsh, lr, gnorm)
-            else:
-                new_p, new_sh, s = f(p, sh, state.opt_state[j], acc[j][0], gsh, gnorm)
-                opt_state.append(s)
+            new_p, new_sh = self._sgd_node(st)(p, sh, acc[j][0], {n: totals[n] for n in st.shared}, lr, gnorm)
             params.append(new_p)
             for n in st.shared:
                 copies[n].append(new_sh[n])
-        new = PipelineState(params, {n: tuple(c) for n, c in copies.items()}, opt_state if self.optimizer else None)
-        return new, loss
+        return PipelineState(params, {n: tuple(c) for n, c in copies.items()}, None)
+
+    def _optimize(self, state: PipelineState, acc: list, totals: dict) -> PipelineState:
+        """The optimizer on the whole model (split per slice, `optimizer.py`); shared params' new value sent to each user."""
+        opt = self.optimizer
+        owned = self.placement.owned(state)
+        tree = opt.whole(state.params, owned)
+        shapes = self.placement.abstract(state.params, owned)
+        new_tree, opt_state = opt.apply(
+            opt.whole([a[0] for a in acc], totals), state.opt_state, tree, opt.whole(shapes.params, self.placement.owned(shapes))
+        )
+        params, shared = opt.parts(new_tree)
+        copies = {}
+        for n, users in self.shared_users.items():
+            old = state.shared[n]
+            copies[n] = (shared[n],) + tuple(self._share_node(n, u)(shared[n], old[i + 1]) for i, u in enumerate(users[1:]))
+        return PipelineState(params, copies, opt_state)
 
     def forward(self, state: PipelineState, x, fields: dict):
         """The last stage's output per microbatch (the batch whole when it does not split into M)."""
@@ -200,36 +216,27 @@ class TrainingStep:
         norm = nodes.cached(("norm",), lambda: nodes.compiled(last, lambda qs: jnp.sqrt(sum(qs[1:], qs[0])), "global_norm", (None,), P()))
         return norm(tuple(parts))
 
-    def _update_node(self, st: Stage) -> CompiledFunction:
-        """``update{j}`` (the optimizer's) or ``sgd{j}``: stage j's params and shared copies, one step on."""
-        nodes, opt, clip = self.nodes, self.optimizer, self.clip_norm
+    def _sgd_node(self, st: Stage) -> CompiledFunction:
+        """``sgd{j}``: stage j's params and shared copies, one SGD step on (clipped by the global norm if asked)."""
+        clip = self.clip_norm
 
-        def clipped(g, gnorm):
-            if clip is None:
-                return g
-            # optax.clip_by_global_norm's formula, with the norm taken over every stage
-            return jax.tree_util.tree_map(lambda t: jnp.where(gnorm < clip, t, t / gnorm.astype(t.dtype) * clip), g)
-
-        def apply_updates(params, updates):  # optax.apply_updates
-            return jax.tree_util.tree_map(lambda p, u: jnp.asarray(p + u).astype(jnp.asarray(p).dtype), params, updates)
+        def sgd(p, sh, gp, gsh, lr, gnorm):
+            g = (gp, gsh)
+            if clip is not None:  # optax.clip_by_global_norm's formula, with the norm taken over every stage
+                g = jax.tree_util.tree_map(lambda t: jnp.where(gnorm < clip, t, t / gnorm.astype(t.dtype) * clip), g)
+            return apply_updates((p, sh), jax.tree_util.tree_map(lambda a: -lr * a, g))
 
         ps = st.param_spec
-        if opt is None:
+        return self.nodes.cached(("sgd", st.index), lambda: self.nodes.compiled(st, sgd, f"sgd{st.index}", (ps, None, ps, None, None, None), (ps, None)))
 
-            def sgd(p, sh, gp, gsh, lr, gnorm):
-                g = clipped((gp, gsh), gnorm)
-                return apply_updates((p, sh), jax.tree_util.tree_map(lambda a: -lr * a, g))
-
-            return nodes.cached(("sgd", st.index), lambda: nodes.compiled(st, sgd, f"sgd{st.index}", (ps, None, ps, None, None, None), (ps, None)))
-        spec = self.placement.opt_specs[st.index]
-
-        def update(p, sh, s, gp, gsh, gnorm):
-            g = clipped((gp, gsh), gnorm)
-            u, s2 = opt.update(g, s, (p, sh))
-            new = apply_updates((p, sh), u)
-            return new[0], new[1], s2
-
-        return nodes.cached(("opt", st.index), lambda: nodes.compiled(st, update, f"update{st.index}", (ps, None, spec, ps, None, None), (ps, None, spec)))
+    def _share_node(self, name: str, user: int) -> CompiledFunction:
+        """``share:{name}{k}``: a shared param's new value, copied to stage k's slice (which reads it next step)
+        into the buffer of the copy it replaces (donated)."""
+        st = self.stages[user]
+        donate = (1,) if self.optimizer.donate else ()
+        return self.nodes.cached(("share", name, user), lambda: CompiledFunction(
+            lambda new, old: new, slice=st.slice, in_specs=(None, None), out_specs=P(), name=f"share:{name}{user}",
+            donate_argnums=donate))
 
 
 def _nbytes(tree: Any) -> int:

@@ -31,11 +31,11 @@ def is_leaf(x: Any) -> bool:
 
 
 def canonical(state: PipelineState) -> dict:
-    """A pipeline state without its layout: per-stage params and optimizer state, one copy of each shared param."""
+    """A pipeline state without its layout: per-stage params, one copy of each shared param, the optimizer state."""
     return {
         "params": list(state.params),
         "shared": {n: copies[0] for n, copies in state.shared.items()},
-        "opt_state": None if state.opt_state is None else list(state.opt_state),
+        "opt_state": state.opt_state,
     }
 
 

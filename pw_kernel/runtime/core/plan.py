@@ -60,6 +60,8 @@ class Step:
     node: Node | None
     remote: bool = False  # runs on a remote island: the watcher reads its timing from the actor
     host_callbacks: bool = False  # may block the thread that dispatches it (XLA:CPU runs callbacks there)
+    donates: tuple[int, ...] = ()  # slots whose buffers its outputs may reuse (donated arguments)
+    outs_donated: bool = False  # a later step donates one of its outputs: completion must not wait on them
     exe: Executable = dataclasses.field(default_factory=Executable)
 
     @property
@@ -141,6 +143,7 @@ def _step_for(node: Node, graph: ProgramGraph, call, ins, outs, name=None, kind=
         node=node,
         remote=getattr(call, "lands_remote", False),
         host_callbacks=node.host_callbacks,
+        donates=tuple(ins[i] for i in node.donated) if remote is None else (),
         exe=Executable(compile_first=hasattr(call, "lower")),
     )
 
@@ -161,11 +164,13 @@ def _finish(mode: ExecMode, graph: ProgramGraph, steps: list[Step], outputs: tup
     for j, (slot, k) in enumerate(zip(outputs, output_step)):
         if k >= 0:
             publishes.setdefault(k, []).append((j, slot))
+    donated = {slot for st in steps for slot in st.donates}
     steps = [
         dataclasses.replace(
             st,
             frees=tuple(frees.get(k, ())),
             publishes=tuple((j, st.outs.index(slot)) for j, slot in publishes.get(k, ())),
+            outs_donated=any(slot in donated for slot in st.outs),
         )
         for k, st in enumerate(steps)
     ]
@@ -198,23 +203,42 @@ def _peak_bytes(graph: ProgramGraph, steps: list[Step], outputs: tuple[int, ...]
     """Walk the steps in order: add each step's outputs, drop slots at their last reader; keep the peak.
 
     An estimate: it counts the buffers the run allocates (node outputs, transfers),
-    not its inputs (they exist already) nor XLA's scratch space inside a node.
+    not its inputs (they exist already) nor XLA's scratch space inside a node. A
+    donated argument's buffer is reused for the outputs: it is dropped before they
+    are added, and a donated input of the run (not counted) makes as many bytes of
+    outputs free.
     """
     live: dict[int, int] = {}
     peak: dict[int, int] = {}
     size: dict[int, dict[int, int]] = {}
     values = graph.values
+    inputs = set(graph.inputs)
+    gone: set[int] = set()
     for st in steps:
+        reused: dict[int, int] = {}
+        for slot in st.donates:
+            if slot in inputs:
+                for d, n in shard_bytes(values[slot]).items():
+                    reused[d] = reused.get(d, 0) + n
+            elif slot in size and slot not in gone:
+                gone.add(slot)
+                for d, n in size[slot].items():
+                    live[d] -= n
+        added: dict[int, int] = {}
         for slot in st.outs:
             if slot < len(values):
                 b = size[slot] = shard_bytes(values[slot])
             else:  # a fused output: sized like the program output it stands for
                 b = size[slot] = shard_bytes(values[graph.outputs[slot - len(values)]])
             for d, n in b.items():
-                live[d] = live.get(d, 0) + n
-                if live[d] > peak.get(d, 0):
-                    peak[d] = live[d]
+                added[d] = added.get(d, 0) + n
+        for d, n in added.items():
+            live[d] = live.get(d, 0) + max(0, n - reused.get(d, 0))
+            if live[d] > peak.get(d, 0):
+                peak[d] = live[d]
         for slot in st.frees:
+            if slot in gone:
+                continue
             for d, n in size.get(slot, {}).items():
                 live[d] -= n
     return peak
@@ -339,6 +363,8 @@ def auto_mode(graph: ProgramGraph) -> str:
     """
     work = sum(1 for n in graph.nodes if n.kind != "transfer")
     if work <= 1 or fusable(graph) is not None:
+        return "chained"
+    if any(n.donated for n in graph.nodes):  # chained, each node donates what it was given
         return "chained"
     whole, once = compile_sizes(graph.jaxpr.jaxpr)
     return "fused" if whole <= max(FUSE_SMALL_EQNS, 2 * once) else "chained"

@@ -181,7 +181,8 @@ class Completion:
         for i, (_, st, ev, outs) in enumerate(batch):
             if st.host_callbacks:
                 guarded.append(i)
-            for a in outs:
+            # a later node reuses these outputs' buffers (donation): it waits for this one; we cannot
+            for a in () if st.outs_donated else outs:
                 try:
                     if not a.is_ready():
                         a.block_until_ready()
@@ -210,11 +211,11 @@ class Completion:
                 last_end[d] = ev.end
         failed: dict[int, BaseException] = {}  # batch index -> error of the first failing node of a run
         try:
-            jax.block_until_ready([item[3] for item in batch])
+            jax.block_until_ready([item[3] for item in batch if not item[1].outs_donated])
         except Exception:  # an asynchronous failure: find the first failing node of each run
             seen: set[int] = set()
-            for i, (rec, _, _, outs) in enumerate(batch):
-                if rec.id not in seen:
+            for i, (rec, st, _, outs) in enumerate(batch):
+                if rec.id not in seen and not st.outs_donated:
                     try:
                         jax.block_until_ready(outs)
                     except Exception as e:

@@ -158,6 +158,8 @@ class CompiledFunction:
         name: str | None = None,
         static_argnums: int | Sequence[int] | None = None,
         static_argnames: str | Sequence[str] | None = None,
+        donate_argnums: int | Sequence[int] | None = None,
+        donate_argnames: str | Sequence[str] | None = None,
     ):
         if not callable(fn):
             raise ArgumentError(f"`pw.compiled` needs a callable; got {fn!r} of type {type(fn).__name__}.")
@@ -195,6 +197,14 @@ class CompiledFunction:
             kw["static_argnums"] = self.static_argnums
         if self.static_argnames:
             kw["static_argnames"] = self.static_argnames
+        # Donation as jax.jit has it: JAX records which flat arguments are donated in the call's
+        # equation (donated_invars); the tracer donates them where nothing reads them later.
+        self.donate_argnums = _as_tuple(donate_argnums, int, "donate_argnums")
+        self.donate_argnames = _as_tuple(donate_argnames, str, "donate_argnames")
+        if self.donate_argnums:
+            kw["donate_argnums"] = self.donate_argnums
+        if self.donate_argnames:
+            kw["donate_argnames"] = self.donate_argnames
         self.jitted = jax.jit(body, **kw)
         _registry[self.jit_name] = self
         self._program = None

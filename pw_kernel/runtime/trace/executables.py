@@ -132,7 +132,7 @@ def glue_key(eqns, invars, outvars) -> Any | None:
     return (tuple(str(v.aval) for v in invars), tuple(parts), outs)
 
 
-def jit_of(eqns, invars, outvars, in_sh, out_sh) -> Callable:
+def jit_of(eqns, invars, outvars, in_sh, out_sh, donate: tuple[int, ...] = ()) -> Callable:
     """`jax.jit` replaying ``eqns`` with these shardings; host callbacks guarded (see `_GuardedCallback`).
 
     A guarded executable carries ``callback_errors``: what its callbacks raised, for the dispatcher's
@@ -143,6 +143,8 @@ def jit_of(eqns, invars, outvars, in_sh, out_sh) -> Callable:
         errors = []
         eqns = guard_callbacks(eqns, errors)
     kw = {} if out_sh is None else {"out_shardings": tuple(out_sh)}  # None: XLA chooses
+    if donate:  # arguments whose buffers the outputs may reuse (the tracer checked nothing reads them later)
+        kw["donate_argnums"] = tuple(donate)
     # keep_unused: a node runs on its slice even when its outputs ignore its inputs (jnp.zeros_like
     # of params on Explicit axes: jit would prune the input, run on one device, and refuse the mesh)
     fn = jax.jit(make_evaluator(eqns, invars, outvars), in_shardings=tuple(in_sh), keep_unused=True, **kw)
@@ -151,15 +153,15 @@ def jit_of(eqns, invars, outvars, in_sh, out_sh) -> Callable:
     return fn
 
 
-def node_executable(eqns, invars, outvars, in_sh, out_sh, key: Any | None = None) -> Callable:
+def node_executable(eqns, invars, outvars, in_sh, out_sh, key: Any | None = None, donate: tuple[int, ...] = ()) -> Callable:
     """`jax.jit` of the equations with the given shardings, shared with identical nodes (``out_sh`` None: XLA
-    chooses, see `chosen_out_shardings`)."""
+    chooses, see `chosen_out_shardings`); ``donate``: positions of arguments whose buffers it may reuse."""
     if key is not None:
-        key = (key, tuple(in_sh), None if out_sh is None else tuple(out_sh))
+        key = (key, tuple(in_sh), None if out_sh is None else tuple(out_sh), tuple(donate))
         hit = _EXECUTABLES.get(key)
         if hit is not None:
             return hit[1]
-    fn = jit_of(eqns, invars, outvars, in_sh, out_sh)
+    fn = jit_of(eqns, invars, outvars, in_sh, out_sh, donate)
     if key is not None:
         if len(_EXECUTABLES) >= _MAX_EXECUTABLES:
             _EXECUTABLES.clear()
@@ -189,7 +191,7 @@ def chosen_out_shardings(fn, invars, outvars, in_sh, s: VirtualSlice, key: Any |
     return out
 
 
-def executable_with_chosen_outputs(eqns, invars, outvars, in_sh, s: VirtualSlice, key):
+def executable_with_chosen_outputs(eqns, invars, outvars, in_sh, s: VirtualSlice, key, donate: tuple[int, ...] = ()):
     """A node's executable built without out_shardings, and the shardings XLA gives its outputs.
 
     (Shardings the equations declare themselves, a compiled function's out_specs or a nested
@@ -197,12 +199,12 @@ def executable_with_chosen_outputs(eqns, invars, outvars, in_sh, s: VirtualSlice
     depends on no input may land on one device) is replicated over the slice instead, with an
     executable that says so: pw keeps every node's values on its slice.
     """
-    fn = node_executable(eqns, invars, outvars, in_sh, None, key)
+    fn = node_executable(eqns, invars, outvars, in_sh, None, key, donate)
     chosen = chosen_out_shardings(fn, invars, outvars, in_sh, s, key)
     devices = set(s.devices)
     out = [sh if sh.device_set == devices else NamedSharding(s.mesh, PartitionSpec()) for sh in chosen]
     if out != chosen:
-        fn = node_executable(eqns, invars, outvars, in_sh, out, key)
+        fn = node_executable(eqns, invars, outvars, in_sh, out, key, donate)
     return fn, out
 
 

@@ -92,6 +92,7 @@ class Node:
     source: tuple[str, int] | None = None  # (file, line) of the user code that made it
     stack: tuple[tuple[str, int], ...] = ()  # every user frame, innermost first
     host_callbacks: bool = False  # runs Python host callbacks (XLA:CPU runs those on the dispatching thread)
+    donated: tuple[int, ...] = ()  # positions in ``inputs`` whose buffers its outputs may reuse (donate_argnums)
 
     @property
     def island(self) -> Island | None:
@@ -186,6 +187,17 @@ class ProgramGraph:
             for vid in node.inputs:
                 v = self.values[vid]
                 out.append(Edge(v.producer, node.id, v))
+        return out
+
+    @functools.cached_property
+    def donated_inputs(self) -> dict[int, str]:
+        """Program input position -> the node that donates it (`pw.compiled(donate_argnums=...)`)."""
+        pos = {vid: i for i, vid in enumerate(self.inputs)}
+        out: dict[int, str] = {}
+        for n in self.nodes:
+            for p in n.donated:
+                if n.inputs[p] in pos:
+                    out.setdefault(pos[n.inputs[p]], n.name)
         return out
 
     @functools.cached_property

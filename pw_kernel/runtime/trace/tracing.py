@@ -21,7 +21,7 @@ from jax.extend.core import Literal
 from jax.sharding import NamedSharding, PartitionSpec, Sharding
 
 from ..devices import ResourceManager, VirtualSlice
-from ..errors import PathwaysError, SpecError, TracingError
+from ..errors import ArgumentError, PathwaysError, SpecError, TracingError
 from ..futures import Future
 from ..remote.client import RemoteArray
 from .compiled import CompiledFunction, TraceScope, lookup, trace_scope
@@ -298,17 +298,23 @@ def trace_program(
     name: str,
     resources: ResourceManager,
     default_slice: VirtualSlice | None = None,
+    keep: tuple[int, ...] = (),
 ) -> ProgramGraph:
-    """Trace ``fn(*args, **kwargs)`` into a ProgramGraph; see the module docstring."""
+    """Trace ``fn(*args, **kwargs)`` into a ProgramGraph; see the module docstring.
+
+    ``keep``: positions among the traced inputs that must not be donated (pw still reads them elsewhere).
+    """
     with trace_scope() as scope:
-        return _Tracer(fn, args, kwargs, name, scope, _Builder(name, resources, default_slice)).trace()
+        return _Tracer(fn, args, kwargs, name, scope, _Builder(name, resources, default_slice), keep).trace()
 
 
 class _Tracer:
     """One trace of a program, phase by phase: the jaxpr, its inputs, its equations as nodes, its outputs."""
 
-    def __init__(self, fn: Callable, args: tuple, kwargs: dict, name: str, scope: TraceScope, builder: _Builder):
+    def __init__(self, fn: Callable, args: tuple, kwargs: dict, name: str, scope: TraceScope, builder: _Builder, keep=()):
         self.fn = fn
+        self.keep = tuple(keep)
+        self.keep_values: set[int] = set()
         self.name = name
         self.scope = scope
         self.b = builder
@@ -325,6 +331,8 @@ class _Tracer:
         closed = self.make_jaxpr()
         jaxpr = closed.jaxpr
         inputs = self.add_inputs(jaxpr.invars)
+        self.keep_values = {inputs[i] for i in self.keep if i < len(inputs)}
+        self.jaxpr = jaxpr
         self.add_consts(jaxpr.constvars, closed.consts)
         self.choose_default_slice(jaxpr.eqns)
         self.walk(jaxpr)
@@ -432,7 +440,7 @@ class _Tracer:
                 self.collect_glue(k, eqn)
             else:
                 self.flush_glue()
-                self.add_compute(eqn, cf)
+                self.add_compute(eqn, cf, k)
         self.flush_glue()
         if taken != len(self.scope.inputs):  # a read inside a compiled function or a jax loop would run its placeholder
             raise TracingError(
@@ -515,22 +523,71 @@ class _Tracer:
         for v, vid in zip(eqn.outvars, out_ids):
             b.var_value[v] = vid
 
-    def add_compute(self, eqn: Any, cf: CompiledFunction) -> None:
+    def add_compute(self, eqn: Any, cf: CompiledFunction, k: int) -> None:
         """A `pw.compiled` call as a compute node on its slice, its arguments moved there."""
         cf.slice.check_live(f"pw.compiled {cf.name!r}")
         in_ids, in_sh, var_ins = self.compute_inputs(eqn, cf)
+        donate = self.donations(k, eqn, cf, in_ids)
         # The inner jaxpr object is JAX's trace-cache entry: identical calls share it.
         key = ("compute", id(eqn.params["jaxpr"]), tuple(
             literal_key(v) if isinstance(v, Literal) else ("in", var_ins.index(v)) for v in eqn.invars
         ))
         out_sh = list(eqn.params["out_shardings"])
         if all(isinstance(sh, Sharding) for sh in out_sh):
-            fn = node_executable([eqn], var_ins, eqn.outvars, in_sh, out_sh, key)
+            fn = node_executable([eqn], var_ins, eqn.outvars, in_sh, out_sh, key, donate)
         else:  # an out_specs of None: XLA chooses, as for jax.jit without out_shardings
-            fn, out_sh = executable_with_chosen_outputs([eqn], var_ins, eqn.outvars, in_sh, cf.slice, key)
+            fn, chosen = executable_with_chosen_outputs([eqn], var_ins, eqn.outvars, in_sh, cf.slice, key, donate)
+            # the leaves that were given keep their spec as written (P('model', None), not XLA's P('model',)),
+            # as jax.jit returns them
+            given = [d if isinstance(d, Sharding) else c for d, c in zip(out_sh, chosen)]
+            if given != chosen or any(g is not c for g, c in zip(given, chosen)):
+                fn = node_executable([eqn], var_ins, eqn.outvars, in_sh, given, key, donate)
+            out_sh = given
         for v, sh in zip(eqn.outvars, out_sh):
             _check_divisible(v.aval.shape, sh, f"`{cf.name}` output ({v.aval.str_short()})")
-        self.add_node("compute", cf.name, cf.slice, [eqn], in_ids, eqn.outvars, out_sh, fn)
+        self.add_node("compute", cf.name, cf.slice, [eqn], in_ids, eqn.outvars, out_sh, fn, donated=donate)
+
+    def donations(self, k: int, eqn: Any, cf: CompiledFunction, in_ids: list[int]) -> tuple[int, ...]:
+        """Positions of the node's inputs it donates, as JAX recorded ``donate_argnums`` in the call.
+
+        Refused (clearly) when a later node reads the value or the program returns it; a value pw still
+        reads elsewhere (``keep``) or a program constant is not donated (the node leaves it alone).
+        """
+        flags = eqn.params.get("donated_invars") or ()
+        if not any(flags) or cf.slice.island.remote is not None:
+            return ()
+        b, out, pos = self.b, [], -1
+        for i, (v, d) in enumerate(zip(eqn.invars, flags)):
+            if isinstance(v, Literal):
+                continue
+            pos += 1
+            if not d:
+                continue
+            val = b.values[b.read(v)]
+            if self.last_use.get(v, -1) > k:
+                raise ArgumentError(
+                    f"`pw.compiled(donate_argnums=...)` {cf.name!r}: its argument {i} ({val.type_str}) is donated, but "
+                    f"{self.reader_after(k, v)} reads it afterwards. A donated buffer is reused for the outputs, so "
+                    f"nothing may read it later: read it before this call, pass a copy (`jnp.copy(x)`), or do not "
+                    f"donate it.{_fmt_source(_eqn_source(eqn))}"
+                )
+            moved = in_ids[pos] != val.id  # a transfer's copy on this slice: always the node's to reuse
+            if not moved and (val.origin == "const" or val.id in self.keep_values):
+                continue
+            if sum(1 for w in eqn.invars if w is v) > 1:
+                continue  # passed twice: one buffer cannot be reused and read
+            out.append(pos)
+        return tuple(out)
+
+    def reader_after(self, k: int, var: Any) -> str:
+        """Who reads ``var`` after equation ``k``: a compiled function, a jnp operation, or the program's caller."""
+        for eqn in self.jaxpr.eqns[k + 1 :]:
+            if any(v is var for v in eqn.invars):
+                cf = lookup(str(eqn.params.get("name", ""))) if "jit" in eqn.primitive.name else None
+                what = f"`{cf.name}`" if cf is not None else f"the jnp operation `{eqn.primitive.name}`"
+                src = _eqn_source(eqn)
+                return what + ("" if src is None else f" (line {src[1]} of {src[0]})")
+        return "the program's caller (the program returns it as a future)"
 
     def compute_inputs(self, eqn: Any, cf: CompiledFunction) -> tuple[list[int], list[Sharding], list[Any]]:
         """The values a call reads, each placed as its in_specs say: (value ids, shardings, vars)."""
