@@ -269,3 +269,21 @@ def test_a_data_iterator_resumes_at_the_batch_the_loop_had_reached(ctl, tmp_path
     with pytest.raises(pw.CheckpointError, match="a plain generator cannot say where it is"):
         ckpt.save(4, {"data": gen()})
     ckpt.close()
+
+
+def test_a_script_that_ends_while_a_save_is_in_flight_says_which_steps_are_not_on_disk(tmp_path):
+    # Python stops the thread pools orbax writes with before exit hooks run, so a save
+    # in flight at exit cannot finish; what must never happen is a silent gap.
+    code = textwrap.dedent(f"""
+        import numpy as np, pw_kernel as pw
+        s = pw.slice(2)
+        ckpt = pw.CheckpointManager({str(tmp_path / "ck")!r})
+        ckpt.save(0, {{"w": np.ones((64, 1024, 1024), np.float32)}})   # 256 MiB: still writing at exit
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    on_disk = (tmp_path / "ck" / "0").is_dir()
+    said = "the process ended before step(s) [0] were written" in proc.stderr
+    assert on_disk != said, (on_disk, proc.stderr[-2000:])
+    if said:
+        assert "Call ckpt.wait_until_finished() before a script ends" in proc.stderr

@@ -180,6 +180,24 @@ def test_bad_arguments_are_clear(ctl):
 
 
 # ------------------------------------------------------------------ leaving a loop early
+def test_a_script_that_ends_with_a_prefetch_still_loading_exits_cleanly():
+    # The loop stops early and the script ends with the iterator still referenced: its thread
+    # is stopped and joined at exit, not torn down inside the source's or JAX's code.
+    out = run_python(textwrap.dedent("""
+        import time, numpy as np, pw_kernel as pw
+        s = pw.slice(4, mesh={"data": 4})
+        def slow():
+            for i in range(1000):
+                time.sleep(0.01)
+                yield np.full((256, 1024), i, np.float32)
+        batches = pw.prefetch(slow(), to=s, depth=4)
+        for _, x in zip(range(3), batches):
+            pass
+        print("left the loop at", int(x[0, 0]))
+    """))
+    assert "left the loop at 2" in out
+
+
 def test_leaving_a_loop_early_stops_the_thread_and_frees_the_placed_batches(ctl):
     s = pw.slice(2, mesh={"data": 2}, name="a")
     gc.collect()

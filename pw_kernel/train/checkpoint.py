@@ -20,8 +20,10 @@ in ``state``: their bytes never pass through the controller.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import os
+import sys
 import threading
 import time
 from typing import Any
@@ -447,6 +449,19 @@ class CheckpointManager:
 
 #: Managers alive in this process, for the notebook front's status and failure reports.
 _managers: list[CheckpointManager] = []
+
+
+@atexit.register
+def _warn_unfinished_at_exit() -> None:
+    # Python shuts down the thread pools orbax writes with before exit hooks run, so a save still
+    # in flight when a script ends fails ("cannot schedule new futures after interpreter shutdown"):
+    # say which steps are not on disk rather than leave a silent gap.
+    for m in managers():
+        lost = sorted({r.step for r in m.saves if r.state not in ("done", "failed")} | {r.step for r in m.take_failures()})
+        if lost:
+            print(f"pw.CheckpointManager({m.directory!s}): the process ended before step(s) {lost} were "
+                  f"written; they are not on disk. Call ckpt.wait_until_finished() before a script ends.",
+                  file=sys.stderr)
 
 
 def managers() -> list[CheckpointManager]:

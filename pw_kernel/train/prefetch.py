@@ -18,6 +18,7 @@ the next placed batch when the run gets there.
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import queue
 import threading
@@ -66,12 +67,14 @@ class _Worker:
         self.next_index = start
         self.dropped = False  # a batch was read and then dropped because of a stop
         self.thread = threading.Thread(target=self._loop, name=f"pw-prefetch-{name}", daemon=True)
+        _workers.add(self)
         self.thread.start()
 
     def _loop(self) -> None:
         try:
             self._load_and_place()
         finally:
+            _workers.discard(self)
             if self.stopping.is_set():  # what it placed after the stop's drain goes too
                 self._drain()
 
@@ -140,6 +143,17 @@ class _Worker:
                 self.items.get_nowait()
             except queue.Empty:
                 break
+
+
+#: Workers whose thread runs: stopped and joined at exit, since a daemon thread still inside
+#: the source's or JAX's C++ code when the interpreter ends aborts the process.
+_workers: set[_Worker] = set()
+
+
+@atexit.register
+def _stop_at_exit() -> None:
+    for w in list(_workers):
+        w.stop(wait=2.0)
 
 
 class PrefetchIterator:
