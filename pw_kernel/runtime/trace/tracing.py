@@ -70,6 +70,26 @@ def signature(args: tuple, kwargs: dict) -> tuple[Any, list[Any], tuple]:
     return treedef, leaves, (treedef, tuple(key))
 
 
+def placed_signature(key: tuple, leaves: list[Any], resources: ResourceManager) -> tuple:
+    """``signature``'s key with every device array keyed by the slice a trace puts it on.
+
+    A future knows its slice; a `jax.Array` is on the slice whose devices and mesh its sharding
+    has (as `_Builder.slice_of` finds it). An array and a future of the same shape, dtype,
+    sharding and slice trace to the same graph: a cell run first on arrays, then again on the
+    futures it returned, reuses its trace.
+    """
+    treedef, parts = key
+    out = []
+    for part, leaf in zip(parts, leaves):
+        if part[0] == "A" and isinstance(leaf, (Future, RemoteArray, jax.Array)):
+            home = getattr(leaf, "slice", None) if not isinstance(leaf, jax.Array) else None
+            if home is None and leaf.sharding is not None:
+                home = _Builder(name="", resources=resources, default_slice=None).slice_of(leaf.sharding)
+            part = ("A", tuple(leaf.shape), leaf.dtype, leaf.sharding, id(home) if home is not None else None)
+        out.append(part)
+    return (treedef, tuple(out))
+
+
 def user_frame(tb_frames) -> tuple[str, int] | None:
     """The innermost (file, line) that is user code, not JAX's or pw_kernel's."""
     for filename, line in tb_frames:
