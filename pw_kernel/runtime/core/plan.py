@@ -338,20 +338,27 @@ def compile_sizes(jaxpr: Any) -> tuple[int, int]:
     A compiled function called N times is one jaxpr object in N call equations: chained
     compiles it once, fused inlines N copies.
     """
+    inlined: dict[int, int] = {}  # id of a nested jaxpr -> its size with every call inlined
+
+    def whole(j: Any) -> int:
+        n = inlined.get(id(j))
+        if n is None:
+            n = len(j.eqns) + sum(whole(inner) for e in j.eqns for inner in sub_jaxprs(e))
+            inlined[id(j)] = n
+        return n
+
     seen: set[int] = set()
 
-    def size(j: Any, dedupe: bool) -> int:
+    def once(j: Any) -> int:
         n = len(j.eqns)
         for e in j.eqns:
             for inner in sub_jaxprs(e):
-                if dedupe:
-                    if id(inner) in seen:
-                        continue
+                if id(inner) not in seen:
                     seen.add(id(inner))
-                n += size(inner, dedupe)
+                    n += once(inner)
         return n
 
-    return size(jaxpr, False), size(jaxpr, True)
+    return whole(jaxpr), once(jaxpr)
 
 
 def auto_mode(graph: ProgramGraph) -> str:

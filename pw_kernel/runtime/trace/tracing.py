@@ -109,7 +109,22 @@ def _eqn_stack(eqn) -> tuple[tuple[str, int], ...]:
     tb = getattr(eqn.source_info, "traceback", None)
     if tb is None:
         return ()
-    return _user_frames((f.file_name, f.line_num) for f in tb.frames)
+    # Where a loop calls one function, each call's frames are at the same code and offsets. Keyed by the
+    # code objects' ids (equal code in two cells compares equal but has another filename), kept alive below.
+    codes, offsets = tb.raw_frames()
+    key = (tuple(map(id, codes)), tuple(offsets))
+    hit = _STACKS.get(key)
+    if hit is not None:
+        return hit[1]
+    stack = _user_frames((f.file_name, f.line_num) for f in tb.frames)
+    if len(_STACKS) >= 4096:
+        _STACKS.clear()
+    _STACKS[key] = (codes, stack)
+    return stack
+
+
+#: Traceback (code object ids, instruction offsets) -> (the code objects, so their ids stay unique; user frames).
+_STACKS: dict[tuple, tuple[list, tuple[tuple[str, int], ...]]] = {}
 
 
 def _eqn_source(eqn) -> tuple[str, int] | None:
@@ -179,10 +194,18 @@ def _unspecified_input(val: Value, s: VirtualSlice) -> Sharding:
     return _map_sharding(val.sharding, val.shape, s)
 
 
-def _check_divisible(shape, sharding: Sharding, what: str) -> None:
+def _check_divisible(shape, sharding: Sharding, what: str | Callable[[], str]) -> None:
+    """A clear error where ``sharding`` does not split ``shape`` evenly; ``what`` (or ``what()``) names the value."""
     if not isinstance(sharding, NamedSharding):
         return
     spec = sharding.spec
+    if not any(spec) and len(spec) <= len(shape):  # replicated: nothing to divide (the common case, checked fast)
+        return
+    key = (tuple(shape), sharding)
+    if key in _DIVIDES:
+        return
+    if callable(what):
+        what = what()
     if len(spec) > len(shape):
         raise SpecError(
             f"{what}: PartitionSpec {spec} has {len(spec)} entries but the value has shape {tuple(shape)} "
@@ -199,6 +222,13 @@ def _check_divisible(shape, sharding: Sharding, what: str) -> None:
                 f"evenly over mesh axes {axes} of size {size} (PartitionSpec {spec}). Use a size that is a "
                 f"multiple of {size}, or replicate that dimension with None."
             )
+    if len(_DIVIDES) >= 4096:
+        _DIVIDES.clear()
+    _DIVIDES.add(key)
+
+
+#: (shape, sharding) pairs that divide evenly: a loop places the same values each step.
+_DIVIDES: set[tuple] = set()
 
 
 def _map_sharding(sharding: Sharding | None, shape, target: VirtualSlice) -> NamedSharding:
@@ -222,6 +252,8 @@ def _map_sharding(sharding: Sharding | None, shape, target: VirtualSlice) -> Nam
 def _same_placement(have: Sharding | None, want: Sharding, ndim: int) -> bool:
     if have is None:
         return False
+    if have is want or have == want:
+        return True
     try:
         return have.is_equivalent_to(want, ndim)
     except Exception:  # different device sets or incomparable kinds
@@ -546,7 +578,8 @@ class _Tracer:
     def add_compute(self, eqn: Any, cf: CompiledFunction, k: int) -> None:
         """A `pw.compiled` call as a compute node on its slice, its arguments moved there."""
         cf.slice.check_live(f"pw.compiled {cf.name!r}")
-        in_ids, in_sh, var_ins = self.compute_inputs(eqn, cf)
+        stack = _eqn_stack(eqn)
+        in_ids, in_sh, var_ins = self.compute_inputs(eqn, cf, stack[0] if stack else None)
         donate = self.donations(k, eqn, cf, in_ids)
         # The inner jaxpr object is JAX's trace-cache entry: identical calls share it.
         key = ("compute", id(eqn.params["jaxpr"]), tuple(
@@ -564,8 +597,8 @@ class _Tracer:
                 fn = node_executable([eqn], var_ins, eqn.outvars, in_sh, given, key, donate)
             out_sh = given
         for v, sh in zip(eqn.outvars, out_sh):
-            _check_divisible(v.aval.shape, sh, f"`{cf.name}` output ({v.aval.str_short()})")
-        self.add_node("compute", cf.name, cf.slice, [eqn], in_ids, eqn.outvars, out_sh, fn, donated=donate)
+            _check_divisible(v.aval.shape, sh, lambda v=v: f"`{cf.name}` output ({v.aval.str_short()})")
+        self.add_node("compute", cf.name, cf.slice, [eqn], in_ids, eqn.outvars, out_sh, fn, stack=stack, donated=donate)
 
     def donations(self, k: int, eqn: Any, cf: CompiledFunction, in_ids: list[int]) -> tuple[int, ...]:
         """Positions of the node's inputs it donates, as JAX recorded ``donate_argnums`` in the call.
@@ -609,10 +642,9 @@ class _Tracer:
                 return what + ("" if src is None else f" (line {src[1]} of {src[0]})")
         return "the program's caller (the program returns it as a future)"
 
-    def compute_inputs(self, eqn: Any, cf: CompiledFunction) -> tuple[list[int], list[Sharding], list[Any]]:
-        """The values a call reads, each placed as its in_specs say: (value ids, shardings, vars)."""
+    def compute_inputs(self, eqn: Any, cf: CompiledFunction, source) -> tuple[list[int], list[Sharding], list[Any]]:
+        """The values a call reads, each placed as its in_specs say: (value ids, shardings, vars); ``source``: its line."""
         b = self.b
-        source = _eqn_source(eqn)
         in_ids, in_sh, var_ins = [], [], []
         for pos, (v, want) in enumerate(zip(eqn.invars, eqn.params["in_shardings"])):
             if isinstance(v, Literal):
@@ -620,15 +652,17 @@ class _Tracer:
             val = b.values[b.read(v)]
             if not isinstance(want, Sharding):  # an in_specs of None
                 want = _unspecified_input(val, cf.slice)
-            _check_divisible(val.shape, want, f"`{cf.name}` argument {pos} ({val.type_str})")
+            _check_divisible(val.shape, want, lambda pos=pos, val=val: f"`{cf.name}` argument {pos} ({val.type_str})")
             in_ids.append(b.placed(val.id, want, cf.slice, source))
             in_sh.append(want)
             var_ins.append(v)
         return in_ids, in_sh, var_ins
 
-    def add_node(self, kind, name, s, eqns, in_ids, outvars, out_sh, fn, **kw) -> None:
-        """A node of ``eqns`` on slice ``s``, with a new value for each of ``outvars``."""
+    def add_node(self, kind, name, s, eqns, in_ids, outvars, out_sh, fn, stack=None, **kw) -> None:
+        """A node of ``eqns`` on slice ``s``, with a new value for each of ``outvars`` (``stack``: known already)."""
         b = self.b
+        if stack is None:
+            stack = _eqn_stack(eqns[0])
         node_id = len(b.nodes)
         out_ids = [b.new_value(v.aval.shape, v.aval.dtype, sh, "node", node_id, s) for v, sh in zip(outvars, out_sh)]
         b.add_node(
@@ -638,8 +672,8 @@ class _Tracer:
             inputs=tuple(in_ids),
             outputs=tuple(out_ids),
             fn=fn,
-            source=_eqn_source(eqns[0]),
-            stack=_eqn_stack(eqns[0]),
+            source=stack[0] if stack else None,
+            stack=stack,
             host_callbacks=calls_host(eqns),
             **kw,
         )
