@@ -418,6 +418,38 @@ def memory_table(mm: dict) -> tuple[list[str], list[dict]]:
     return out, mm["targets"]
 
 
+def tracing_table(tr: dict) -> tuple[list[str], list[dict]]:
+    lp = tr["loops"]
+    out = [
+        "#### Tracing: a loop of K calls of one compiled step, and a cell run again (tracing.py)",
+        "",
+        "pw: a new `@pw.program` of the loop traced and planned; JAX: `jax.make_jaxpr` of a new loop function "
+        "calling a `jax.jit` of the same step with the same shardings. Medians of interleaved rounds.",
+        "",
+        "| K | pw ms | make_jaxpr ms | pw/JAX | pw µs per step |",
+        "|---|---|---|---|---|",
+    ]
+    for k, r in lp["rows"].items():
+        out.append(f"| {k} | {r['pw_ms']:.2f} | {r['jax_ms']:.2f} | {r['ratio']:.2f}x | {r['pw_us_per_step']:.1f} |")
+    cl = tr.get("cells") or {}
+    if "skipped" in cl:
+        out += ["", f"Cells: skipped: {cl['skipped']}", ""]
+        return out, tr["targets"]
+    out += [
+        "",
+        "`%%pathways` cells through IPython's `run_cell` (first: the cell's first run in the process; edited: its "
+        "text changed, traced anew with JAX's caches warm; rerun: the same text again, its trace and plan reused).",
+        "",
+        "| cell | nodes | first ms | edited ms | rerun ms | rerun / first | rerun / edited |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, r in cl.items():
+        out.append(f"| {name}, {r['steps']} steps | {r['nodes']} | {r['cold_ms']:.1f} | {r['first_ms']:.1f} | "
+                   f"{r['rerun_ms']:.2f} | {pct(r['ratio'])} | {pct(r['ratio_warm'])} |")
+    out.append("")
+    return out, tr["targets"]
+
+
 def targets_table(targets: list[dict]) -> list[str]:
     out = ["#### Targets", "", "| target | measured | limit | |", "|---|---|---|---|"]
     for t in targets:
@@ -434,7 +466,7 @@ def targets_table(targets: list[dict]) -> list[str]:
 def render(platform: str, results: Path, status: dict | None) -> str:
     loaded = {n: _load(results, n, platform) for n in
               ("dispatch", "interactive", "parity", "utilization", "profile_overhead", "multitenancy", "pipeline",
-               "timeline_redraw", "remote", "checkpoint", "input", "memory")}
+               "timeline_redraw", "remote", "checkpoint", "input", "memory", "tracing")}
     first = next((v for v in loaded.values() if v and isinstance(v.get("machine"), dict)), None)
     lines = header(platform, status, first)
     lines.append("")
@@ -447,7 +479,7 @@ def render(platform: str, results: Path, status: dict | None) -> str:
         ("profile_overhead", lambda r: (profile_tables(r), []), tail), ("multitenancy", multitenancy_table, tail),
         ("pipeline", pipeline_table, tail), ("timeline_redraw", timeline_table, tail),
         ("remote", remote_table, tail), ("checkpoint", checkpoint_table, tail), ("input", input_table, tail),
-        ("memory", memory_table, tail),
+        ("memory", memory_table, tail), ("tracing", tracing_table, tail),
     )
     for name, fn, where in renderers:
         if not loaded[name]:
