@@ -438,14 +438,16 @@ def tracing_table(tr: dict) -> tuple[list[str], list[dict]]:
     out += [
         "",
         "`%%pathways` cells through IPython's `run_cell` (first: the cell's first run in the process; edited: its "
-        "text changed, traced anew with JAX's caches warm; rerun: the same text again, its trace and plan reused).",
+        "text changed, traced anew with JAX's caches warm; rerun: the same text again, its trace and plan reused). "
+        "ms until the run was submitted (IPython, trace, plan) / ms of the whole `run_cell`.",
         "",
-        "| cell | nodes | first ms | edited ms | rerun ms | rerun / first | rerun / edited |",
+        "| cell | nodes | first | edited | rerun | rerun / first | rerun / edited |",
         "|---|---|---|---|---|---|---|",
     ]
     for name, r in cl.items():
-        out.append(f"| {name}, {r['steps']} steps | {r['nodes']} | {r['cold_ms']:.1f} | {r['first_ms']:.1f} | "
-                   f"{r['rerun_ms']:.2f} | {pct(r['ratio'])} | {pct(r['ratio_warm'])} |")
+        cols = " | ".join(f"{r[m]['submitted_ms']:.2f} / {r[m]['cell_ms']:.1f}" for m in ("cold", "first", "rerun"))
+        out.append(f"| {name}, {r['steps']} steps | {r['nodes']} | {cols} | {pct(r['ratio'])} | "
+                   f"{pct(r['ratio_edited'])} |")
     out.append("")
     return out, tr["targets"]
 
