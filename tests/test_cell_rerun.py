@@ -154,7 +154,8 @@ def test_a_program_traced_on_arrays_reuses_its_graph_for_futures_of_the_same_sig
 
 
 def test_value_keys_see_what_a_trace_would_bake():
-    from pw_kernel.magics.cell_cache import Uncacheable, value_key
+    from pw_kernel.magics.cell_cache import value_key
+    from pw_kernel.magics.errors import Uncacheable
 
     assert value_key({"lr": 0.1, "n": [1, 2]}) == value_key({"lr": 0.1, "n": [1, 2]})
     assert value_key({"lr": 0.1}) != value_key({"lr": 0.2})

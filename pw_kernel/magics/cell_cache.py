@@ -30,6 +30,7 @@ import numpy as np
 from jax.sharding import Mesh, PartitionSpec, Sharding
 
 from ..runtime import Future, Program
+from .errors import Uncacheable
 
 #: Cells remembered per notebook (least recently run forgotten first).
 MAX_CELLS = 32
@@ -44,10 +45,6 @@ _BY_IDENTITY = (
     jax.Array, Future,
 )
 _ABSENT = ("absent",)
-
-
-class Uncacheable(Exception):
-    """A value read by the cell whose changes a key cannot see."""
 
 
 class Same:

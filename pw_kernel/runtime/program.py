@@ -19,7 +19,8 @@ from .trace.feeds import input_node
 from .devices import VirtualSlice
 from .errors import ArgumentError
 from .trace.graph import ProgramGraph
-from .trace.tracing import is_traced_leaf, placed_signature, signature, trace_program
+from .trace.signatures import is_traced_leaf, placed_signature, signature
+from .trace.tracing import trace_program
 
 if TYPE_CHECKING:
     from .exec.controller import Controller

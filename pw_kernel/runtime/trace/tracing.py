@@ -22,72 +22,15 @@ from jax.sharding import NamedSharding, PartitionSpec, Sharding
 
 from ..devices import ResourceManager, VirtualSlice
 from ..errors import ArgumentError, PathwaysError, SpecError, TracingError
-from ..futures import Future
-from ..remote.client import RemoteArray
 from .compiled import CompiledFunction, TraceScope, lookup, trace_scope
 from .feeds import InputRead, input_read
 from .executables import calls_host, executable_with_chosen_outputs, glue_key, literal_key, node_executable
 from .graph import Node, ProgramGraph, Value, as_dtype
 from .jax_errors import UNTRACEABLE, JaxErrorKind, classify
+from .signatures import abstract_leaf, home_slice, is_traced_leaf, signature
 
 _JAX_DIR = os.path.dirname(jax.__file__)
 _PW_DIR = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))  # pw_kernel/
-
-
-def is_traced_leaf(x: Any) -> bool:
-    """Arrays and futures are traced program inputs; every other leaf is a constant."""
-    return isinstance(x, (Future, jax.Array, np.ndarray, np.generic, RemoteArray))
-
-
-def abstract_leaf(x: Any) -> jax.ShapeDtypeStruct:
-    if isinstance(x, (Future, jax.Array, RemoteArray)):
-        return jax.ShapeDtypeStruct(tuple(x.shape), x.dtype, sharding=x.sharding)
-    x = np.asarray(x)
-    return jax.ShapeDtypeStruct(x.shape, x.dtype)
-
-
-def signature(args: tuple, kwargs: dict) -> tuple[Any, list[Any], tuple]:
-    """Flatten (args, kwargs); return (treedef, leaves, hashable cache key)."""
-    leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
-    key = []
-    for i, leaf in enumerate(leaves):
-        if isinstance(leaf, (Future, RemoteArray)):
-            key.append(("A", tuple(leaf.shape), leaf.dtype, leaf.sharding, id(leaf.slice) if leaf.slice else None))
-        elif isinstance(leaf, jax.Array):  # the hot path of every call: no ShapeDtypeStruct
-            key.append(("A", tuple(leaf.shape), leaf.dtype, leaf.sharding))
-        elif isinstance(leaf, (np.ndarray, np.generic)):
-            key.append(("A", np.shape(leaf), leaf.dtype, None))
-        else:
-            try:
-                hash(leaf)
-            except TypeError:
-                raise TracingError(
-                    f"`pw.program`: argument leaf {i} is a {type(leaf).__name__}, which is neither an array "
-                    f"(traced) nor hashable (a constant baked into the trace). Pass it as a jax/numpy array, "
-                    f"or as a hashable value such as a tuple."
-                ) from None
-            key.append(("S", type(leaf), leaf))
-    return treedef, leaves, (treedef, tuple(key))
-
-
-def placed_signature(key: tuple, leaves: list[Any], resources: ResourceManager) -> tuple:
-    """``signature``'s key with every device array keyed by the slice a trace puts it on.
-
-    A future knows its slice; a `jax.Array` is on the slice whose devices and mesh its sharding
-    has (as `_Builder.slice_of` finds it). An array and a future of the same shape, dtype,
-    sharding and slice trace to the same graph: a cell run first on arrays, then again on the
-    futures it returned, reuses its trace.
-    """
-    treedef, parts = key
-    out = []
-    for part, leaf in zip(parts, leaves):
-        if part[0] == "A" and isinstance(leaf, (Future, RemoteArray, jax.Array)):
-            home = getattr(leaf, "slice", None) if not isinstance(leaf, jax.Array) else None
-            if home is None and leaf.sharding is not None:
-                home = _Builder(name="", resources=resources, default_slice=None).slice_of(leaf.sharding)
-            part = ("A", tuple(leaf.shape), leaf.dtype, leaf.sharding, id(home) if home is not None else None)
-        out.append(part)
-    return (treedef, tuple(out))
 
 
 def user_frame(tb_frames) -> tuple[str, int] | None:
@@ -279,16 +222,7 @@ class _Builder:
         return v.id
 
     def slice_of(self, sharding: Sharding) -> VirtualSlice | None:
-        devs = sharding.device_set
-        best = None
-        for s in self.resources.slices:
-            if s.island.remote is not None:  # its devices are stand-ins: a local array is never there
-                continue
-            if set(s.devices) == devs:
-                if isinstance(sharding, NamedSharding) and sharding.mesh == s.mesh:
-                    return s
-                best = best or s
-        return best
+        return home_slice(self.resources, sharding)
 
     def unique(self, name: str) -> str:
         k = self.name_counts.get(name, 0)
