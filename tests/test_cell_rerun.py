@@ -167,3 +167,31 @@ def test_value_keys_see_what_a_trace_would_bake():
     assert value_key(a) != k
     with pytest.raises(Uncacheable, match="may change without the cell seeing it"):
         value_key(object())
+
+
+def test_plain_python_values_a_reused_trace_binds_are_new_each_run(nb):
+    cell = "%%pathways --block\nnotes = ['run']\ny = step(x, x)\n"
+    nb.run(cell)
+    nb.ns["notes"].append("changed by the user")
+    nb.run(cell)
+    assert graphs()[-1] is graphs()[-2]
+    assert nb.ns["notes"] == ["run"]  # a new list, as a new run of the cell makes
+
+
+def test_a_cell_that_makes_an_object_of_a_user_class_is_traced_every_time(nb):
+    nb.run("class Box:\n    pass\n")
+    cell = "%%pathways --block\nbox = Box()\ny = step(x, x)\n"
+    nb.run(cell)
+    first = nb.ns["box"]
+    nb.run(cell)
+    assert graphs()[-1] is not graphs()[-2] and nb.ns["box"] is not first
+
+
+def test_a_python_value_the_trace_computed_matches_the_signature_the_run_reused(nb):
+    cell = "%%pathways --block\nn = v.shape[0]\ny = step(v, v)\n"
+    for size in (4, 8, 4):
+        nb.run(f"v = jax.device_put(jnp.ones({size}), s.sharding())")
+        nb.run(cell)
+        assert nb.ns["n"] == size and nb.ns["y"].shape == (size,)
+    g = graphs()
+    assert g[-1] is g[-3] and g[-2] is not g[-1]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import builtins
 import collections
+import copy
 import dataclasses
 import functools
 import types
@@ -157,6 +158,30 @@ def value_key(v: Any) -> Any:
     return _Walk().key(v)
 
 
+def rebindable(values: dict[str, Any]) -> bool:
+    """Whether a reused trace may bind the cell's plain Python values again (each one `value_key` accepts).
+
+    An object of a user class the cell made while traced could have been changed since: a
+    cell that binds one is traced every time, so each run binds a new one.
+    """
+    try:
+        for v in values.values():
+            value_key(v)
+    except Uncacheable:
+        return False
+    return True
+
+
+def fresh(v: Any) -> Any:
+    """``v`` as a new run of the cell would bind it: a list, dict, set or numpy array it made is a new copy."""
+    if isinstance(v, (list, dict, set, np.ndarray)):
+        try:
+            return copy.deepcopy(v)
+        except Exception:  # noqa: BLE001 - something inside cannot be copied: the same object, as before
+            return v
+    return v
+
+
 @dataclasses.dataclass(eq=False)
 class CellTrace:
     """What a cell's first run made, for the next run of the same text to reuse."""
@@ -165,8 +190,11 @@ class CellTrace:
     program: Program  # its graphs (one per input signature) and their plans
     params: list[str]  # the traced inputs' names, in the program's argument order
     filename: str  # the cell's code as compiled the first time (the graph's source lines point there)
-    python_values: dict[str, Any]  # names the cell binds to plain Python values, from its last trace
+    python_values: dict[str, Any]  # names the cell binds to plain Python values, filled in by each trace
     reads: list[str]  # names the cell reads before assigning them (the key's parts)
+    traces: int = 0  # how many times the cell was traced (once per input signature)
+    bound: dict[int, tuple[Any, dict[str, Any]]] = dataclasses.field(default_factory=dict)  # id(graph) -> (graph,
+    # copies of the plain Python values its trace made): what a run reusing that graph binds (copied again)
 
 
 class CellCache:

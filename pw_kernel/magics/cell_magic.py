@@ -18,7 +18,7 @@ from IPython.core.error import UsageError
 
 from ..runtime import Future, PathwaysError, Program, TracingError, VirtualSlice, controller, get
 from .cell import RESULT, analyze, build_function
-from .cell_cache import CellCache, CellTrace
+from .cell_cache import CellCache, CellTrace, fresh, rebindable
 from .display import WithText, describe_outputs, graph_view, run_view, timeline_view
 from .errors import CellError
 from .live import LiveDisplays, Progress, in_kernel, update_display, wait_for, widgets_here
@@ -88,7 +88,8 @@ class CellMagic:
             entry = self._traced(args, line, cell, number, name, slice_)
         else:  # the graph's source lines point at the first run's code: they read as this cell now
             self.presenter.add_cell_file(entry.filename, number)
-        prog, python_values = entry.program, entry.python_values
+        prog, python_values = entry.program, entry.python_values  # the values: filled in when the cell is traced
+        traces = entry.traces
         inputs = [ns[n] for n in entry.params]
         try:
             graph = prog.trace(*inputs)
@@ -103,11 +104,20 @@ class CellMagic:
         except BaseException:
             self.cache.put(line, cell, None)
             raise
+        made = entry.bound.get(id(graph))
+        if entry.traces != traces or made is None or made[0] is not graph:
+            # this run traced the cell: its values as made, and a pristine copy for runs that reuse the graph
+            if entry.key is not None and not rebindable(python_values):
+                entry.key = None
+            bound = dict(python_values)
+            entry.bound[id(graph)] = (graph, {k: fresh(v) for k, v in python_values.items()})
+        else:  # the graph's trace made the values: copies of them, as a new run of the cell would make
+            bound = {k: fresh(v) for k, v in made[1].items()}
         self.cache.put(line, cell, entry if entry.key is not None else None)
 
         try:
             outputs = dict(run.outputs)
-            side = {k: _unwrapped_name(v) for k, v in python_values.items()}
+            side = {k: _unwrapped_name(v) for k, v in bound.items()}
             result = outputs.pop(RESULT, side.pop(RESULT, None))
             ns.update(side)
             ns.update(outputs)
@@ -142,12 +152,14 @@ class CellMagic:
             outs, side = _split_outputs(fn(*inputs), out_names)
             python_values.clear()
             python_values.update(side)
+            entry.traces += 1
             return outs
 
         tenant = args.tenant or "default"
         prog = Program(cell_program, name=name, slice=slice_, mode=args.mode, tenant=tenant, controller=controller)
         key = self.cache.key(reads, params, ns, controller())  # before the trace: it may change what it reads
-        return CellTrace(key, prog, params, filename, python_values, reads)
+        entry = CellTrace(key, prog, params, filename, python_values, reads)
+        return entry
 
     def _find_slice(self, name: str):
         live = list(controller().status().slices)
