@@ -57,6 +57,11 @@ is the Python::
     # --graph:                 display(step.trace(v))     (graphviz dot)
     # --timeline:              display(run.events as a timeline)
 
+A cell run again unchanged reuses its trace and plan, as ``step.submit(v)``
+called again does: it is traced again when its text or options change, an
+input's shape, dtype, sharding or slice changes, or a name it reads (also through
+a helper function) holds something else; ``print`` runs when it is traced.
+
 A trailing expression is the cell's result. Errors while tracing point at the
 cell line; a run that fails later is reported after the next cell you execute,
 and its futures raise the error. Ctrl-C while blocking cancels the run.
