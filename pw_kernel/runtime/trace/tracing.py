@@ -312,6 +312,8 @@ class _Tracer:
         self.last_use: dict[Any, int] = {}
         self.glue: list[tuple[int, Any]] = []  # (index, equation) of the glue group being collected
         self.glue_slice: VirtualSlice | None = None
+        # (jaxpr, function, arguments' pattern and placements) -> (input shardings, executable, output shardings)
+        self.templates: dict[tuple, tuple[list, Any, list]] = {}
 
     def trace(self) -> ProgramGraph:
         closed = self.make_jaxpr()
@@ -513,12 +515,31 @@ class _Tracer:
         """A `pw.compiled` call as a compute node on its slice, its arguments moved there."""
         cf.slice.check_live(f"pw.compiled {cf.name!r}")
         stack = _eqn_stack(eqn)
-        in_ids, in_sh, var_ins = self.compute_inputs(eqn, cf, stack[0] if stack else None)
+        source = stack[0] if stack else None
+        b = self.b
+        # The inner jaxpr object is JAX's trace-cache entry: identical calls share it. A loop calling one
+        # function on values placed alike makes the same node each time: its template is worked out once.
+        vids, pattern, first = [], [], {}
+        for v in eqn.invars:
+            if isinstance(v, Literal):
+                pattern.append(literal_key(v))
+            else:
+                pattern.append(("in", first.setdefault(v, len(vids))))
+                vids.append(b.read(v))
+        pattern = tuple(pattern)
+        donating = any(eqn.params.get("donated_invars") or ())
+        tkey = None if donating else (
+            id(eqn.params["jaxpr"]), id(cf), pattern, tuple((b.values[i].sharding, id(b.values[i].slice)) for i in vids)
+        )
+        hit = self.templates.get(tkey) if tkey is not None else None
+        if hit is not None:
+            in_sh, fn, out_sh = hit
+            in_ids = [b.placed(vid, want, cf.slice, source) for vid, want in zip(vids, in_sh)]
+            self.add_node("compute", cf.name, cf.slice, [eqn], in_ids, eqn.outvars, out_sh, fn, stack=stack, donated=())
+            return
+        in_ids, in_sh, var_ins = self.compute_inputs(eqn, cf, source)
         donate = self.donations(k, eqn, cf, in_ids)
-        # The inner jaxpr object is JAX's trace-cache entry: identical calls share it.
-        key = ("compute", id(eqn.params["jaxpr"]), tuple(
-            literal_key(v) if isinstance(v, Literal) else ("in", var_ins.index(v)) for v in eqn.invars
-        ))
+        key = ("compute", id(eqn.params["jaxpr"]), pattern)
         out_sh = list(eqn.params["out_shardings"])
         if all(isinstance(sh, Sharding) for sh in out_sh):
             fn = node_executable([eqn], var_ins, eqn.outvars, in_sh, out_sh, key, donate)
@@ -532,6 +553,8 @@ class _Tracer:
             out_sh = given
         for v, sh in zip(eqn.outvars, out_sh):
             _check_divisible(v.aval.shape, sh, lambda v=v: f"`{cf.name}` output ({v.aval.str_short()})")
+        if tkey is not None:
+            self.templates[tkey] = (in_sh, fn, out_sh)
         self.add_node("compute", cf.name, cf.slice, [eqn], in_ids, eqn.outvars, out_sh, fn, stack=stack, donated=donate)
 
     def donations(self, k: int, eqn: Any, cf: CompiledFunction, in_ids: list[int]) -> tuple[int, ...]:
