@@ -195,7 +195,7 @@ def cells(k: int, pipeline_steps: int, rounds: int) -> dict:
                                             "l", rounds)}}
     if pipeline_steps:
         body = f"for _ in range({pipeline_steps}):\n    p, loss = pipe.step(p, X, Y)\n"
-        out["pipeline"] = {"steps": pipeline_steps, **cell_rounds(ip, SETUP_PIPELINE, body, "loss", max(3, rounds // 2))}
+        out["pipeline"] = {"steps": pipeline_steps, **cell_rounds(ip, SETUP_PIPELINE, body, "loss", max(3, rounds - 2))}
     return out
 
 
