@@ -195,3 +195,27 @@ def test_a_python_value_the_trace_computed_matches_the_signature_the_run_reused(
         assert nb.ns["n"] == size and nb.ns["y"].shape == (size,)
     g = graphs()
     assert g[-1] is g[-3] and g[-2] is not g[-1]
+
+
+def test_a_global_read_by_a_method_of_a_notebook_class_traces_again_when_it_changes(nb):
+    nb.run("scale = 2.0\nclass Net:\n    @staticmethod\n    def apply(t):\n        return step(t, t) * scale\n")
+    cell = "%%pathways --block\ny = Net.apply(x)\n"
+    nb.run(cell)
+    nb.run(cell)
+    assert graphs()[-1] is graphs()[-2]
+    nb.run("scale = 5.0")
+    nb.run(cell)
+    assert graphs()[-1] is not graphs()[-2]
+    np.testing.assert_allclose(nb.ns["y"], [10.0] * 4)
+
+
+def test_a_jitted_helper_is_keyed_by_what_its_function_reads(nb):
+    nb.run("shift = 1.0\n@jax.jit\ndef shifted(t):\n    return t + shift\n")
+    cell = "%%pathways --block\ny = step(shifted(x), x)\n"
+    nb.run(cell)
+    nb.run(cell)
+    assert graphs()[-1] is graphs()[-2]
+    nb.run("@jax.jit\ndef shifted(t):\n    return t + 10.0\n")  # redefined: another function
+    nb.run(cell)
+    assert graphs()[-1] is not graphs()[-2]
+    np.testing.assert_allclose(nb.ns["y"], [12.0] * 4)

@@ -23,6 +23,7 @@ import collections
 import copy
 import dataclasses
 import functools
+import sysconfig
 import types
 from typing import Any
 
@@ -46,6 +47,13 @@ _BY_IDENTITY = (
     jax.Array, Future,
 )
 _ABSENT = ("absent",)
+#: Where installed code lives: a function from there is keyed by identity and closure, not by the globals it reads.
+_LIBRARY_DIRS = tuple(dict.fromkeys(
+    sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if sysconfig.get_paths().get(k)
+))
+#: A class's own entries that say nothing about what its methods compute.
+_CLASS_PLUMBING = frozenset({"__dict__", "__weakref__", "__module__", "__doc__", "__qualname__", "__annotations__",
+                             "__firstlineno__", "__static_attributes__", "__slotnames__"})
 
 
 class Same:
@@ -96,6 +104,8 @@ class _Walk:
             return (np.ndarray, v.shape, v.dtype.str, v.tobytes())
         if isinstance(v, np.generic):
             return (t, v.tobytes())
+        if isinstance(v, type) and v.__module__ == "__main__":
+            return self.user_class(v)
         if isinstance(v, _BY_IDENTITY):
             return Same(v)
         if isinstance(v, Program):  # inlined when called in a trace: its Python runs then
@@ -104,6 +114,12 @@ class _Walk:
             return self.function(v)
         if isinstance(v, types.MethodType):
             return ("method", self.key(v.__func__), self.key(v.__self__))
+        if isinstance(v, (staticmethod, classmethod)):
+            return (t, self.key(v.__func__))
+        if isinstance(v, property):
+            return (t, self.key(v.fget), self.key(v.fset), self.key(v.fdel))
+        if callable(v) and hasattr(v, "lower") and hasattr(v, "__wrapped__"):  # a `jax.jit` of a Python function
+            return ("jit", Same(v), self.key(v.__wrapped__))
         if isinstance(v, functools.partial):
             return ("partial", self.key(v.func), self.key(v.args), self.key(v.keywords))
         if isinstance(v, (PartitionSpec, Sharding, Mesh, np.dtype)):
@@ -122,9 +138,20 @@ class _Walk:
             return ("fn", Same(fn))  # recursion: its parts are in the key already
         self.functions.add(id(fn))
         glob = fn.__globals__
-        reads = tuple((n, self.key(glob[n]) if n in glob else _ABSENT) for n in global_names(fn.__code__))
+        if fn.__code__.co_filename.startswith(_LIBRARY_DIRS):  # an installed library's globals are its own
+            reads: tuple = ()
+        else:
+            reads = tuple((n, self.key(glob[n]) if n in glob else _ABSENT) for n in global_names(fn.__code__))
         cells = tuple(self.key(c.cell_contents) if _filled(c) else _ABSENT for c in fn.__closure__ or ())
         return ("fn", Same(fn), Same(fn.__code__), reads, self.key(fn.__defaults__), self.key(fn.__kwdefaults__), cells)
+
+    def user_class(self, cls: type) -> Any:
+        """A class defined in the notebook: its methods and class attributes (a method may read a changed global)."""
+        if id(cls) in self.functions:
+            return ("class", Same(cls))
+        self.functions.add(id(cls))
+        attrs = tuple((n, self.key(a)) for n, a in vars(cls).items() if n not in _CLASS_PLUMBING)
+        return ("class", Same(cls), tuple(self.key(b) for b in cls.__bases__), attrs)
 
 
 def _filled(cell: types.CellType) -> bool:
