@@ -313,7 +313,7 @@ class _Tracer:
         self.glue: list[tuple[int, Any]] = []  # (index, equation) of the glue group being collected
         self.glue_slice: VirtualSlice | None = None
         # (jaxpr, function, arguments' pattern and placements) -> (input shardings, executable, output shardings)
-        self.templates: dict[tuple, tuple[list, Any, list]] = {}
+        self.templates: dict[tuple, tuple[list, Any, list, bool]] = {}  # (+ whether it calls back into Python)
 
     def trace(self) -> ProgramGraph:
         closed = self.make_jaxpr()
@@ -513,7 +513,8 @@ class _Tracer:
 
     def add_compute(self, eqn: Any, cf: CompiledFunction, k: int) -> None:
         """A `pw.compiled` call as a compute node on its slice, its arguments moved there."""
-        cf.slice.check_live(f"pw.compiled {cf.name!r}")
+        if cf.slice.released:  # the message is made only then: this runs once per call in a loop
+            cf.slice.check_live(f"pw.compiled {cf.name!r}")
         stack = _eqn_stack(eqn)
         source = stack[0] if stack else None
         b = self.b
@@ -533,9 +534,10 @@ class _Tracer:
         )
         hit = self.templates.get(tkey) if tkey is not None else None
         if hit is not None:
-            in_sh, fn, out_sh = hit
+            in_sh, fn, out_sh, host = hit
             in_ids = [b.placed(vid, want, cf.slice, source) for vid, want in zip(vids, in_sh)]
-            self.add_node("compute", cf.name, cf.slice, [eqn], in_ids, eqn.outvars, out_sh, fn, stack=stack, donated=())
+            self.add_node("compute", cf.name, cf.slice, [eqn], in_ids, eqn.outvars, out_sh, fn, stack=stack, donated=(),
+                          host_callbacks=host)
             return
         in_ids, in_sh, var_ins = self.compute_inputs(eqn, cf, source)
         donate = self.donations(k, eqn, cf, in_ids)
@@ -554,7 +556,7 @@ class _Tracer:
         for v, sh in zip(eqn.outvars, out_sh):
             _check_divisible(v.aval.shape, sh, lambda v=v: f"`{cf.name}` output ({v.aval.str_short()})")
         if tkey is not None:
-            self.templates[tkey] = (in_sh, fn, out_sh)
+            self.templates[tkey] = (in_sh, fn, out_sh, calls_host([eqn]))
         self.add_node("compute", cf.name, cf.slice, [eqn], in_ids, eqn.outvars, out_sh, fn, stack=stack, donated=donate)
 
     def donations(self, k: int, eqn: Any, cf: CompiledFunction, in_ids: list[int]) -> tuple[int, ...]:
@@ -615,8 +617,9 @@ class _Tracer:
             var_ins.append(v)
         return in_ids, in_sh, var_ins
 
-    def add_node(self, kind, name, s, eqns, in_ids, outvars, out_sh, fn, stack=None, **kw) -> None:
-        """A node of ``eqns`` on slice ``s``, with a new value for each of ``outvars`` (``stack``: known already)."""
+    def add_node(self, kind, name, s, eqns, in_ids, outvars, out_sh, fn, stack=None, host_callbacks=None, **kw) -> None:
+        """A node of ``eqns`` on slice ``s``, with a new value for each of ``outvars`` (``stack``, ``host_callbacks``:
+        known already)."""
         b = self.b
         if stack is None:
             stack = _eqn_stack(eqns[0])
@@ -631,7 +634,7 @@ class _Tracer:
             fn=fn,
             source=stack[0] if stack else None,
             stack=stack,
-            host_callbacks=calls_host(eqns),
+            host_callbacks=calls_host(eqns) if host_callbacks is None else host_callbacks,
             **kw,
         )
         for v, vid in zip(outvars, out_ids):
