@@ -93,8 +93,7 @@ class CellMagic:
             entry = self._traced(args, line, cell, number, name, slice_)
         else:  # the graph's source lines point at the first run's code: they read as this cell now
             self.presenter.add_cell_file(entry.filename, number)
-        prog, python_values = entry.program, entry.python_values  # the values: filled in when the cell is traced
-        traces = entry.traces
+        prog, traces = entry.program, entry.traces
         inputs = [ns[n] for n in entry.params]
         try:
             graph = prog.trace(*inputs)
@@ -109,15 +108,7 @@ class CellMagic:
         except BaseException:
             self.cache.put(line, cell, None)
             raise
-        made = entry.bound.get(id(graph))
-        if entry.traces != traces or made is None or made[0] is not graph:
-            # this run traced the cell: its values as made, and a pristine copy for runs that reuse the graph
-            if entry.key is not None and not rebindable(python_values):
-                entry.key = None
-            bound = dict(python_values)
-            entry.bound[id(graph)] = (graph, {k: fresh(v) for k, v in python_values.items()})
-        else:  # the graph's trace made the values: copies of them, as a new run of the cell would make
-            bound = {k: fresh(v) for k, v in made[1].items()}
+        bound = _values_to_bind(entry, graph, traced=entry.traces != traces)
         self.cache.put(line, cell, entry if entry.key is not None else None)
 
         try:
@@ -268,6 +259,20 @@ class CellMagic:
             raise self.presenter.presentable(run.error)
         self.shell.user_ns.update(values)
         return get(result) if result is not None else None
+
+
+def _values_to_bind(entry: CellTrace, graph, traced: bool) -> dict[str, Any]:
+    """The plain Python values this run of the cell binds: as its trace made them (``traced``), else copies of
+    what the trace of ``graph`` made, as a new run of the cell would make them. A trace whose values a later
+    run could not bind again (`rebindable`) makes the cell uncacheable."""
+    made = entry.bound.get(id(graph))
+    if not traced and made is not None and made[0] is graph:
+        return {k: fresh(v) for k, v in made[1].items()}
+    if entry.key is not None and not rebindable(entry.python_values):
+        entry.key = None
+    if entry.key is not None:  # a pristine copy for the runs that reuse this graph
+        entry.bound[id(graph)] = (graph, {k: fresh(v) for k, v in entry.python_values.items()})
+    return dict(entry.python_values)
 
 
 def _renders(run, leaves: dict[str, list[Any]], condense, widgets: bool, timeline: bool):
