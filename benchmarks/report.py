@@ -418,6 +418,40 @@ def memory_table(mm: dict) -> tuple[list[str], list[dict]]:
     return out, mm["targets"]
 
 
+def tracing_table(tr: dict) -> tuple[list[str], list[dict]]:
+    lp = tr["loops"]
+    out = [
+        "#### Tracing: a loop of K calls of one compiled step, and a cell run again (tracing.py)",
+        "",
+        "pw: a new `@pw.program` of the loop traced and planned; JAX: `jax.make_jaxpr` of a new loop function "
+        "calling a `jax.jit` of the same step with the same shardings. Medians of interleaved rounds.",
+        "",
+        "| K | pw ms | make_jaxpr ms | pw/JAX | pw µs per step |",
+        "|---|---|---|---|---|",
+    ]
+    for k, r in lp["rows"].items():
+        out.append(f"| {k} | {r['pw_ms']:.2f} | {r['jax_ms']:.2f} | {r['ratio']:.2f}x | {r['pw_us_per_step']:.1f} |")
+    cl = tr.get("cells") or {}
+    if "skipped" in cl:
+        out += ["", f"Cells: skipped: {cl['skipped']}", ""]
+        return out, tr["targets"]
+    out += [
+        "",
+        "`%%pathways` cells through IPython's `run_cell` (first: the cell's first run in the process; edited: its "
+        "text changed, traced anew with JAX's caches warm; rerun: the same text again, its trace and plan reused). "
+        "ms until the run was submitted (IPython, trace, plan) / ms of the whole `run_cell`.",
+        "",
+        "| cell | nodes | first | edited | rerun | rerun / first | rerun / edited |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, r in cl.items():
+        cols = " | ".join(f"{r[m]['submitted_ms']:.2f} / {r[m]['cell_ms']:.1f}" for m in ("cold", "first", "rerun"))
+        out.append(f"| {name}, {r['steps']} steps | {r['nodes']} | {cols} | {pct(r['ratio'])} | "
+                   f"{pct(r['ratio_edited'])} |")
+    out.append("")
+    return out, tr["targets"]
+
+
 def targets_table(targets: list[dict]) -> list[str]:
     out = ["#### Targets", "", "| target | measured | limit | |", "|---|---|---|---|"]
     for t in targets:
@@ -434,7 +468,7 @@ def targets_table(targets: list[dict]) -> list[str]:
 def render(platform: str, results: Path, status: dict | None) -> str:
     loaded = {n: _load(results, n, platform) for n in
               ("dispatch", "interactive", "parity", "utilization", "profile_overhead", "multitenancy", "pipeline",
-               "timeline_redraw", "remote", "checkpoint", "input", "memory")}
+               "timeline_redraw", "remote", "checkpoint", "input", "memory", "tracing")}
     first = next((v for v in loaded.values() if v and isinstance(v.get("machine"), dict)), None)
     lines = header(platform, status, first)
     lines.append("")
@@ -447,7 +481,7 @@ def render(platform: str, results: Path, status: dict | None) -> str:
         ("profile_overhead", lambda r: (profile_tables(r), []), tail), ("multitenancy", multitenancy_table, tail),
         ("pipeline", pipeline_table, tail), ("timeline_redraw", timeline_table, tail),
         ("remote", remote_table, tail), ("checkpoint", checkpoint_table, tail), ("input", input_table, tail),
-        ("memory", memory_table, tail),
+        ("memory", memory_table, tail), ("tracing", tracing_table, tail),
     )
     for name, fn, where in renderers:
         if not loaded[name]:

@@ -49,6 +49,7 @@ STEPS: dict[str, tuple[str, list[str], int]] = {
     "checkpoint": ("checkpoint.py", [], 420),
     "input": ("input.py", [], 420),
     "memory": ("memory.py", [], 420),
+    "tracing": ("tracing.py", [], 300),
 }
 
 

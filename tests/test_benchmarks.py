@@ -143,6 +143,16 @@ QUICK = {
         [rf"^pw\s+\d+\s+{NUM}$", rf"^pw, donate=False\s+\d+\s+{NUM}$", rf"^plain JAX \(donated jit\)\s+\d+\s+{NUM}$",
          rf"^pw / plain JAX: {NUM}x the layers$"],
     ),
+    "tracing": (
+        "tracing.py",
+        [],
+        (),
+        [r"^ms to trace \+ plan \(medians of 3 interleaved rounds; first in this process: .*\)$",
+         rf"^\s+5\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}$", rf"^\s+20\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}$",
+         rf"^  linear in K: pw µs per step at K=20 / at K=5: {NUM}x$",
+         rf"^  mlp, 5 steps\s+5(\s+{NUM} /\s*{NUM}){{3}}\s+{NUM}%\s+{NUM}%$",
+         rf"^  pipeline, 1 steps\s+\d+(\s+{NUM} /\s*{NUM}){{3}}\s+{NUM}%\s+{NUM}%$"],
+    ),
 }
 
 

@@ -18,6 +18,7 @@ from IPython.core.error import UsageError
 
 from ..runtime import Future, PathwaysError, Program, TracingError, VirtualSlice, controller, get
 from .cell import RESULT, analyze, build_function
+from .cell_cache import CellCache, CellTrace, fresh, rebindable
 from .display import WithText, describe_outputs, graph_view, run_view, timeline_view
 from .errors import CellError
 from .live import LiveDisplays, Progress, in_kernel, update_display, wait_for, widgets_here
@@ -56,6 +57,11 @@ is the Python::
     # --graph:                 display(step.trace(v))     (graphviz dot)
     # --timeline:              display(run.events as a timeline)
 
+A cell run again unchanged reuses its trace and plan, as ``step.submit(v)``
+called again does: it is traced again when its text or options change, an
+input's shape, dtype, sharding or slice changes, or a name it reads (also through
+a helper function) holds something else; ``print`` runs when it is traced.
+
 A trailing expression is the cell's result. Errors while tracing point at the
 cell line; a run that fails later is reported after the next cell you execute,
 and its futures raise the error. Ctrl-C while blocking cancels the run.
@@ -73,6 +79,7 @@ class CellMagic:
         self.presenter = presenter
         self.reporter = reporter
         self.live = live
+        self.cache = CellCache()  # traces of cells run before, reused when run again unchanged
 
     def run(self, args, line: str, cell: str):
         """The cell with its parsed options ``args``: binds its outputs; returns its result (arrays with --block)."""
@@ -81,32 +88,32 @@ class CellMagic:
         slice_ = self._find_slice(args.slice) if args.slice else None
         number = self.presenter.cell_number()
         name = args.name or f"In[{number}]"
-        fn, params, out_names, filename = self._compile(f"%%pathways {line}".rstrip(), cell, number)
-        # The names the cell binds to plain Python values (not program outputs), filled in while it is traced.
-        python_values: dict[str, Any] = {}
-
-        def cell_program(*inputs):
-            outs, side = _split_outputs(fn(*inputs), out_names)
-            python_values.clear()
-            python_values.update(side)
-            return outs
-
-        tenant = args.tenant or "default"
-        prog = Program(cell_program, name=name, slice=slice_, mode=args.mode, tenant=tenant, controller=controller)
-        inputs = [ns[n] for n in params]
+        entry = self._reusable(line, cell)
+        if entry is None:
+            entry = self._traced(args, line, cell, number, name, slice_)
+        else:  # the graph's source lines point at the first run's code: they read as this cell now
+            self.presenter.add_cell_file(entry.filename, number)
+        prog, traces = entry.program, entry.traces
+        inputs = [ns[n] for n in entry.params]
         try:
             graph = prog.trace(*inputs)
-            source_map = self.presenter.source_map(graph) | self.presenter.fused_source_map(graph, filename, number)
+            source_map = self.presenter.source_map(graph) | self.presenter.fused_source_map(graph, entry.filename, number)
             run = prog.submit(*inputs, name=name, source_map=source_map, _claim=True)
             self.presenter.present_run_errors(run)
         except PathwaysError as e:
+            self.cache.put(line, cell, None)
             if isinstance(e, TracingError) and e.args and isinstance(e.args[0], str):
                 e.args = (e.args[0].replace("`@pw.program(slice=s)`", "`%%pathways --slice NAME`"), *e.args[1:])
             raise self.presenter.presentable(e) from e.__cause__
+        except BaseException:
+            self.cache.put(line, cell, None)
+            raise
+        bound = _values_to_bind(entry, graph, traced=entry.traces != traces)
+        self.cache.put(line, cell, entry if entry.key is not None else None)
 
         try:
             outputs = dict(run.outputs)
-            side = {k: _unwrapped_name(v) for k, v in python_values.items()}
+            side = {k: _unwrapped_name(v) for k, v in bound.items()}
             result = outputs.pop(RESULT, side.pop(RESULT, None))
             ns.update(side)
             ns.update(outputs)
@@ -117,6 +124,38 @@ class CellMagic:
             if run.cancel():
                 print(f"pw_kernel: Ctrl-C cancelled run {run.id} ({run.name!r}).", file=sys.stderr)
             raise self.presenter.presentable(e) from None
+
+    def _reusable(self, line: str, cell: str) -> CellTrace | None:
+        """This text's last trace when nothing it depends on changed (see `cell_cache`), else None."""
+        entry = self.cache.get(line, cell)
+        if entry is None or entry.key is None:
+            return None
+        ns = self.shell.user_ns
+        params = [n for n in entry.reads if n in ns and _is_traced(ns[n])]
+        if self.cache.key(entry.reads, params, ns, controller()) != entry.key:
+            return None
+        self.cache.reused += 1
+        return entry
+
+    def _traced(self, args, line: str, cell: str, number: int, name: str, slice_) -> CellTrace:
+        """The cell compiled into a new `Program` (traced when first called), with its key for later runs."""
+        ns = self.shell.user_ns
+        fn, params, out_names, filename, reads = self._compile(f"%%pathways {line}".rstrip(), cell, number)
+        # The names the cell binds to plain Python values (not program outputs), filled in while it is traced.
+        python_values: dict[str, Any] = {}
+
+        def cell_program(*inputs):
+            outs, side = _split_outputs(fn(*inputs), out_names)
+            python_values.clear()
+            python_values.update(side)
+            entry.traces += 1
+            return outs
+
+        tenant = args.tenant or "default"
+        prog = Program(cell_program, name=name, slice=slice_, mode=args.mode, tenant=tenant, controller=controller)
+        key = self.cache.key(reads, params, ns, controller())  # before the trace: it may change what it reads
+        entry = CellTrace(key, prog, params, filename, python_values, reads)
+        return entry
 
     def _find_slice(self, name: str):
         live = list(controller().status().slices)
@@ -138,7 +177,7 @@ class CellMagic:
         )
 
     def _compile(self, header: str, cell: str, number: int):
-        """The cell as a function of its traced inputs: (fn, input names, output names, filename)."""
+        """The cell as a function of its traced inputs: (fn, input names, output names, filename, names read)."""
         ip = self.shell
         ns = ip.user_ns
         # Leading blank lines: IPython's transforms drop them, so count them into the first line number.
@@ -176,7 +215,7 @@ class CellMagic:
         params = [n for n in analysis.reads if n in ns and _is_traced(ns[n])]
         constants = {n: ns[n] for n in analysis.reads if n in ns and n not in params and n in analysis.stores}
         fn = build_function(analysis, params=params, constants=constants, filename=filename, namespace=ns)
-        return fn, params, [*analysis.stores, RESULT], filename
+        return fn, params, [*analysis.stores, RESULT], filename, list(analysis.reads)
 
     def _show_and_wait(self, run, graph, outputs: dict[str, Any], result, args):
         """Display the run (and its graph and timeline), then with ``--block`` wait and bind arrays."""
@@ -220,6 +259,20 @@ class CellMagic:
             raise self.presenter.presentable(run.error)
         self.shell.user_ns.update(values)
         return get(result) if result is not None else None
+
+
+def _values_to_bind(entry: CellTrace, graph, traced: bool) -> dict[str, Any]:
+    """The plain Python values this run of the cell binds: as its trace made them (``traced``), else copies of
+    what the trace of ``graph`` made, as a new run of the cell would make them. A trace whose values a later
+    run could not bind again (`rebindable`) makes the cell uncacheable."""
+    made = entry.bound.get(id(graph))
+    if not traced and made is not None and made[0] is graph:
+        return {k: fresh(v) for k, v in made[1].items()}
+    if entry.key is not None and not rebindable(entry.python_values):
+        entry.key = None
+    if entry.key is not None:  # a pristine copy for the runs that reuse this graph
+        entry.bound[id(graph)] = (graph, {k: fresh(v) for k, v in entry.python_values.items()})
+    return dict(entry.python_values)
 
 
 def _renders(run, leaves: dict[str, list[Any]], condense, widgets: bool, timeline: bool):

@@ -17,6 +17,10 @@ class CellError(PathwaysError):
         self.line = line
 
 
+class Uncacheable(Exception):
+    """A value a cell reads whose changes a trace's key cannot see: the cell is traced every time (not an error to show)."""
+
+
 class PathwaysWarning(UserWarning):
     """Something about the notebook setup that limits what pw_kernel can do."""
 

@@ -13,13 +13,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .core.records import FINAL
-from .donation import check_not_donated, mark_donated, read_later, still_read
+from .donation import check_not_donated, donated_to, mark_donated, read_later, still_read
 from .trace.compiled import in_program_trace
 from .trace.feeds import input_node
 from .devices import VirtualSlice
 from .errors import ArgumentError
 from .trace.graph import ProgramGraph
-from .trace.tracing import is_traced_leaf, signature, trace_program
+from .trace.signatures import is_traced_leaf, placed_signature, signature
+from .trace.tracing import trace_program
 
 if TYPE_CHECKING:
     from .exec.controller import Controller
@@ -77,7 +78,8 @@ class Program:
         self.slice = slice
         self.mode = mode
         self.tenant = tenant
-        self._cache: dict[Any, ProgramGraph] = {}
+        self._cache: dict[Any, ProgramGraph] = {}  # signature -> graph
+        self._placed: dict[Any, ProgramGraph] = {}  # the same graphs by `placed_signature`
         self._cache_lock = threading.Lock()
         self._owner = None  # the controller the cached graphs were traced against
         functools.update_wrapper(self, fn, updated=())
@@ -95,14 +97,23 @@ class Program:
         with self._cache_lock:
             if self._owner is not c:
                 self._cache.clear()
+                self._placed.clear()
                 self._owner = c
             graph = self._cache.get(key)
         if graph is None:
-            graph = trace_program(
-                self.fn, args, kwargs, name=self.name, resources=c.resources, default_slice=self.slice, keep=keep
-            )
+            # Arrays where futures were (or the reverse) on the same slices: the same graph.
+            placed = placed_signature(key[0] if keep else key, leaves, c.resources)
+            if keep:
+                placed = (placed, keep)
+            with self._cache_lock:
+                graph = self._placed.get(placed)
+            if graph is None:
+                graph = trace_program(
+                    self.fn, args, kwargs, name=self.name, resources=c.resources, default_slice=self.slice, keep=keep
+                )
             with self._cache_lock:
                 self._cache[key] = graph
+                self._placed[placed] = graph
         return graph, leaves
 
     def submit(
@@ -146,7 +157,8 @@ class Program:
     def _inputs_still_read(self, traced: list, donated: dict[int, str]) -> tuple[int, ...]:
         """Refuse inputs an earlier run was given (donated); of those this one donates, the ones pw still reads."""
         for i, x in enumerate(traced):
-            check_not_donated(x, self.name, f"input {i} ({getattr(x, 'dtype', '')}{list(getattr(x, 'shape', ()))})")
+            if donated_to(x) is not None:  # described only then: formatting a dtype per input costs more than the check
+                check_not_donated(x, self.name, f"input {i} ({getattr(x, 'dtype', '')}{list(getattr(x, 'shape', ()))})")
         return tuple(i for i in sorted(donated) if still_read(traced[i]))
 
     @staticmethod
@@ -184,13 +196,14 @@ class Program:
 
     @property
     def cache_size(self) -> int:
-        return len(self._cache)
+        """How many graphs were traced (one per input signature)."""
+        return len(self.graphs)
 
     @property
     def graphs(self) -> list[ProgramGraph]:
         """The graphs traced so far, one per input signature (oldest first)."""
         with self._cache_lock:
-            return list(self._cache.values())
+            return list({id(g): g for g in self._cache.values()}.values())
 
     def __repr__(self) -> str:
-        return f"<pw.Program {self.name!r}: {len(self._cache)} traced signatures>"
+        return f"<pw.Program {self.name!r}: {self.cache_size} traced signatures>"

@@ -122,22 +122,31 @@ def _devices(node: Node) -> tuple[int, ...]:
     return tuple(dict.fromkeys(ids))
 
 
-def _step_for(node: Node, graph: ProgramGraph, call, ins, outs, name=None, kind=None, wrap_remote=True) -> Step:
+def _step_for(node: Node, graph: ProgramGraph, call, ins, outs, name=None, kind=None, wrap_remote=True,
+              devices: dict | None = None) -> dict[str, Any]:
+    """A step's fields for ``node`` (made a `Step` by `_finish`, which adds what depends on the other steps).
+
+    ``devices``: a memo of `_devices` per (source slice, slice), shared by one plan's steps.
+    """
     vals = graph.values
     remote = _remote_call(node, graph, call, ins, outs) if wrap_remote else None
     if remote is not None:
         call = remote
-    return Step(
+    where = (id(node.src_slice), id(node.slice))
+    devs = None if devices is None else devices.get(where)
+    if devs is None:
+        devs = _devices(node)
+        if devices is not None:
+            devices[where] = devs
+    return dict(
         name=name or node.name,
         kind=kind or node.kind,
         call=call,
         ins=tuple(ins),
         outs=tuple(outs),
-        frees=(),
-        publishes=(),
         island=node.slice.island.id,
         src_island=node.src_slice.island.id if node.src_slice is not None else None,
-        devices=_devices(node),
+        devices=devs,
         nbytes=sum(vals[i].nbytes for i in outs),
         shapes=", ".join(vals[i].type_str for i in ins) + " -> " + ", ".join(vals[i].type_str for i in outs),
         node=node,
@@ -148,31 +157,32 @@ def _step_for(node: Node, graph: ProgramGraph, call, ins, outs, name=None, kind=
     )
 
 
-def _finish(mode: ExecMode, graph: ProgramGraph, steps: list[Step], outputs: tuple[int, ...], n_slots: int) -> Plan:
+def _finish(mode: ExecMode, graph: ProgramGraph, fields: list[dict], outputs: tuple[int, ...], n_slots: int) -> Plan:
+    """The plan of these steps (each a `_step_for` dict): which slots each frees and which outputs it publishes."""
     keep = set(outputs) | set(graph.inputs)
     last_reader: dict[int, int] = {}
-    for k, st in enumerate(steps):
-        for i in st.ins:
+    for k, st in enumerate(fields):
+        for i in st["ins"]:
             last_reader[i] = k
     frees: dict[int, list[int]] = {}
     for slot, k in last_reader.items():
         if slot not in keep:
             frees.setdefault(k, []).append(slot)
-    producer = {slot: k for k, st in enumerate(steps) for slot in st.outs}
+    producer = {slot: k for k, st in enumerate(fields) for slot in st["outs"]}
     output_step = tuple(producer.get(slot, -1) for slot in outputs)
     publishes: dict[int, list[tuple[int, int]]] = {}
     for j, (slot, k) in enumerate(zip(outputs, output_step)):
         if k >= 0:
             publishes.setdefault(k, []).append((j, slot))
-    donated = {slot for st in steps for slot in st.donates}
+    donated = {slot for st in fields for slot in st["donates"]}
     steps = [
-        dataclasses.replace(
-            st,
+        Step(
+            **st,
             frees=tuple(frees.get(k, ())),
-            publishes=tuple((j, st.outs.index(slot)) for j, slot in publishes.get(k, ())),
-            outs_donated=any(slot in donated for slot in st.outs),
+            publishes=tuple((j, st["outs"].index(slot)) for j, slot in publishes.get(k, ())),
+            outs_donated=bool(donated) and any(slot in donated for slot in st["outs"]),
         )
-        for k, st in enumerate(steps)
+        for k, st in enumerate(fields)
     ]
     return Plan(
         mode=mode,
@@ -212,13 +222,25 @@ def _peak_bytes(graph: ProgramGraph, steps: list[Step], outputs: tuple[int, ...]
     peak: dict[int, int] = {}
     size: dict[int, dict[int, int]] = {}
     values = graph.values
+    sizes: dict[tuple, dict[int, int]] = {}  # (sharding, shape, dtype) -> bytes per device: a loop repeats them
+
+    def sized(v) -> dict[int, int]:
+        try:
+            key = (v.sharding, v.shape, v.dtype)
+            hit = sizes.get(key)
+        except TypeError:  # an unhashable sharding or dtype
+            return shard_bytes(v)
+        if hit is None:
+            hit = sizes[key] = shard_bytes(v)
+        return hit
+
     inputs = set(graph.inputs)
     gone: set[int] = set()
     for st in steps:
         reused: dict[int, int] = {}
         for slot in st.donates:
             if slot in inputs:
-                for d, n in shard_bytes(values[slot]).items():
+                for d, n in sized(values[slot]).items():
                     reused[d] = reused.get(d, 0) + n
             elif slot in size and slot not in gone:
                 gone.add(slot)
@@ -227,9 +249,9 @@ def _peak_bytes(graph: ProgramGraph, steps: list[Step], outputs: tuple[int, ...]
         added: dict[int, int] = {}
         for slot in st.outs:
             if slot < len(values):
-                b = size[slot] = shard_bytes(values[slot])
+                b = size[slot] = sized(values[slot])
             else:  # a fused output: sized like the program output it stands for
-                b = size[slot] = shard_bytes(values[graph.outputs[slot - len(values)]])
+                b = size[slot] = sized(values[graph.outputs[slot - len(values)]])
             for d, n in b.items():
                 added[d] = added.get(d, 0) + n
         for d, n in added.items():
@@ -246,7 +268,8 @@ def _peak_bytes(graph: ProgramGraph, steps: list[Step], outputs: tuple[int, ...]
 
 def chained(graph: ProgramGraph) -> Plan:
     """One step per node, in the graph's (topological) order."""
-    steps = [_step_for(n, graph, n.fn, n.inputs, n.outputs) for n in graph.nodes]
+    devices: dict = {}
+    steps = [_step_for(n, graph, n.fn, n.inputs, n.outputs, devices=devices) for n in graph.nodes]
     return _finish("chained", graph, steps, graph.outputs, len(graph.values))
 
 
@@ -284,7 +307,7 @@ def fused(graph: ProgramGraph) -> Plan:
     for n in graph.nodes:
         for i in n.inputs:
             consumers.setdefault(i, []).append(n)
-    steps: list[Step] = []
+    steps: list[dict] = []
     fused_vars, fused_slots, in_sh = [], [], []
     for var, vid in var_of.items():
         users = consumers.get(vid)
@@ -316,8 +339,8 @@ def fused(graph: ProgramGraph) -> Plan:
         call = RemoteCall(call, s.island.remote, in_vals, out_vals, _export_key(call))
     step = _step_for(anchor, graph, call, fused_slots, [], name=f"{graph.name}[fused]", kind="compute", wrap_remote=False)
     steps.append(
-        dataclasses.replace(
-            step,
+        step
+        | dict(
             outs=tuple(out_slots),
             nbytes=sum(graph.values[v].nbytes for v in graph.outputs),
             shapes=f"{len(work)} nodes fused",
@@ -338,20 +361,27 @@ def compile_sizes(jaxpr: Any) -> tuple[int, int]:
     A compiled function called N times is one jaxpr object in N call equations: chained
     compiles it once, fused inlines N copies.
     """
+    inlined: dict[int, int] = {}  # id of a nested jaxpr -> its size with every call inlined
+
+    def whole(j: Any) -> int:
+        n = inlined.get(id(j))
+        if n is None:
+            n = len(j.eqns) + sum(whole(inner) for e in j.eqns for inner in sub_jaxprs(e))
+            inlined[id(j)] = n
+        return n
+
     seen: set[int] = set()
 
-    def size(j: Any, dedupe: bool) -> int:
+    def once(j: Any) -> int:
         n = len(j.eqns)
         for e in j.eqns:
             for inner in sub_jaxprs(e):
-                if dedupe:
-                    if id(inner) in seen:
-                        continue
+                if id(inner) not in seen:
                     seen.add(id(inner))
-                n += size(inner, dedupe)
+                    n += once(inner)
         return n
 
-    return size(jaxpr, False), size(jaxpr, True)
+    return whole(jaxpr), once(jaxpr)
 
 
 def auto_mode(graph: ProgramGraph) -> str:

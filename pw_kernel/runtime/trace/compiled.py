@@ -220,10 +220,12 @@ class CompiledFunction:
             scope = current_trace()
             if scope is not None:
                 scope.record(self)
-            if self._explicit and not kwargs:
+            if not self._explicit:  # no context mesh to set (`VirtualSlice.tracing_mesh`): the loop's fast path
+                return self.jitted(*args, **kwargs)  # being traced inside a program: one node
+            if not kwargs:
                 args = _reshard(args, self.in_shardings, self.static_argnums)
             with self.slice.tracing_mesh():
-                return self.jitted(*args, **kwargs)  # being traced inside a program: one node
+                return self.jitted(*args, **kwargs)
         if self._program is None:
             raise ArgumentError(
                 f"`CompiledFunction {self.name!r}` was called outside a program, but it was built directly rather "

@@ -31,16 +31,38 @@ def _bind(eqn, args):
 
 def sub_jaxprs(eqn: Any):
     """The Jaxprs nested in an equation's params (a call's body, a cond's branches, a scan's body)."""
-    for p in eqn.params.values():
+    params = eqn.params
+    if eqn.primitive.name in _CALLS and "jaxpr" in params:  # a jit's other params are shardings, names, flags
+        yield getattr(params["jaxpr"], "jaxpr", params["jaxpr"])
+        return
+    for p in params.values():
         for sub in p if isinstance(p, (tuple, list)) else (p,):
             inner = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr's Jaxpr, or a Jaxpr
             if hasattr(inner, "eqns"):
                 yield inner
 
 
+_CALLS = ("pjit", "jit")
+
+
 def calls_host(eqns: Sequence[Any]) -> bool:
     """Whether these equations (or any jaxpr nested in their params) call back into Python."""
-    return any("callback" in e.primitive.name or any(calls_host(j.eqns) for j in sub_jaxprs(e)) for e in eqns)
+    return any("callback" in e.primitive.name or any(_jaxpr_calls_host(j) for j in sub_jaxprs(e)) for e in eqns)
+
+
+def _jaxpr_calls_host(jaxpr: Any) -> bool:
+    """`calls_host` of a nested jaxpr, asked once per jaxpr object (a loop calls one compiled function's many times)."""
+    hit = _CALLS_HOST.get(id(jaxpr))
+    if hit is not None and hit[0] is jaxpr:
+        return hit[1]
+    out = calls_host(jaxpr.eqns)
+    if len(_CALLS_HOST) >= 4096:
+        _CALLS_HOST.clear()
+    _CALLS_HOST[id(jaxpr)] = (jaxpr, out)  # the jaxpr kept alive: its id is not reused while here
+    return out
+
+
+_CALLS_HOST: dict[int, tuple[Any, bool]] = {}
 
 
 class _GuardedCallback:

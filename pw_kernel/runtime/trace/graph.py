@@ -33,9 +33,28 @@ def as_dtype(dtype: Any) -> Any:
 
     Example: ``as_dtype("float32")`` is ``np.dtype("float32")``; ``as_dtype(jax.random.key(0).dtype)`` is ``key<fry>``.
     """
+    try:
+        return _DTYPES[dtype]
+    except (KeyError, TypeError):  # not seen yet, or not hashable
+        pass
     if jax.dtypes.issubdtype(dtype, jax.dtypes.extended):
-        return dtype  # numpy cannot interpret it; it knows its own itemsize and name
-    return np.dtype(dtype)
+        out = dtype  # numpy cannot interpret it; it knows its own itemsize and name
+    else:
+        out = np.dtype(dtype)
+    try:
+        _DTYPES[dtype] = out
+    except TypeError:
+        pass
+    return out
+
+
+#: dtypes seen by `as_dtype` (every value of every traced program asks: `issubdtype` is slow).
+_DTYPES: dict[Any, Any] = {}
+
+
+@functools.lru_cache(maxsize=4096)
+def _type_str(dtype: Any, shape: Shape) -> str:
+    return f"{dtype.name}[{','.join(map(str, shape))}]"
 
 
 def nbytes_of(shape: Sequence[int], dtype: Any) -> int:
@@ -73,7 +92,10 @@ class Value:
     @property
     def type_str(self) -> str:
         """``f32[2,4]`` style, as in jaxprs."""
-        return f"{self.dtype.name}[{','.join(map(str, self.shape))}]"
+        try:
+            return _type_str(self.dtype, self.shape)
+        except TypeError:  # an unhashable dtype
+            return f"{self.dtype.name}[{','.join(map(str, self.shape))}]"
 
 
 @dataclasses.dataclass(eq=False)

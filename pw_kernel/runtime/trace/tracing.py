@@ -22,52 +22,15 @@ from jax.sharding import NamedSharding, PartitionSpec, Sharding
 
 from ..devices import ResourceManager, VirtualSlice
 from ..errors import ArgumentError, PathwaysError, SpecError, TracingError
-from ..futures import Future
-from ..remote.client import RemoteArray
 from .compiled import CompiledFunction, TraceScope, lookup, trace_scope
 from .feeds import InputRead, input_read
 from .executables import calls_host, executable_with_chosen_outputs, glue_key, literal_key, node_executable
 from .graph import Node, ProgramGraph, Value, as_dtype
 from .jax_errors import UNTRACEABLE, JaxErrorKind, classify
+from .signatures import abstract_leaf, home_slice, is_traced_leaf, signature
 
 _JAX_DIR = os.path.dirname(jax.__file__)
 _PW_DIR = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))  # pw_kernel/
-
-
-def is_traced_leaf(x: Any) -> bool:
-    """Arrays and futures are traced program inputs; every other leaf is a constant."""
-    return isinstance(x, (Future, jax.Array, np.ndarray, np.generic, RemoteArray))
-
-
-def abstract_leaf(x: Any) -> jax.ShapeDtypeStruct:
-    if isinstance(x, (Future, jax.Array, RemoteArray)):
-        return jax.ShapeDtypeStruct(tuple(x.shape), x.dtype, sharding=x.sharding)
-    x = np.asarray(x)
-    return jax.ShapeDtypeStruct(x.shape, x.dtype)
-
-
-def signature(args: tuple, kwargs: dict) -> tuple[Any, list[Any], tuple]:
-    """Flatten (args, kwargs); return (treedef, leaves, hashable cache key)."""
-    leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
-    key = []
-    for i, leaf in enumerate(leaves):
-        if isinstance(leaf, (Future, RemoteArray)):
-            key.append(("A", tuple(leaf.shape), leaf.dtype, leaf.sharding, id(leaf.slice) if leaf.slice else None))
-        elif isinstance(leaf, jax.Array):  # the hot path of every call: no ShapeDtypeStruct
-            key.append(("A", tuple(leaf.shape), leaf.dtype, leaf.sharding))
-        elif isinstance(leaf, (np.ndarray, np.generic)):
-            key.append(("A", np.shape(leaf), leaf.dtype, None))
-        else:
-            try:
-                hash(leaf)
-            except TypeError:
-                raise TracingError(
-                    f"`pw.program`: argument leaf {i} is a {type(leaf).__name__}, which is neither an array "
-                    f"(traced) nor hashable (a constant baked into the trace). Pass it as a jax/numpy array, "
-                    f"or as a hashable value such as a tuple."
-                ) from None
-            key.append(("S", type(leaf), leaf))
-    return treedef, leaves, (treedef, tuple(key))
 
 
 def user_frame(tb_frames) -> tuple[str, int] | None:
@@ -89,7 +52,22 @@ def _eqn_stack(eqn) -> tuple[tuple[str, int], ...]:
     tb = getattr(eqn.source_info, "traceback", None)
     if tb is None:
         return ()
-    return _user_frames((f.file_name, f.line_num) for f in tb.frames)
+    # Where a loop calls one function, each call's frames are at the same code and offsets. Keyed by the
+    # code objects' ids (equal code in two cells compares equal but has another filename), kept alive below.
+    codes, offsets = tb.raw_frames()
+    key = (tuple(map(id, codes)), tuple(offsets))
+    hit = _STACKS.get(key)
+    if hit is not None:
+        return hit[1]
+    stack = _user_frames((f.file_name, f.line_num) for f in tb.frames)
+    if len(_STACKS) >= 4096:
+        _STACKS.clear()
+    _STACKS[key] = (codes, stack)
+    return stack
+
+
+#: Traceback (code object ids, instruction offsets) -> (the code objects, so their ids stay unique; user frames).
+_STACKS: dict[tuple, tuple[list, tuple[tuple[str, int], ...]]] = {}
 
 
 def _eqn_source(eqn) -> tuple[str, int] | None:
@@ -159,10 +137,18 @@ def _unspecified_input(val: Value, s: VirtualSlice) -> Sharding:
     return _map_sharding(val.sharding, val.shape, s)
 
 
-def _check_divisible(shape, sharding: Sharding, what: str) -> None:
+def _check_divisible(shape, sharding: Sharding, what: str | Callable[[], str]) -> None:
+    """A clear error where ``sharding`` does not split ``shape`` evenly; ``what`` (or ``what()``) names the value."""
     if not isinstance(sharding, NamedSharding):
         return
     spec = sharding.spec
+    if not any(spec) and len(spec) <= len(shape):  # replicated: nothing to divide (the common case, checked fast)
+        return
+    key = (tuple(shape), sharding)
+    if key in _DIVIDES:
+        return
+    if callable(what):
+        what = what()
     if len(spec) > len(shape):
         raise SpecError(
             f"{what}: PartitionSpec {spec} has {len(spec)} entries but the value has shape {tuple(shape)} "
@@ -179,6 +165,13 @@ def _check_divisible(shape, sharding: Sharding, what: str) -> None:
                 f"evenly over mesh axes {axes} of size {size} (PartitionSpec {spec}). Use a size that is a "
                 f"multiple of {size}, or replicate that dimension with None."
             )
+    if len(_DIVIDES) >= 4096:
+        _DIVIDES.clear()
+    _DIVIDES.add(key)
+
+
+#: (shape, sharding) pairs that divide evenly: a loop places the same values each step.
+_DIVIDES: set[tuple] = set()
 
 
 def _map_sharding(sharding: Sharding | None, shape, target: VirtualSlice) -> NamedSharding:
@@ -202,6 +195,8 @@ def _map_sharding(sharding: Sharding | None, shape, target: VirtualSlice) -> Nam
 def _same_placement(have: Sharding | None, want: Sharding, ndim: int) -> bool:
     if have is None:
         return False
+    if have is want or have == want:
+        return True
     try:
         return have.is_equivalent_to(want, ndim)
     except Exception:  # different device sets or incomparable kinds
@@ -227,16 +222,7 @@ class _Builder:
         return v.id
 
     def slice_of(self, sharding: Sharding) -> VirtualSlice | None:
-        devs = sharding.device_set
-        best = None
-        for s in self.resources.slices:
-            if s.island.remote is not None:  # its devices are stand-ins: a local array is never there
-                continue
-            if set(s.devices) == devs:
-                if isinstance(sharding, NamedSharding) and sharding.mesh == s.mesh:
-                    return s
-                best = best or s
-        return best
+        return home_slice(self.resources, sharding)
 
     def unique(self, name: str) -> str:
         k = self.name_counts.get(name, 0)
@@ -326,6 +312,8 @@ class _Tracer:
         self.last_use: dict[Any, int] = {}
         self.glue: list[tuple[int, Any]] = []  # (index, equation) of the glue group being collected
         self.glue_slice: VirtualSlice | None = None
+        # (jaxpr, function, arguments' pattern and placements) -> (input shardings, executable, output shardings)
+        self.templates: dict[tuple, tuple[list, Any, list, bool]] = {}  # (+ whether it calls back into Python)
 
     def trace(self) -> ProgramGraph:
         closed = self.make_jaxpr()
@@ -525,13 +513,35 @@ class _Tracer:
 
     def add_compute(self, eqn: Any, cf: CompiledFunction, k: int) -> None:
         """A `pw.compiled` call as a compute node on its slice, its arguments moved there."""
-        cf.slice.check_live(f"pw.compiled {cf.name!r}")
-        in_ids, in_sh, var_ins = self.compute_inputs(eqn, cf)
+        if cf.slice.released:  # the message is made only then: this runs once per call in a loop
+            cf.slice.check_live(f"pw.compiled {cf.name!r}")
+        stack = _eqn_stack(eqn)
+        source = stack[0] if stack else None
+        b = self.b
+        # The inner jaxpr object is JAX's trace-cache entry: identical calls share it. A loop calling one
+        # function on values placed alike makes the same node each time: its template is worked out once.
+        vids, pattern, first = [], [], {}
+        for v in eqn.invars:
+            if isinstance(v, Literal):
+                pattern.append(literal_key(v))
+            else:
+                pattern.append(("in", first.setdefault(v, len(vids))))
+                vids.append(b.read(v))
+        pattern = tuple(pattern)
+        donating = any(eqn.params.get("donated_invars") or ())
+        tkey = None if donating else (
+            id(eqn.params["jaxpr"]), id(cf), pattern, tuple((b.values[i].sharding, id(b.values[i].slice)) for i in vids)
+        )
+        hit = self.templates.get(tkey) if tkey is not None else None
+        if hit is not None:
+            in_sh, fn, out_sh, host = hit
+            in_ids = [b.placed(vid, want, cf.slice, source) for vid, want in zip(vids, in_sh)]
+            self.add_node("compute", cf.name, cf.slice, [eqn], in_ids, eqn.outvars, out_sh, fn, stack=stack, donated=(),
+                          host_callbacks=host)
+            return
+        in_ids, in_sh, var_ins = self.compute_inputs(eqn, cf, source)
         donate = self.donations(k, eqn, cf, in_ids)
-        # The inner jaxpr object is JAX's trace-cache entry: identical calls share it.
-        key = ("compute", id(eqn.params["jaxpr"]), tuple(
-            literal_key(v) if isinstance(v, Literal) else ("in", var_ins.index(v)) for v in eqn.invars
-        ))
+        key = ("compute", id(eqn.params["jaxpr"]), pattern)
         out_sh = list(eqn.params["out_shardings"])
         if all(isinstance(sh, Sharding) for sh in out_sh):
             fn = node_executable([eqn], var_ins, eqn.outvars, in_sh, out_sh, key, donate)
@@ -544,8 +554,10 @@ class _Tracer:
                 fn = node_executable([eqn], var_ins, eqn.outvars, in_sh, given, key, donate)
             out_sh = given
         for v, sh in zip(eqn.outvars, out_sh):
-            _check_divisible(v.aval.shape, sh, f"`{cf.name}` output ({v.aval.str_short()})")
-        self.add_node("compute", cf.name, cf.slice, [eqn], in_ids, eqn.outvars, out_sh, fn, donated=donate)
+            _check_divisible(v.aval.shape, sh, lambda v=v: f"`{cf.name}` output ({v.aval.str_short()})")
+        if tkey is not None:
+            self.templates[tkey] = (in_sh, fn, out_sh, calls_host([eqn]))
+        self.add_node("compute", cf.name, cf.slice, [eqn], in_ids, eqn.outvars, out_sh, fn, stack=stack, donated=donate)
 
     def donations(self, k: int, eqn: Any, cf: CompiledFunction, in_ids: list[int]) -> tuple[int, ...]:
         """Positions of the node's inputs it donates, as JAX recorded ``donate_argnums`` in the call.
@@ -589,10 +601,9 @@ class _Tracer:
                 return what + ("" if src is None else f" (line {src[1]} of {src[0]})")
         return "the program's caller (the program returns it as a future)"
 
-    def compute_inputs(self, eqn: Any, cf: CompiledFunction) -> tuple[list[int], list[Sharding], list[Any]]:
-        """The values a call reads, each placed as its in_specs say: (value ids, shardings, vars)."""
+    def compute_inputs(self, eqn: Any, cf: CompiledFunction, source) -> tuple[list[int], list[Sharding], list[Any]]:
+        """The values a call reads, each placed as its in_specs say: (value ids, shardings, vars); ``source``: its line."""
         b = self.b
-        source = _eqn_source(eqn)
         in_ids, in_sh, var_ins = [], [], []
         for pos, (v, want) in enumerate(zip(eqn.invars, eqn.params["in_shardings"])):
             if isinstance(v, Literal):
@@ -600,15 +611,18 @@ class _Tracer:
             val = b.values[b.read(v)]
             if not isinstance(want, Sharding):  # an in_specs of None
                 want = _unspecified_input(val, cf.slice)
-            _check_divisible(val.shape, want, f"`{cf.name}` argument {pos} ({val.type_str})")
+            _check_divisible(val.shape, want, lambda pos=pos, val=val: f"`{cf.name}` argument {pos} ({val.type_str})")
             in_ids.append(b.placed(val.id, want, cf.slice, source))
             in_sh.append(want)
             var_ins.append(v)
         return in_ids, in_sh, var_ins
 
-    def add_node(self, kind, name, s, eqns, in_ids, outvars, out_sh, fn, **kw) -> None:
-        """A node of ``eqns`` on slice ``s``, with a new value for each of ``outvars``."""
+    def add_node(self, kind, name, s, eqns, in_ids, outvars, out_sh, fn, stack=None, host_callbacks=None, **kw) -> None:
+        """A node of ``eqns`` on slice ``s``, with a new value for each of ``outvars`` (``stack``, ``host_callbacks``:
+        known already)."""
         b = self.b
+        if stack is None:
+            stack = _eqn_stack(eqns[0])
         node_id = len(b.nodes)
         out_ids = [b.new_value(v.aval.shape, v.aval.dtype, sh, "node", node_id, s) for v, sh in zip(outvars, out_sh)]
         b.add_node(
@@ -618,9 +632,9 @@ class _Tracer:
             inputs=tuple(in_ids),
             outputs=tuple(out_ids),
             fn=fn,
-            source=_eqn_source(eqns[0]),
-            stack=_eqn_stack(eqns[0]),
-            host_callbacks=calls_host(eqns),
+            source=stack[0] if stack else None,
+            stack=stack,
+            host_callbacks=calls_host(eqns) if host_callbacks is None else host_callbacks,
             **kw,
         )
         for v, vid in zip(outvars, out_ids):
