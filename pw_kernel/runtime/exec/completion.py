@@ -177,6 +177,8 @@ class Completion:
         now = log.now
         last_end = self.last_end
         epoch = log.epoch
+        gate = c.runahead
+        gated = gate.on
         guarded = []  # nodes whose host callbacks may have recorded an exception
         for i, (_, st, ev, outs) in enumerate(batch):
             if st.host_callbacks:
@@ -209,6 +211,8 @@ class Completion:
             exe.cost += (ev.end - start - exe.cost) >> 2  # running mean of device time, for fair share
             for d in st.devices:
                 last_end[d] = ev.end
+            if gated and not st.remote:  # node by node, not per batch: the next node dispatches while this one's successor runs
+                gate.finished(st, ev.end - start)
         failed: dict[int, BaseException] = {}  # batch index -> error of the first failing node of a run
         try:
             jax.block_until_ready([item[3] for item in batch if not item[1].outs_donated])

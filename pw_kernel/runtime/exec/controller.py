@@ -18,6 +18,7 @@ from ..config import Config, configure_cpu_devices, device_flags_ignored
 from ..devices import Island, ResourceManager, VirtualSlice, build_islands
 from .completion import Completion
 from .dispatcher import Dispatcher
+from .runahead import RunAhead
 from ..errors import AdmissionError, ArgumentError, ControllerShutdownError, PathwaysError
 from .events import EventLog, RunEvent
 from ..futures import Future
@@ -117,12 +118,14 @@ class Controller:
         self.lock = threading.RLock()
         n_islands = max((i.id for i in self.islands), default=-1) + 1
         by_id = {i.id: i for i in self.islands}
+        self.runahead = RunAhead(self.config.run_ahead_s, wake=self._wake_dispatcher)
         self.lifecycle = Lifecycle(
             max_inflight=self.config.max_inflight,
             n_islands=n_islands,
             capacity=self._capacity(),
             validate=self.config.validate,
             max_collectives=[self._collective_limit(by_id.get(k)) for k in range(n_islands)],
+            gate=self.runahead,
         )
         self._recent: collections.deque = collections.deque(maxlen=self.config.keep_outputs)
         self.runs: list[Run] = []
@@ -369,6 +372,11 @@ class Controller:
     def on_step_failed(self, rec: RunRecord, step, exc: BaseException) -> None:
         """A step raised while being dispatched, or the dispatcher had a bug (lock held)."""
         self._apply(self.lifecycle.handle(rec, "step_failed", time.time(), step, exc))
+
+    def _wake_dispatcher(self) -> None:
+        """A node finished and the dispatcher waits for run-ahead room (completing thread, no lock held)."""
+        with self.lock:
+            self.dispatcher.wake()
 
     # ------------------------------------------------------------ effects
     def _apply(self, effects: list) -> None:

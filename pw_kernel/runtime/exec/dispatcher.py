@@ -2,8 +2,10 @@
 
 Shapes are static, so node k+1 can be dispatched as soon as node k has been
 *dispatched*: JAX arrays are futures themselves, and XLA orders the work on
-each device. The dispatcher only waits when an island has ``max_inflight``
-nodes outstanding. It hands what it sent to `Completion`, which waits for it.
+each device. The dispatcher waits when an island has ``max_inflight`` nodes
+outstanding, or a step's devices have ``Config.run_ahead_s`` of estimated work
+queued (`runahead.py`: what bounds how long a cancel or a higher priority
+waits). It hands what it sent to `Completion`, which waits for it.
 """
 
 from __future__ import annotations
@@ -146,6 +148,8 @@ class Dispatcher:
         coll_inflight, coll_limits = life.collectives_inflight, life.max_collectives
         cb_inflight = life.callbacks_inflight
         limit = life.max_inflight
+        gate = c.runahead  # the run-ahead bound: at most ~run_ahead_s of estimated work queued per device
+        gated = gate.on
         sent_on: dict[int, list[int]] = {}  # island -> [steps, with collectives] sent in this burst, not yet reported
         published: list = []
         k = start = rec.cursor
@@ -159,6 +163,9 @@ class Dispatcher:
             sent = sent_on.get(island, _NONE_SENT)
             if inflight[island] + sent[0] >= limit or rec.state in FINAL:
                 break
+            ns = gate.room(st) if gated and not st.remote else 0
+            if ns < 0:
+                break  # its devices have the bound queued: a node finishing wakes this thread
             if inline and (st.host_callbacks or exe.compile_first):
                 # A callback could hold the submitting thread until it returns, a compile for
                 # seconds: the call must return at once, so these are the dispatcher thread's.
@@ -179,6 +186,8 @@ class Dispatcher:
             except Exception as e:
                 failed = (st, e)
                 break
+            if ns:
+                gate.sent(st, ns)
             if len(outs) == 1:
                 slots[st.outs[0]] = outs[0]
             else:

@@ -1,0 +1,167 @@
+"""The run-ahead bound: per device, dispatch stays at most ``Config.run_ahead_s`` of estimated work ahead.
+
+XLA runs whatever it was given: a node dispatched cannot be taken back. With
+unbounded asynchronous dispatch a long run of slow nodes is entirely on the
+devices within microseconds, and `cancel`, Ctrl-C or a higher-priority run can
+only act after all of it has run. So the dispatcher asks this gate before each
+step: a step may go to its devices while each of them has less than the bound
+of estimated work queued (so at most the bound plus one node).
+
+A step's estimate is a running mean of the measured device time of the nodes
+that share its executable (the same jit and shapes), learnt as the completing
+thread finishes them. A node not yet measured counts as small, but only one
+such node of an executable is in flight at once: a program of 20 slow nodes of
+one function is bounded from its first run, after one node's round trip. The
+accounting is two counters per device (added by the one dispatching thread,
+retired by the one completing thread) and a queue of the estimates in flight,
+so neither side takes the controller's lock for it. Remote (Ray) islands are
+not gated: their nodes keep the behaviour they had (``max_inflight`` only).
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import ArgumentError
+
+_UNMEASURED_NS = 50_000  # what a node not yet measured counts for: small, so a first run is not throttled
+_MIN_NS = 1_000  # a measured node counts for at least this (tiny nodes measure ~0 when seen late)
+_FORGET = 100_000  # executables (or shapes) remembered before the maps start afresh (estimates are relearnt)
+
+
+class _Lane:
+    """One device: estimated nanoseconds dispatched (``added``) and finished (``retired``), and those in flight."""
+
+    __slots__ = ("added", "retired", "queued")
+
+    def __init__(self):
+        self.added = 0  # written only by the dispatching thread (one at a time: the dispatcher's `busy`)
+        self.retired = 0  # written only by the completing thread (one at a time: completion's token)
+        self.queued: collections.deque[int] = collections.deque()  # the estimates in flight, in dispatch order
+
+
+class _Estimate:
+    """The measured device time of one executable at one signature (-1: not measured yet)."""
+
+    __slots__ = ("ns", "probing")
+
+    def __init__(self):
+        self.ns = -1
+        self.probing = False  # a first, unmeasured node is in flight: the next waits for its measurement
+
+
+class RunAhead:
+    """The gate: how much estimated work each device has queued, and whether a step may join it.
+
+    Example (the controller makes one from its Config; the dispatcher and completion use it)::
+
+        gate = RunAhead(0.02, wake=lambda: None)
+        ns = gate.room(step)          # -1: its devices are full, wait for a completion
+        ...                           # dispatch the step
+        gate.sent(step, ns)
+        gate.finished(step, 165_000_000)   # on the completing thread, with its measured device time
+    """
+
+    def __init__(self, bound_s: float | None, wake: Callable[[], None]):
+        if bound_s is not None and (isinstance(bound_s, bool) or not isinstance(bound_s, (int, float)) or bound_s < 0):
+            raise ArgumentError(
+                f"`Config.run_ahead_s` is the estimated device time (seconds) dispatch may run ahead of "
+                f"completion: a number >= 0, or None for no bound; got {bound_s!r}."
+            )
+        self.on = bound_s is not None
+        self.bound = int(bound_s * 1e9) if bound_s is not None else 0
+        self.lanes: dict[int, _Lane] = {}  # device id -> its lane
+        self._by_key: dict[tuple[Any, str], _Estimate] = {}  # (jit, shapes) -> its estimate
+        self._tracks: dict[Any, tuple[_Estimate, tuple[_Lane, ...]]] = {}  # a step's Executable -> both, found once
+        self._wake = wake  # wakes the dispatcher (takes the controller's lock)
+        #: The dispatcher waits for one of the gate's devices: the next node finished wakes it.
+        self.wanted = False
+
+    def gates(self, step) -> bool:
+        """Whether ``step`` goes through the gate (local islands only)."""
+        return self.on and not step.remote
+
+    def room(self, step) -> int:
+        """The estimate (ns) ``step`` would add, or -1 if one of its devices has the bound queued already."""
+        track = self._tracks.get(step.exe)
+        if track is None:
+            track = self._track(step)
+        est, lanes = track
+        ns = est.ns
+        if ns < 0:
+            if est.probing:
+                return -1  # its first node is still being measured
+            ns = _UNMEASURED_NS
+        bound = self.bound
+        for lane in lanes:
+            if lane.queued and lane.added - lane.retired >= bound:
+                return -1
+        return ns
+
+    def sent(self, step, ns: int) -> None:
+        """The dispatching thread called ``step``, counted as ``ns`` (what `room` said) on each of its devices."""
+        est, lanes = self._tracks.get(step.exe) or self._track(step)
+        if est.ns < 0:
+            est.probing = True
+        for lane in lanes:
+            lane.queued.append(ns)
+            lane.added += ns
+
+    def finished(self, step, device_ns: int) -> None:
+        """The completing thread saw ``step``'s node finish after ``device_ns`` on its devices."""
+        est, lanes = self._tracks.get(step.exe) or self._track(step)
+        old = est.ns
+        device_ns = max(device_ns, _MIN_NS)
+        est.ns = device_ns if old < 0 else old + ((device_ns - old) >> 2)
+        est.probing = False
+        for lane in lanes:
+            if lane.queued:
+                lane.retired += lane.queued.popleft()
+        if self.wanted:
+            self.wanted = False
+            self._wake()
+
+    def full(self, step, inflight: list[int]) -> bool:
+        """Whether ``step`` must wait for room (the lifecycle asks, under the controller's lock).
+
+        ``inflight``: nodes dispatched and not reported, per island. With none on the step's islands,
+        what its lanes still count is a leftover (a batch a bug of ours failed as a whole): it is
+        forgotten rather than waited for for ever.
+        """
+        if not self.on or step.remote or self.room(step) >= 0:
+            return False
+        src = step.src_island
+        if not inflight[step.island] and (src is None or not inflight[src]):
+            est, lanes = self._tracks.get(step.exe) or self._track(step)
+            est.probing = False
+            for lane in lanes:
+                lane.queued.clear()
+                lane.retired = lane.added
+            return False
+        self.wanted = True  # before looking again: a node finishing now either sees it or is seen
+        return self.room(step) < 0
+
+    def ahead_s(self, device: int) -> float:
+        """Seconds of estimated work queued on ``device`` (what the bound limits)."""
+        lane = self.lanes.get(device)
+        return 0.0 if lane is None else (lane.added - lane.retired) / 1e9
+
+    def _track(self, step) -> tuple[_Estimate, tuple[_Lane, ...]]:
+        if len(self._tracks) > _FORGET:
+            self._tracks.clear()
+        if len(self._by_key) > _FORGET:
+            self._by_key.clear()
+        key = (step.call, step.shapes)
+        est = self._by_key.get(key)
+        if est is None:
+            est = self._by_key[key] = _Estimate()
+        lanes = []
+        for d in step.devices:
+            lane = self.lanes.get(d)
+            if lane is None:
+                lane = self.lanes[d] = _Lane()
+            lanes.append(lane)
+        track = self._tracks[step.exe] = (est, tuple(lanes))
+        return track
