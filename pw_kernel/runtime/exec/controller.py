@@ -27,7 +27,7 @@ from ..core.lifecycle import Lifecycle
 from ..core.records import FINAL, Emit, Finish, Reject, Resolve, RunRecord, Wake, Work
 from ..core.plan import plan_for
 from ..remote.client import Bursts, stand_in_devices
-from ..run import Run
+from ..run import Run, describe_state
 from ..core.scheduler import Policy
 
 
@@ -40,6 +40,12 @@ class RunSummary(NamedTuple):
     done: int
     total: int
     compile_s: float = 0.0  # compiling its executables (a program's first call)
+    on_devices: int = 0  # nodes dispatched and not finished (a cancelled run's still run)
+
+    @property
+    def state_text(self) -> str:
+        """The state, or 'cancelling: 2 nodes on the devices' while a cancelled run's nodes finish."""
+        return describe_state(self.state, self.on_devices)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,7 +87,7 @@ class Status:
         shown, hidden = self.recent_runs()
         for r in shown:
             compiled = f"  compiled in {r.compile_s * 1e3:.0f} ms" if r.compile_s else ""
-            lines.append(f"  run {r.id:4d} {r.name:24s} {r.state:9s} {r.done}/{r.total}{compiled}")
+            lines.append(f"  run {r.id:4d} {r.name:24s} {r.state_text:9s} {r.done}/{r.total}{compiled}")
         if hidden:
             lines.append(f"  ... and {hidden} earlier finished runs (`pw.controller().runs` has them all)")
         return "\n".join(lines)
@@ -282,7 +288,8 @@ class Controller:
     def status(self) -> Status:
         with self.lock:
             runs = tuple(
-                RunSummary(r.id, r.name, r.state, r.nodes_done, r.nodes_total, r.compile_time) for r in self.runs
+                RunSummary(r.id, r.name, r.state, r.nodes_done, r.nodes_total, r.compile_time, r.nodes_on_devices)
+                for r in self.runs
             )
             return Status(
                 islands=tuple(self.islands),
