@@ -10,8 +10,9 @@ of estimated work queued (so at most the bound plus one node).
 A step's estimate is a running mean of the measured device time of the nodes
 that share its executable (the same jit and shapes), learnt as the completing
 thread finishes them. A node not yet measured counts as small, but only one
-such node of an executable is in flight at once: a program of 20 slow nodes of
-one function is bounded from its first run, after one node's round trip. The
+such node of an executable is in flight at once (and no other run's step passes
+the one that waits for it, on its devices): a program of 20 slow nodes of one
+function is bounded from its first run, after one node's round trip. The
 accounting is two counters per device (added by the one dispatching thread,
 retired by the one completing thread) and a queue of the estimates in flight,
 so neither side takes the controller's lock for it. Remote (Ray) islands are
@@ -34,12 +35,15 @@ _FORGET = 100_000  # executables (or shapes) remembered before the maps start af
 class _Lane:
     """One device: estimated nanoseconds dispatched (``added``) and finished (``retired``), and those in flight."""
 
-    __slots__ = ("added", "retired", "queued")
+    __slots__ = ("added", "retired", "queued", "held")
 
     def __init__(self):
         self.added = 0  # written only by the dispatching thread (one at a time: the dispatcher's `busy`)
         self.retired = 0  # written only by the completing thread (one at a time: completion's token)
         self.queued: collections.deque[int] = collections.deque()  # the estimates in flight, in dispatch order
+        # A step here waits for the measurement of its executable's first node: until a node here
+        # finishes, no other run's step may pass it (FIFO stays FIFO on these devices).
+        self.held = False
 
 
 class _Estimate:
@@ -91,12 +95,14 @@ class RunAhead:
         est, lanes = track
         ns = est.ns
         if ns < 0:
-            if est.probing:
-                return -1  # its first node is still being measured
+            if est.probing:  # its first node is still being measured
+                for lane in lanes:
+                    lane.held = True
+                return -1
             ns = _UNMEASURED_NS
         bound = self.bound
         for lane in lanes:
-            if lane.queued and lane.added - lane.retired >= bound:
+            if lane.queued and (lane.held or lane.added - lane.retired >= bound):
                 return -1
         return ns
 
@@ -117,6 +123,7 @@ class RunAhead:
         est.ns = device_ns if old < 0 else old + ((device_ns - old) >> 2)
         est.probing = False
         for lane in lanes:
+            lane.held = False
             if lane.queued:
                 lane.retired += lane.queued.popleft()
         if self.wanted:
@@ -139,6 +146,7 @@ class RunAhead:
             for lane in lanes:
                 lane.queued.clear()
                 lane.retired = lane.added
+                lane.held = False
             return False
         self.wanted = True  # before looking again: a node finishing now either sees it or is seen
         return self.room(step) < 0
