@@ -122,11 +122,17 @@ class RunAhead:
         device_ns = max(device_ns, _MIN_NS)
         est.ns = device_ns if old < 0 else old + ((device_ns - old) >> 2)
         est.probing = False
+        low = self.bound >> 1
+        drained = True
         for lane in lanes:
             lane.held = False
             if lane.queued:
                 lane.retired += lane.queued.popleft()
-        if self.wanted:
+            if lane.queued and lane.added - lane.retired > low:
+                drained = False
+        # Wake the dispatcher once half the bound has drained, not per node: it then sends a burst
+        # instead of trading the GIL with this thread node by node (a lane that empties always wakes it).
+        if self.wanted and drained:
             self.wanted = False
             self._wake()
 
