@@ -56,6 +56,18 @@ class _Estimate:
         self.probing = False  # a first, unmeasured node is in flight: the next waits for its measurement
 
 
+class _Track:
+    """What the gate needs of one step, found once: its estimate and its devices' lanes."""
+
+    __slots__ = ("est", "lanes", "lane", "more")
+
+    def __init__(self, est: _Estimate, lanes: tuple[_Lane, ...]):
+        self.est = est
+        self.lanes = lanes
+        self.lane = lanes[0] if lanes else _Lane()  # a step on no device (none planned so) counts on a lane of its own
+        self.more = lanes[1:]
+
+
 class RunAhead:
     """The gate: how much estimated work each device has queued, and whether a step may join it.
 
@@ -78,7 +90,7 @@ class RunAhead:
         self.bound = int(bound_s * 1e9) if bound_s is not None else 0
         self.lanes: dict[int, _Lane] = {}  # device id -> its lane
         self._by_key: dict[tuple[Any, str], _Estimate] = {}  # (jit, shapes) -> its estimate
-        self._tracks: dict[Any, tuple[_Estimate, tuple[_Lane, ...]]] = {}  # a step's Executable -> both, found once
+        self._tracks: dict[Any, _Track] = {}  # a step's Executable -> its estimate and lanes, found once
         self._wake = wake  # wakes the dispatcher (takes the controller's lock)
         #: The dispatcher waits for one of the gate's devices: the next node finished wakes it.
         self.wanted = False
@@ -92,47 +104,60 @@ class RunAhead:
         track = self._tracks.get(step.exe)
         if track is None:
             track = self._track(step)
-        est, lanes = track
+        est = track.est
         ns = est.ns
         if ns < 0:
             if est.probing:  # its first node is still being measured
-                for lane in lanes:
+                for lane in track.lanes:
                     lane.held = True
                 return -1
             ns = _UNMEASURED_NS
-        bound = self.bound
-        for lane in lanes:
-            if lane.queued and (lane.held or lane.added - lane.retired >= bound):
+        lane = track.lane  # the first (often only) device, without a loop: this runs for every node
+        if lane.queued and (lane.held or lane.added - lane.retired >= self.bound):
+            return -1
+        for lane in track.more:
+            if lane.queued and (lane.held or lane.added - lane.retired >= self.bound):
                 return -1
         return ns
 
     def sent(self, step, ns: int) -> None:
         """The dispatching thread called ``step``, counted as ``ns`` (what `room` said) on each of its devices."""
-        est, lanes = self._tracks.get(step.exe) or self._track(step)
+        track = self._tracks.get(step.exe) or self._track(step)
+        est = track.est
         if est.ns < 0:
             est.probing = True
-        for lane in lanes:
+        lane = track.lane
+        lane.queued.append(ns)
+        lane.added += ns
+        for lane in track.more:
             lane.queued.append(ns)
             lane.added += ns
 
     def finished(self, step, device_ns: int) -> None:
         """The completing thread saw ``step``'s node finish after ``device_ns`` on its devices."""
-        est, lanes = self._tracks.get(step.exe) or self._track(step)
+        track = self._tracks.get(step.exe) or self._track(step)
+        est = track.est
         old = est.ns
-        device_ns = max(device_ns, _MIN_NS)
+        if device_ns < _MIN_NS:
+            device_ns = _MIN_NS
         est.ns = device_ns if old < 0 else old + ((device_ns - old) >> 2)
         est.probing = False
-        low = self.bound >> 1
-        drained = True
-        for lane in lanes:
-            lane.held = False
-            if lane.queued:
-                lane.retired += lane.queued.popleft()
-            if lane.queued and lane.added - lane.retired > low:
-                drained = False
-        # Wake the dispatcher once half the bound has drained, not per node: it then sends a burst
-        # instead of trading the GIL with this thread node by node (a lane that empties always wakes it).
-        if self.wanted and drained:
+        lane = track.lane
+        lane.held = False
+        queued = lane.queued
+        if queued:
+            lane.retired += queued.popleft()
+        for other in track.more:
+            other.held = False
+            if other.queued:
+                other.retired += other.queued.popleft()
+        if self.wanted:
+            # Wake the dispatcher once half the bound has drained, not per node: it then sends a burst
+            # instead of trading the GIL with this thread node by node (a lane that empties always wakes it).
+            low = self.bound >> 1
+            for lane in track.lanes:
+                if lane.queued and lane.added - lane.retired > low:
+                    return
             self.wanted = False
             self._wake()
 
@@ -147,9 +172,9 @@ class RunAhead:
             return False
         src = step.src_island
         if not inflight[step.island] and (src is None or not inflight[src]):
-            est, lanes = self._tracks.get(step.exe) or self._track(step)
-            est.probing = False
-            for lane in lanes:
+            track = self._tracks.get(step.exe) or self._track(step)
+            track.est.probing = False
+            for lane in track.lanes:
                 lane.queued.clear()
                 lane.retired = lane.added
                 lane.held = False
@@ -162,7 +187,7 @@ class RunAhead:
         lane = self.lanes.get(device)
         return 0.0 if lane is None else (lane.added - lane.retired) / 1e9
 
-    def _track(self, step) -> tuple[_Estimate, tuple[_Lane, ...]]:
+    def _track(self, step) -> _Track:
         if len(self._tracks) > _FORGET:
             self._tracks.clear()
         if len(self._by_key) > _FORGET:
@@ -177,5 +202,5 @@ class RunAhead:
             if lane is None:
                 lane = self.lanes[d] = _Lane()
             lanes.append(lane)
-        track = self._tracks[step.exe] = (est, tuple(lanes))
+        track = self._tracks[step.exe] = _Track(est, tuple(lanes))
         return track
