@@ -135,6 +135,7 @@ QUICK = {
         [rf"^data-parallel step on 8 devices: {NUM} ms; each batch loads in {NUM} ms$",
          rf"^dp\s+sleep async : placed\s+{NUM} steps/s; prefetch {NUM}x, inline {NUM}x of placed$",
          rf"^pipeline\s+cpu\s+logged: placed\s+{NUM} steps/s; prefetch {NUM}x, inline {NUM}x of placed$"],
+    ),
     "memory": (
         "memory.py",
         [],
