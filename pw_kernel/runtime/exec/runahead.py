@@ -94,6 +94,12 @@ class RunAhead:
         self._wake = wake  # wakes the dispatcher (takes the controller's lock)
         #: The dispatcher waits for one of the gate's devices: the next node finished wakes it.
         self.wanted = False
+        self._lane_sets: dict[tuple[int, ...], tuple[_Lane, ...]] = {}  # one tuple per set of devices
+        # Changes of the lanes, counted by each side (one writer each, so no count is lost), and the
+        # last lanes found full at those counts (see `full`).
+        self._sent_gen = 0
+        self._done_gen = 0
+        self._full: tuple = (None, -1, -1)
 
     def gates(self, step) -> bool:
         """Whether ``step`` goes through the gate (local islands only)."""
@@ -132,6 +138,7 @@ class RunAhead:
         for lane in track.more:
             lane.queued.append(ns)
             lane.added += ns
+        self._sent_gen += 1
 
     def finished(self, step, device_ns: int) -> None:
         """The completing thread saw ``step``'s node finish after ``device_ns`` on its devices."""
@@ -151,6 +158,7 @@ class RunAhead:
             other.held = False
             if other.queued:
                 other.retired += other.queued.popleft()
+        self._done_gen += 1
         if self.wanted:
             # Wake the dispatcher once half the bound has drained, not per node: it then sends a burst
             # instead of trading the GIL with this thread node by node (a lane that empties always wakes it).
@@ -167,20 +175,34 @@ class RunAhead:
         ``inflight``: nodes dispatched and not reported, per island. With none on the step's islands,
         what its lanes still count is a leftover (a batch a bug of ours failed as a whole): it is
         forgotten rather than waited for for ever.
+
+        The lifecycle asks for every queued run on each pick; runs on the same devices get the
+        answer found for the first (``_full``: those lanes, as of the last node sent and finished).
         """
-        if not self.on or step.remote or self.room(step) >= 0:
+        if not self.on or step.remote:
+            return False
+        track = self._tracks.get(step.exe) or self._track(step)
+        seen = (track.lanes, self._sent_gen, self._done_gen)  # read before looking: a later change invalidates it
+        full = self._full
+        if full[0] is seen[0] and full[1] == seen[1] and full[2] == seen[2]:
+            self.wanted = True
+            return True
+        if self.room(step) >= 0:
             return False
         src = step.src_island
         if not inflight[step.island] and (src is None or not inflight[src]):
-            track = self._tracks.get(step.exe) or self._track(step)
             track.est.probing = False
             for lane in track.lanes:
                 lane.queued.clear()
                 lane.retired = lane.added
                 lane.held = False
+            self._sent_gen += 1
             return False
         self.wanted = True  # before looking again: a node finishing now either sees it or is seen
-        return self.room(step) < 0
+        if self.room(step) >= 0:
+            return False
+        self._full = seen
+        return True
 
     def ahead_s(self, device: int) -> float:
         """Seconds of estimated work queued on ``device`` (what the bound limits)."""
@@ -196,11 +218,14 @@ class RunAhead:
         est = self._by_key.get(key)
         if est is None:
             est = self._by_key[key] = _Estimate()
-        lanes = []
-        for d in step.devices:
-            lane = self.lanes.get(d)
-            if lane is None:
-                lane = self.lanes[d] = _Lane()
-            lanes.append(lane)
-        track = self._tracks[step.exe] = _Track(est, tuple(lanes))
+        lanes = self._lane_sets.get(step.devices)
+        if lanes is None:
+            made = []
+            for d in step.devices:
+                lane = self.lanes.get(d)
+                if lane is None:
+                    lane = self.lanes[d] = _Lane()
+                made.append(lane)
+            lanes = self._lane_sets[step.devices] = tuple(made)
+        track = self._tracks[step.exe] = _Track(est, lanes)
         return track
