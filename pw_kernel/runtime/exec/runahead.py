@@ -46,6 +46,22 @@ class _Lane:
         self.held = False
 
 
+class _Devices:
+    """One set of devices (a slice, a transfer's two): its lanes, and the lifecycle's last answer about them."""
+
+    __slots__ = ("lanes", "lane", "more", "open_at", "full_at")
+
+    def __init__(self, lanes: tuple[_Lane, ...]):
+        self.lanes = lanes
+        self.lane = lanes[0] if lanes else _Lane()  # a step on no device (none planned so) counts on a lane of its own
+        self.more = lanes[1:]
+        # The lifecycle asks about every queued run on each pick. Found open, the lanes stay open until
+        # something is sent (``open_at``: the count of sends then); found full, they stay full until
+        # something finishes or is sent (``full_at``: both counts then).
+        self.open_at = -1
+        self.full_at: tuple[int, int] = (-1, -1)
+
+
 class _Estimate:
     """The measured device time of one executable at one signature (-1: not measured yet)."""
 
@@ -57,15 +73,13 @@ class _Estimate:
 
 
 class _Track:
-    """What the gate needs of one step, found once: its estimate and its devices' lanes."""
+    """What the gate needs of one step, found once: its estimate and its devices."""
 
-    __slots__ = ("est", "lanes", "lane", "more")
+    __slots__ = ("est", "devs")
 
-    def __init__(self, est: _Estimate, lanes: tuple[_Lane, ...]):
+    def __init__(self, est: _Estimate, devs: _Devices):
         self.est = est
-        self.lanes = lanes
-        self.lane = lanes[0] if lanes else _Lane()  # a step on no device (none planned so) counts on a lane of its own
-        self.more = lanes[1:]
+        self.devs = devs
 
 
 class RunAhead:
@@ -89,21 +103,15 @@ class RunAhead:
         self.on = bound_s is not None
         self.bound = int(bound_s * 1e9) if bound_s is not None else 0
         self.lanes: dict[int, _Lane] = {}  # device id -> its lane
+        self._devices: dict[tuple[int, ...], _Devices] = {}  # device ids -> their set
         self._by_key: dict[tuple[Any, str], _Estimate] = {}  # (jit, shapes) -> its estimate
-        self._tracks: dict[Any, _Track] = {}  # a step's Executable -> its estimate and lanes, found once
+        self._tracks: dict[Any, _Track] = {}  # a step's Executable -> its estimate and devices, found once
         self._wake = wake  # wakes the dispatcher (takes the controller's lock)
         #: The dispatcher waits for one of the gate's devices: the next node finished wakes it.
         self.wanted = False
-        self._lane_sets: dict[tuple[int, ...], tuple[_Lane, ...]] = {}  # one tuple per set of devices
-        # Changes of the lanes, counted by each side (one writer each, so no count is lost), and the
-        # last lanes found full at those counts (see `full`).
-        self._sent_gen = 0
-        self._done_gen = 0
-        self._full: tuple = (None, -1, -1)
-
-    def gates(self, step) -> bool:
-        """Whether ``step`` goes through the gate (local islands only)."""
-        return self.on and not step.remote
+        # Changes of the lanes, counted by each side (one writer each, so no count is lost).
+        self._sends = 0  # the dispatching side: nodes sent, lanes held or reset
+        self._ends = 0  # the completing side: nodes finished
 
     def room(self, step) -> int:
         """The estimate (ns) ``step`` would add, or -1 if one of its devices has the bound queued already."""
@@ -112,16 +120,18 @@ class RunAhead:
             track = self._track(step)
         est = track.est
         ns = est.ns
+        devs = track.devs
         if ns < 0:
             if est.probing:  # its first node is still being measured
-                for lane in track.lanes:
+                for lane in devs.lanes:
                     lane.held = True
+                self._sends += 1
                 return -1
             ns = _UNMEASURED_NS
-        lane = track.lane  # the first (often only) device, without a loop: this runs for every node
+        lane = devs.lane  # the first (often only) device, without a loop: this runs for every node
         if lane.queued and (lane.held or lane.added - lane.retired >= self.bound):
             return -1
-        for lane in track.more:
+        for lane in devs.more:
             if lane.queued and (lane.held or lane.added - lane.retired >= self.bound):
                 return -1
         return ns
@@ -132,13 +142,14 @@ class RunAhead:
         est = track.est
         if est.ns < 0:
             est.probing = True
-        lane = track.lane
+        devs = track.devs
+        lane = devs.lane
         lane.queued.append(ns)
         lane.added += ns
-        for lane in track.more:
+        for lane in devs.more:
             lane.queued.append(ns)
             lane.added += ns
-        self._sent_gen += 1
+        self._sends += 1
 
     def finished(self, step, device_ns: int) -> None:
         """The completing thread saw ``step``'s node finish after ``device_ns`` on its devices."""
@@ -149,21 +160,22 @@ class RunAhead:
             device_ns = _MIN_NS
         est.ns = device_ns if old < 0 else old + ((device_ns - old) >> 2)
         est.probing = False
-        lane = track.lane
+        devs = track.devs
+        lane = devs.lane
         lane.held = False
         queued = lane.queued
         if queued:
             lane.retired += queued.popleft()
-        for other in track.more:
+        for other in devs.more:
             other.held = False
             if other.queued:
                 other.retired += other.queued.popleft()
-        self._done_gen += 1
+        self._ends += 1
         if self.wanted:
             # Wake the dispatcher once half the bound has drained, not per node: it then sends a burst
             # instead of trading the GIL with this thread node by node (a lane that empties always wakes it).
             low = self.bound >> 1
-            for lane in track.lanes:
+            for lane in devs.lanes:
                 if lane.queued and lane.added - lane.retired > low:
                     return
             self.wanted = False
@@ -175,33 +187,35 @@ class RunAhead:
         ``inflight``: nodes dispatched and not reported, per island. With none on the step's islands,
         what its lanes still count is a leftover (a batch a bug of ours failed as a whole): it is
         forgotten rather than waited for for ever.
-
-        The lifecycle asks for every queued run on each pick; runs on the same devices get the
-        answer found for the first (``_full``: those lanes, as of the last node sent and finished).
         """
         if not self.on or step.remote:
             return False
         track = self._tracks.get(step.exe) or self._track(step)
-        seen = (track.lanes, self._sent_gen, self._done_gen)  # read before looking: a later change invalidates it
-        full = self._full
-        if full[0] is seen[0] and full[1] == seen[1] and full[2] == seen[2]:
-            self.wanted = True
-            return True
+        devs = track.devs
+        sends, ends = self._sends, self._ends  # read before looking: a change after it voids what we find
+        if not track.est.probing:
+            if devs.open_at == sends:
+                return False
+            at = devs.full_at
+            if at[0] == sends and at[1] == ends:
+                self.wanted = True
+                return True
         if self.room(step) >= 0:
+            devs.open_at = sends
             return False
         src = step.src_island
         if not inflight[step.island] and (src is None or not inflight[src]):
             track.est.probing = False
-            for lane in track.lanes:
+            for lane in devs.lanes:
                 lane.queued.clear()
                 lane.retired = lane.added
                 lane.held = False
-            self._sent_gen += 1
+            self._sends += 1
             return False
         self.wanted = True  # before looking again: a node finishing now either sees it or is seen
         if self.room(step) >= 0:
             return False
-        self._full = seen
+        devs.full_at = (self._sends, ends)  # room() may have held the lanes (a send of sorts): count that in
         return True
 
     def ahead_s(self, device: int) -> float:
@@ -218,14 +232,14 @@ class RunAhead:
         est = self._by_key.get(key)
         if est is None:
             est = self._by_key[key] = _Estimate()
-        lanes = self._lane_sets.get(step.devices)
-        if lanes is None:
-            made = []
+        devs = self._devices.get(step.devices)
+        if devs is None:
+            lanes = []
             for d in step.devices:
                 lane = self.lanes.get(d)
                 if lane is None:
                     lane = self.lanes[d] = _Lane()
-                made.append(lane)
-            lanes = self._lane_sets[step.devices] = tuple(made)
-        track = self._tracks[step.exe] = _Track(est, lanes)
+                lanes.append(lane)
+            devs = self._devices[step.devices] = _Devices(tuple(lanes))
+        track = self._tracks[step.exe] = _Track(est, devs)
         return track
