@@ -163,9 +163,6 @@ class Dispatcher:
             sent = sent_on.get(island, _NONE_SENT)
             if inflight[island] + sent[0] >= limit or rec.state in FINAL:
                 break
-            ns = gate.room(st) if gated and not st.remote else 0
-            if ns < 0:
-                break  # its devices have the bound queued: a node finishing wakes this thread
             if inline and (st.host_callbacks or exe.compile_first):
                 # A callback could hold the submitting thread until it returns, a compile for
                 # seconds: the call must return at once, so these are the dispatcher thread's.
@@ -179,15 +176,18 @@ class Dispatcher:
                 break  # credit comes back as earlier collective steps finish
             if st.host_callbacks and cb_inflight[island] + sent[2]:
                 break  # one at a time: what a guarded callback raised belongs to the one in flight
+            ns = gate.take(st) if gated and not st.remote else 0
+            if ns < 0:
+                break  # its devices have the bound queued: a node finishing wakes this thread
             t = clock() - epoch
             try:
                 ins = st.ins
                 outs = st.call(slots[ins[0]]) if len(ins) == 1 else st.call(*[slots[i] for i in ins])
             except Exception as e:
+                if ns:
+                    gate.untake(st, ns)
                 failed = (st, e)
                 break
-            if ns:
-                gate.sent(st, ns)
             if len(outs) == 1:
                 slots[st.outs[0]] = outs[0]
             else:

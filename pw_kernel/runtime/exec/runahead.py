@@ -88,9 +88,8 @@ class RunAhead:
     Example (the controller makes one from its Config; the dispatcher and completion use it)::
 
         gate = RunAhead(0.02, wake=lambda: None)
-        ns = gate.room(step)          # -1: its devices are full, wait for a completion
-        ...                           # dispatch the step
-        gate.sent(step, ns)
+        ns = gate.take(step)          # -1: its devices are full, wait for a completion
+        ...                           # dispatch the step (it raised: gate.untake(step, ns))
         gate.finished(step, 165_000_000)   # on the completing thread, with its measured device time
     """
 
@@ -136,20 +135,52 @@ class RunAhead:
                 return -1
         return ns
 
-    def sent(self, step, ns: int) -> None:
-        """The dispatching thread called ``step``, counted as ``ns`` (what `room` said) on each of its devices."""
-        track = self._tracks.get(step.exe) or self._track(step)
+    def take(self, step) -> int:
+        """`room`, and if there is, ``step``'s estimate counted on its devices (the dispatching thread, just
+        before calling it); -1 if there is none. One call per node: the dispatcher's hot loop."""
+        track = self._tracks.get(step.exe)
+        if track is None:
+            track = self._track(step)
         est = track.est
-        if est.ns < 0:
-            est.probing = True
+        ns = est.ns
+        if ns < 0:
+            if est.probing:
+                return self.room(step)  # held: -1
+            est.probing = True  # this one is its first: the next waits for its measurement
+            ns = _UNMEASURED_NS
         devs = track.devs
         lane = devs.lane
+        more = devs.more
+        bound = self.bound
+        if lane.queued and (lane.held or lane.added - lane.retired >= bound):
+            return self._untaken(est)
+        for other in more:
+            if other.queued and (other.held or other.added - other.retired >= bound):
+                return self._untaken(est)
         lane.queued.append(ns)
         lane.added += ns
-        for lane in devs.more:
-            lane.queued.append(ns)
-            lane.added += ns
+        for other in more:
+            other.queued.append(ns)
+            other.added += ns
         self._sends += 1
+        return ns
+
+    def untake(self, step, ns: int) -> None:
+        """``step`` raised when called: it is not on its devices after all (the dispatching thread)."""
+        track = self._tracks.get(step.exe) or self._track(step)
+        if track.est.ns < 0:
+            track.est.probing = False
+        for lane in track.devs.lanes:
+            if lane.queued:
+                lane.queued.pop()
+                lane.added -= ns
+        self._sends += 1
+
+    @staticmethod
+    def _untaken(est: _Estimate) -> int:
+        if est.ns < 0:
+            est.probing = False  # it did not go after all
+        return -1
 
     def finished(self, step, device_ns: int) -> None:
         """The completing thread saw ``step``'s node finish after ``device_ns`` on its devices."""
