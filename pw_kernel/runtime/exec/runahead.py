@@ -223,6 +223,8 @@ class RunAhead:
             return False
         track = self._tracks.get(step.exe) or self._track(step)
         devs = track.devs
+        if not devs.lane.queued and not devs.more and not track.est.probing:
+            return False  # an idle device (a lone call's): nothing to look up
         sends, ends = self._sends, self._ends  # read before looking: a change after it voids what we find
         if not track.est.probing:
             if devs.open_at == sends:
