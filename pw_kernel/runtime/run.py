@@ -92,7 +92,7 @@ class Run:
 
     @property
     def nodes_on_devices(self) -> int:
-        """Nodes dispatched and not finished: after a cancel, what the devices still run (XLA runs what it was given)."""
+        """Nodes dispatched and not finished: after a cancel, what the devices still run (XLA runs what it got)."""
         rec = self._rec
         return rec.dispatched - rec.done
 

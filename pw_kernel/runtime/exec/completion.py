@@ -250,7 +250,7 @@ class Completion:
             exe.cost += (ev.end - start - exe.cost) >> 2  # running mean of device time, for fair share
             for d in st.devices:
                 last_end[d] = ev.end
-            if gated and not st.remote:  # node by node, not per batch: the next node dispatches while this one's successor runs
+            if gated and not st.remote:  # node by node: a dispatcher waiting for room goes on before the batch ends
                 gate.finished(st, ev.end - start)
         failed: dict[int, BaseException] = {}  # batch index -> error of the first failing node of a run
         try:
