@@ -103,7 +103,7 @@ class RunAhead:
         self.bound = int(bound_s * 1e9) if bound_s is not None else 0
         self.lanes: dict[int, _Lane] = {}  # device id -> its lane
         self._devices: dict[tuple[int, ...], _Devices] = {}  # device ids -> their set
-        self._by_key: dict[tuple[Any, str], _Estimate] = {}  # (jit, shapes) -> its estimate
+        self._by_key: dict[tuple[int, str], _Estimate] = {}  # (id of the jit, shapes) -> its estimate
         self._tracks: dict[Any, _Track] = {}  # a step's Executable -> its estimate and devices, found once
         self._wake = wake  # wakes the dispatcher (takes the controller's lock)
         #: The dispatcher waits for one of the gate's devices: the next node finished wakes it.
@@ -261,7 +261,7 @@ class RunAhead:
             self._tracks.clear()
         if len(self._by_key) > _FORGET:
             self._by_key.clear()
-        key = (step.call, step.shapes)
+        key = (id(step.call), step.shapes)  # not the jit itself: what it closes over must not outlive its program
         est = self._by_key.get(key)
         if est is None:
             est = self._by_key[key] = _Estimate()
