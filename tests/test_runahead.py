@@ -78,6 +78,30 @@ def test_after_cancel_the_next_call_waits_for_the_bound_not_the_whole_run(notebo
     assert run.state_text == "cancelled"
 
 
+def test_a_first_run_is_bounded_too_once_its_first_node_is_measured():
+    ctl = pw.init(pw.Config(validate=True))
+    try:
+        s = pw.slice(1, name="s")
+        grind = pw.compiled(lambda x: jax.lax.fori_loop(0, 100, lambda i, a: jnp.tanh(a @ a), x), slice=s, name="grind")
+
+        @pw.program(name="fresh")
+        def fresh(x):
+            for _ in range(NODES):
+                x = grind(x)
+            return x
+
+        run = fresh.submit(jax.device_put(jnp.full((256, 256), 1e-3), s.sharding()), mode="chained")
+        # Nothing is known of `grind` yet: its first node goes alone, and the rest wait for its measurement.
+        wait_until(lambda: run.nodes_done >= 1, "the first node finish")
+        run.cancel()
+        still_running = run.nodes_on_devices
+        wait_until(lambda: run.nodes_done == run.nodes_dispatched, "the cancelled run drain")
+        assert still_running <= nodes_within_bound(ctl)
+        assert run.nodes_dispatched < NODES
+    finally:
+        pw.shutdown()
+
+
 def test_without_a_bound_a_cancelled_run_still_runs_every_node():
     ctl, long, tiny, x, v = slow_notebook(run_ahead_s=None)
     try:
