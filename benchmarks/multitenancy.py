@@ -1,4 +1,4 @@
-"""Multi-tenancy: aggregate throughput with 1, 2, 4, 8 tenants, Jain fairness, weighted shares.
+"""Multi-tenancy: aggregate throughput with 1, 2, 4, 8 tenants, Jain fairness, weighted shares; cancel and priority.
 
     python benchmarks/multitenancy.py [--json out.json] [--quick]
 
@@ -7,12 +7,19 @@ on one shared 8-device slice) from its own thread, so every tenant is
 saturating. Figures come from the controller's event log (device time per
 tenant) and wall clock; raw JAX dispatching the same nodes op-by-op from one
 thread is the throughput reference.
+
+Cancel and priority, with the run-ahead unbounded (``Config.run_ahead_s=None``,
+as before the bound) and bounded (the default): a long program of slow nodes on
+one device; after `cancel()`, how long the next tiny call on that device waits,
+and how long a priority-10 call submitted behind it waits, each in units of the
+slow node's own device time (so the figures mean the same on any machine).
 """
 
 from __future__ import annotations
 
 import argparse
 import platform
+import statistics
 import threading
 import time
 
@@ -78,13 +85,88 @@ def run_tenants(job, x, w, tenants, runs_per_tenant, weights=None):
     return nodes / wall, busy
 
 
+def slow_program(iters: int, nodes: int):
+    """A 1-device slice, a slow node (``iters`` 256x256 matmuls), a tiny one, and a program of ``nodes`` slow nodes."""
+    s = pw.slice(1, name="one")
+    grind = pw.compiled(lambda x: jax.lax.fori_loop(0, iters, lambda i, a: jnp.tanh(a @ a), x), slice=s, name="grind")
+    tiny = pw.compiled(lambda v: v + 1, slice=s, name="tiny")
+    x = jax.device_put(jnp.full((256, 256), 1e-3), s.sharding())
+    v = jax.device_put(jnp.zeros(2), s.sharding())
+
+    @pw.program(name="long")
+    def long(x):
+        for _ in range(nodes):
+            x = grind(x)
+        return x
+
+    urgent = pw.program(lambda v: tiny(v), name="urgent")
+    return long, urgent, x, v
+
+
+
+
+def cancel_and_priority(run_ahead_s, iters: int, nodes: int, repeats: int) -> dict:
+    """Next call's wait after cancel, and a priority-10 call's wait, over the slow node's device time."""
+    c = pw.init(max_inflight=64, run_ahead_s=run_ahead_s)
+    c.set_policy(pw.Priority())
+    long, urgent, x, v = slow_program(iters, nodes)
+    for _ in range(2):  # compiled, and every node's device time measured
+        long.submit(x, mode="chained").result()
+        urgent.submit(v, priority=10).result()
+    grinds = [e.end - e.start for r in c.runs for e in r.events if e.node.startswith("grind")]  # grind, grind:1, ...
+    node_s = statistics.median(grinds) / 1e9
+    after_cancel, priority, still = [], [], []
+    for _ in range(repeats):
+        run = long.submit(x, mode="chained", priority=0)
+        time.sleep(2.5 * node_s)  # under way (its nodes are reported in batches: `nodes_done` lags, unbounded)
+        run.cancel()
+        still.append(run.nodes_on_devices)
+        t0 = time.perf_counter()
+        urgent.submit(v, priority=10).result()
+        after_cancel.append((time.perf_counter() - t0) / node_s)
+
+        run = long.submit(x, mode="chained", priority=0)
+        time.sleep(2.5 * node_s)
+        t0 = time.perf_counter()
+        urgent.submit(v, priority=10).result()
+        priority.append((time.perf_counter() - t0) / node_s)
+        run.cancel()
+        urgent.submit(v, priority=10).result()  # the device drained before the next round
+    pw.shutdown()
+    return {
+        "run_ahead_s": run_ahead_s,
+        "node_ms": node_s * 1e3,
+        "nodes": nodes,
+        "next_call_after_cancel_over_node": statistics.median(after_cancel),
+        "priority_10_wait_over_node": statistics.median(priority),
+        "nodes_still_on_device_at_cancel": statistics.median(still),
+        "repeats": repeats,
+    }
+
+
+def print_cancel_and_priority(rows: list[dict]) -> None:
+    r0 = rows[0]
+    print(f"cancel and priority: a {r0['nodes']}-node program of {r0['node_ms']:.1f} ms nodes on one device, "
+          f"waits in node times (median of {r0['repeats']}):")
+    print(f"  {'run_ahead_s':<14} {'next call after cancel':>23} {'priority-10 call':>17} {'still on device':>16}")
+    for r in rows:
+        label = "None (before)" if r["run_ahead_s"] is None else f"{r['run_ahead_s']:g}"
+        print(f"  {label:<14} {r['next_call_after_cancel_over_node']:>23.2f} {r['priority_10_wait_over_node']:>17.2f} "
+              f"{r['nodes_still_on_device_at_cancel']:>16.0f}")
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--width", type=int, default=256)
     ap.add_argument("--nodes", type=int, default=16, help="nodes per program")
     ap.add_argument("--runs", type=int, default=24, help="runs per tenant (the backlog)")
+    ap.add_argument("--slow-iters", type=int, default=100, help="matmuls in the slow node (cancel and priority)")
+    ap.add_argument("--slow-nodes", type=int, default=20, help="slow nodes in the long program")
+    ap.add_argument("--slow-repeats", type=int, default=3)
     ap.add_argument("--json", default=None)
-    args = common.parse_args(ap, argv, {"width": 64, "nodes": 4, "runs": 4})
+    args = common.parse_args(
+        ap, argv, {"width": 64, "nodes": 4, "runs": 4, "slow_iters": 20, "slow_nodes": 8, "slow_repeats": 1}
+    )
     pw.init(max_inflight=64)
     s, f, job, x, w = setup(args.width, args.nodes)
 
@@ -133,8 +215,11 @@ def main(argv=None) -> dict:
     print("weighted fair share 1:2:4:8, device-time shares while all four were backlogged:")
     for t in weights:
         print(f"  {t}: {shares[t]:.3f} (ideal {ideal[t]:.3f})")
-    common.write_json(args.json, result)
     pw.shutdown()
+    rows = [cancel_and_priority(ra, args.slow_iters, args.slow_nodes, args.slow_repeats) for ra in (None, 0.02)]
+    result["cancel_and_priority"] = rows
+    print_cancel_and_priority(rows)
+    common.write_json(args.json, result)
     return result
 
 

@@ -260,6 +260,29 @@ def multitenancy_table(mt: dict) -> tuple[list[str], list[dict]]:
     shares = " / ".join(f"{v:.3f}" for v in mt["weighted_shares"].values())
     ideal = " / ".join(f"{v:.3f}" for v in mt["ideal_shares"].values())
     out += ["", f"Weighted shares 1:2:4:8: {shares} (ideal {ideal}).", ""]
+    rows = mt.get("cancel_and_priority") or []
+    if rows:
+        r0 = rows[0]
+        out += [
+            f"Cancel and priority: a {r0['nodes']}-node program of {r0['node_ms']:.1f} ms nodes on one device; "
+            f"waits in units of that node's device time (median of {r0['repeats']}); before = `run_ahead_s=None`.",
+            "",
+            "| run_ahead_s | next call after `cancel()` | priority-10 call behind it "
+            "| nodes still on the device at cancel |",
+            "|---|---|---|---|",
+        ]
+        for r in rows:
+            label = "None (before)" if r["run_ahead_s"] is None else f"{r['run_ahead_s']:g}"
+            after, prio = r["next_call_after_cancel_over_node"], r["priority_10_wait_over_node"]
+            out.append(f"| {label} | {after:.2f} | {prio:.2f} | {r['nodes_still_on_device_at_cancel']:.0f} |")
+            if r["run_ahead_s"] is None:
+                continue
+            limit = r["run_ahead_s"] * 1e3 / r["node_ms"] + 1  # the bound plus one node, in node times
+            for what, key in (("next call after cancel", "next_call_after_cancel_over_node"),
+                              ("priority-10 call", "priority_10_wait_over_node")):
+                t.append({"name": f"multitenancy: {what}, node times", "value": r[key], "limit": round(limit, 2),
+                          "below": True, "unit": "", "met": r[key] <= limit, "note": "bound + one node"})
+        out.append("")
     return out, t
 
 

@@ -68,8 +68,9 @@ def _page(body: str) -> str:
     return f'{_CSS}<div class="pw-view">{body}</div>'
 
 
-def _badge(state: str) -> str:
-    return f'<span class="pw-badge" style="background:{state_colour(state)}">{esc(state)}</span>'
+def _badge(state: str, text: str | None = None) -> str:
+    """A state in its colour; ``text``: what to write instead ('cancelling: 2 nodes on the devices')."""
+    return f'<span class="pw-badge" style="background:{state_colour(state)}">{esc(text or state)}</span>'
 
 
 def _bar(done: int, total: int, state: str) -> str:
@@ -338,7 +339,8 @@ def status_view(status, runs: Sequence[Any] = (), checkpoints: Sequence[str] = (
         progress = f"{_bar(summary.done, summary.total, state)} {summary.done}/{summary.total}"
         compiled = f"{summary.compile_s * 1e3:.0f} ms" if summary.compile_s else ""
         run_rows.append(
-            (esc(summary.id), f"<code>{esc(summary.name)}</code>", _badge(state), progress, elapsed, compiled, err)
+            (esc(summary.id), f"<code>{esc(summary.name)}</code>", _badge(state, summary.state_text), progress, elapsed,
+             compiled, err)
         )
     counts = ", ".join(f"{v} {k}" for k, v in sorted(status.counts().items())) or "none"
     body = (

@@ -234,9 +234,11 @@ def wait_for(runs: list[Any], timeout: float | None, api: str, progress: Progres
             if r.state == "cancelled":
                 done, total = r.progress
                 dropped = total - r.nodes_dispatched
+                running = r.nodes_on_devices  # XLA runs what it was given: at most Config.run_ahead_s of work
+                still = f"; {running} on the devices finish first" if running > 0 else ""
                 print(
                     f"pw_kernel: Ctrl-C cancelled run {r.id} ({r.name!r}): {done} of {total} nodes had "
-                    f"finished; {dropped} not yet dispatched were dropped.",
+                    f"finished; {dropped} not yet dispatched were dropped{still}.",
                     file=sys.stderr,
                 )
         raise present(e) from None

@@ -36,6 +36,12 @@ class Config:
     #: None: 1 on CPU islands of several devices, where XLA aborts the process when collective
     #: executions queued together starve each other of threads; otherwise no extra bound.
     max_inflight_collectives: int | None = None
+    #: Seconds of estimated device work that dispatch may run ahead of completion, per device (each
+    #: node's estimate: the measured device time of its executable). Enough to keep devices busy,
+    #: small enough that `cancel`, Ctrl-C and a higher priority act within it: after a cancel the next
+    #: call on those devices waits at most about this plus one node. 0: one node at a time per device.
+    #: None: no bound but ``max_inflight`` (a cancelled run's dispatched nodes all still run).
+    run_ahead_s: float | None = 0.02
     #: Check state-machine invariants on every transition (on in tests).
     validate: bool = dataclasses.field(default_factory=lambda: _env_flag("PW_VALIDATE"))
     #: Completed node events kept, in the event log and in the runs of `controller().runs` alike

@@ -91,6 +91,23 @@ class Run:
         return self._rec.done
 
     @property
+    def nodes_on_devices(self) -> int:
+        """Nodes dispatched and not finished: after a cancel, what the devices still run (XLA runs what it got)."""
+        rec = self._rec
+        return rec.dispatched - rec.done
+
+    @property
+    def state_text(self) -> str:
+        """The state as a person reads it: a cancelled run whose dispatched nodes still run says so.
+
+        Example::
+
+            run.cancel()
+            run.state_text      # 'cancelling: 2 nodes on the devices', then 'cancelled'
+        """
+        return describe_state(self._rec.state, self.nodes_on_devices)
+
+    @property
     def submitted_at(self) -> float:
         return self._rec.submitted_at
 
@@ -257,6 +274,13 @@ class Run:
     def __repr__(self) -> str:
         err = f", error={type(self.error).__name__}" if self.error is not None else ""
         return (
-            f"<pw.Run {self.id} {self.name!r} {self.state} {self.nodes_done}/{self.nodes_total} nodes, "
+            f"<pw.Run {self.id} {self.name!r} {self.state_text} {self.nodes_done}/{self.nodes_total} nodes, "
             f"mode={self.mode}, tenant={self.tenant!r}{err}>"
         )
+
+
+def describe_state(state: str, on_devices: int) -> str:
+    """``state``, or what a cancelled run still has running: 'cancelling: 2 nodes on the devices'."""
+    if on_devices <= 0 or state != "cancelled":
+        return state
+    return f"cancelling: {on_devices} node{'s' if on_devices != 1 else ''} on the devices"

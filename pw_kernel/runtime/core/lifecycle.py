@@ -82,8 +82,12 @@ class Lifecycle:
         policy: Policy | None = None,
         validate: bool = False,
         max_collectives: Sequence[int] | None = None,
+        gate: Any = None,
     ):
         self.max_inflight = max_inflight
+        # The run-ahead bound (`exec/runahead.py`): ``gate.full(step, inflight)`` says a step's devices
+        # have enough estimated work queued. None: no bound beyond max_inflight.
+        self.gate = gate
         self.inflight = [0] * n_islands  # dispatched minus completed steps, per island
         # ... of which steps whose executable has collectives, and how many of those an island may
         # queue: XLA:CPU aborts when too many collective executions wait on its simulated devices.
@@ -162,13 +166,15 @@ class Lifecycle:
 
     def out_of_credit(self, step: Step) -> bool:
         """Whether ``step``'s island has no room for it: too many steps, or too many with collectives, queued,
-        or a step with host callbacks already in flight."""
+        a step with host callbacks already in flight, or its devices' run-ahead bound reached."""
         island = step.island
         if self.inflight[island] >= self.max_inflight:
             return True
         if step.host_callbacks and self.callbacks_inflight[island]:
             return True
-        return step.exe.collectives and self.collectives_inflight[island] >= self.max_collectives[island]
+        if step.exe.collectives and self.collectives_inflight[island] >= self.max_collectives[island]:
+            return True
+        return self.gate is not None and self.gate.full(step, self.inflight)
 
     def next_work(self, now: float) -> tuple[Work | None, list]:
         """The policy's choice among runs that can dispatch now, starting queued runs that can start."""

@@ -51,6 +51,16 @@ def wait_ready(value: Any, done: Callable[[], bool]) -> None:
         delay = min(delay * 2, 1e-3)
 
 
+def _computed(batch: list) -> bool:
+    """Whether the last node of ``batch`` has computed (so completing the batch will not wait)."""
+    for a in batch[-1][3][:1]:
+        try:
+            return a.is_ready()
+        except Exception:  # not a device array, or a donated one: nothing to wait for
+            return True
+    return True
+
+
 class Completion:
     """The batches dispatched and not yet completed, the watcher thread, and a waiting caller's shortcut."""
 
@@ -88,10 +98,10 @@ class Completion:
         A Ctrl-C while waiting comes out of here (the caller cancels the run).
         """
         wait = functools.partial(wait_ready, value, done)
-        if not self._help(wait):  # a Ctrl-C held back in there comes out at its end
+        if not self._help(wait, done):  # a Ctrl-C held back in there comes out at its end
             wait()  # another thread is completing: it resolves the caller's future
 
-    def _help(self, wait: Callable[[], None] | None = None) -> bool:
+    def _help(self, wait: Callable[[], None] | None = None, done: Callable[[], bool] | None = None) -> bool:
         """Complete what is pending on this thread if no other thread is completing (a waiter's shortcut).
 
         A thread about to wait for a future claims the pending batches first (so
@@ -114,7 +124,7 @@ class Completion:
                     self._watch.notify()
                 raise
         with interrupts_deferred:  # a Ctrl-C in the middle would leave those nodes unreported
-            self._finish(batches)
+            self._finish(batches, done)
         return True
 
     def _take(self) -> list:
@@ -124,10 +134,19 @@ class Completion:
         self._pending.clear()
         return batches
 
-    def _finish(self, batches: list) -> None:
-        """Wait for ``batches`` and time them (no lock), then report them all at once (one lock)."""
+    def _finish(self, batches: list, done: Callable[[], bool] | None = None) -> None:
+        """Wait for ``batches`` and time them (no lock), then report them all at once (one lock).
+
+        Before waiting on a batch still computing, what is already finished is reported: a call's
+        result is not held back by a slow node dispatched after it (the run-ahead bound's promise).
+        A waiting caller whose value that resolved (``done``) leaves the rest to the watcher.
+        """
         reports: list = []
-        for batch in batches:
+        for i, batch in enumerate(batches):
+            if reports and not _computed(batch):
+                if self._report_early(reports, batches, i, done):
+                    return
+                reports = []
             try:
                 self._complete(batch, reports)
             except BaseException as e:  # a bug of ours: those runs fail, the watcher goes on
@@ -142,6 +161,26 @@ class Completion:
                 self._completing = False
                 if self._pending:
                     self._watch.notify()
+
+    def _report_early(self, reports: list, batches: list, i: int, done: Callable[[], bool] | None) -> bool:
+        """Report what batches before ``i`` finished; True if the caller's value is resolved and batches
+        from ``i`` on went back to the watcher."""
+        with self.lock:
+            try:
+                on_completed = self.controller.on_completed
+                for report in reports:
+                    on_completed(*report)
+            except BaseException:
+                self._pending.extendleft(reversed(batches[i:]))
+                self._completing = False
+                raise
+            if done is None or not done():
+                return False
+            self.bury(batches[:i])
+            self._pending.extendleft(reversed(batches[i:]))
+            self._completing = False
+            self._watch.notify()
+            return True
 
     def _watch_loop(self) -> None:
         quiet_since = None
@@ -177,6 +216,8 @@ class Completion:
         now = log.now
         last_end = self.last_end
         epoch = log.epoch
+        gate = c.runahead
+        gated = gate.on
         guarded = []  # nodes whose host callbacks may have recorded an exception
         for i, (_, st, ev, outs) in enumerate(batch):
             if st.host_callbacks:
@@ -209,6 +250,8 @@ class Completion:
             exe.cost += (ev.end - start - exe.cost) >> 2  # running mean of device time, for fair share
             for d in st.devices:
                 last_end[d] = ev.end
+            if gated and not st.remote:  # node by node: a dispatcher waiting for room goes on before the batch ends
+                gate.finished(st, ev.end - start)
         failed: dict[int, BaseException] = {}  # batch index -> error of the first failing node of a run
         try:
             jax.block_until_ready([item[3] for item in batch if not item[1].outs_donated])

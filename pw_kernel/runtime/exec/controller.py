@@ -18,6 +18,7 @@ from ..config import Config, configure_cpu_devices, device_flags_ignored
 from ..devices import Island, ResourceManager, VirtualSlice, build_islands
 from .completion import Completion
 from .dispatcher import Dispatcher
+from .runahead import RunAhead
 from ..errors import AdmissionError, ArgumentError, ControllerShutdownError, PathwaysError
 from .events import EventLog, RunEvent
 from ..futures import Future
@@ -26,7 +27,7 @@ from ..core.lifecycle import Lifecycle
 from ..core.records import FINAL, Emit, Finish, Reject, Resolve, RunRecord, Wake, Work
 from ..core.plan import plan_for
 from ..remote.client import Bursts, stand_in_devices
-from ..run import Run
+from ..run import Run, describe_state
 from ..core.scheduler import Policy
 
 
@@ -39,6 +40,12 @@ class RunSummary(NamedTuple):
     done: int
     total: int
     compile_s: float = 0.0  # compiling its executables (a program's first call)
+    on_devices: int = 0  # nodes dispatched and not finished (a cancelled run's still run)
+
+    @property
+    def state_text(self) -> str:
+        """The state, or 'cancelling: 2 nodes on the devices' while a cancelled run's nodes finish."""
+        return describe_state(self.state, self.on_devices)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,7 +87,7 @@ class Status:
         shown, hidden = self.recent_runs()
         for r in shown:
             compiled = f"  compiled in {r.compile_s * 1e3:.0f} ms" if r.compile_s else ""
-            lines.append(f"  run {r.id:4d} {r.name:24s} {r.state:9s} {r.done}/{r.total}{compiled}")
+            lines.append(f"  run {r.id:4d} {r.name:24s} {r.state_text:9s} {r.done}/{r.total}{compiled}")
         if hidden:
             lines.append(f"  ... and {hidden} earlier finished runs (`pw.controller().runs` has them all)")
         return "\n".join(lines)
@@ -117,12 +124,14 @@ class Controller:
         self.lock = threading.RLock()
         n_islands = max((i.id for i in self.islands), default=-1) + 1
         by_id = {i.id: i for i in self.islands}
+        self.runahead = RunAhead(self.config.run_ahead_s, wake=self._wake_dispatcher)
         self.lifecycle = Lifecycle(
             max_inflight=self.config.max_inflight,
             n_islands=n_islands,
             capacity=self._capacity(),
             validate=self.config.validate,
             max_collectives=[self._collective_limit(by_id.get(k)) for k in range(n_islands)],
+            gate=self.runahead,
         )
         self._recent: collections.deque = collections.deque(maxlen=self.config.keep_outputs)
         self.runs: list[Run] = []
@@ -279,7 +288,8 @@ class Controller:
     def status(self) -> Status:
         with self.lock:
             runs = tuple(
-                RunSummary(r.id, r.name, r.state, r.nodes_done, r.nodes_total, r.compile_time) for r in self.runs
+                RunSummary(r.id, r.name, r.state, r.nodes_done, r.nodes_total, r.compile_time, r.nodes_on_devices)
+                for r in self.runs
             )
             return Status(
                 islands=tuple(self.islands),
@@ -369,6 +379,11 @@ class Controller:
     def on_step_failed(self, rec: RunRecord, step, exc: BaseException) -> None:
         """A step raised while being dispatched, or the dispatcher had a bug (lock held)."""
         self._apply(self.lifecycle.handle(rec, "step_failed", time.time(), step, exc))
+
+    def _wake_dispatcher(self) -> None:
+        """A node finished and the dispatcher waits for run-ahead room (completing thread, no lock held)."""
+        with self.lock:
+            self.dispatcher.wake()
 
     # ------------------------------------------------------------ effects
     def _apply(self, effects: list) -> None:

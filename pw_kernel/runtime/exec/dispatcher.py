@@ -2,8 +2,10 @@
 
 Shapes are static, so node k+1 can be dispatched as soon as node k has been
 *dispatched*: JAX arrays are futures themselves, and XLA orders the work on
-each device. The dispatcher only waits when an island has ``max_inflight``
-nodes outstanding. It hands what it sent to `Completion`, which waits for it.
+each device. The dispatcher waits when an island has ``max_inflight`` nodes
+outstanding, or a step's devices have ``Config.run_ahead_s`` of estimated work
+queued (`runahead.py`: what bounds how long a cancel or a higher priority
+waits). It hands what it sent to `Completion`, which waits for it.
 """
 
 from __future__ import annotations
@@ -146,6 +148,8 @@ class Dispatcher:
         coll_inflight, coll_limits = life.collectives_inflight, life.max_collectives
         cb_inflight = life.callbacks_inflight
         limit = life.max_inflight
+        gate = c.runahead  # the run-ahead bound: at most ~run_ahead_s of estimated work queued per device
+        gated = gate.on
         sent_on: dict[int, list[int]] = {}  # island -> [steps, with collectives] sent in this burst, not yet reported
         published: list = []
         k = start = rec.cursor
@@ -172,11 +176,16 @@ class Dispatcher:
                 break  # credit comes back as earlier collective steps finish
             if st.host_callbacks and cb_inflight[island] + sent[2]:
                 break  # one at a time: what a guarded callback raised belongs to the one in flight
+            ns = gate.take(st) if gated and not st.remote else 0
+            if ns < 0:
+                break  # its devices have the bound queued: a node finishing wakes this thread
             t = clock() - epoch
             try:
                 ins = st.ins
                 outs = st.call(slots[ins[0]]) if len(ins) == 1 else st.call(*[slots[i] for i in ins])
             except Exception as e:
+                if ns:
+                    gate.untake(st, ns)
                 failed = (st, e)
                 break
             if len(outs) == 1:

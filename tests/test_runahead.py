@@ -1,0 +1,199 @@
+"""The run-ahead bound: cancel, Ctrl-C and a higher priority act within `Config.run_ahead_s` of queued work.
+
+Nothing here times the machine: each figure is counted in nodes of the program's
+own slow node, whose device time the run's node events measure.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pw_kernel as pw
+from test_faults import ctrl_c_once_main_is_in
+
+BOUND_S = 0.02  # the default Config.run_ahead_s
+NODES = 12
+
+
+def slow_notebook(run_ahead_s=BOUND_S):
+    """A controller, a 1-device slice, a slow node (~tens of ms of matmuls), a tiny one, and a program of slow nodes."""
+    ctl = pw.init(pw.Config(run_ahead_s=run_ahead_s, validate=True))
+    s = pw.slice(1, name="s")
+    grind = pw.compiled(lambda x: jax.lax.fori_loop(0, 100, lambda i, a: jnp.tanh(a @ a), x), slice=s, name="grind")
+    tiny = pw.compiled(lambda v: v + 1, slice=s, name="tiny")
+    x = jax.device_put(jnp.full((256, 256), 1e-3), s.sharding())
+    v = jax.device_put(jnp.zeros(2), s.sharding())
+
+    @pw.program(name="long")
+    def long(x):
+        for _ in range(NODES):
+            x = grind(x)
+        return x
+
+    long.submit(x, mode="chained").result()  # compiled, and every node's device time measured
+    np.testing.assert_array_equal(np.asarray(tiny(v).result()), [1.0, 1.0])
+    return ctl, long, tiny, x, v
+
+
+def nodes_within_bound(ctl) -> int:
+    """How many slow nodes the bound lets a device hold: what fits under it, plus the one that crosses it."""
+    durations = [e.end - e.start for r in ctl.runs for e in r.events if e.node.startswith("grind")]
+    return math.floor(BOUND_S * 1e9 / min(durations)) + 1
+
+
+def wait_until(cond, what: str) -> None:
+    deadline = time.monotonic() + 60
+    while not cond():
+        assert time.monotonic() < deadline, f"never saw {what}"
+        time.sleep(0.001)
+
+
+@pytest.fixture
+def notebook():
+    yield slow_notebook()
+    pw.shutdown()
+
+
+def test_after_cancel_the_next_call_waits_for_the_bound_not_the_whole_run(notebook):
+    ctl, long, tiny, x, v = notebook
+    run = long.submit(x, mode="chained")
+    wait_until(lambda: run.nodes_done >= 1, "a node of the long run finish")
+    assert run.cancel() is True and run.state == "cancelled"
+    still_running = run.nodes_on_devices
+    assert 0 <= still_running <= nodes_within_bound(ctl)
+    assert run.nodes_dispatched < NODES  # the rest was never sent: it is dropped, not run
+
+    after = tiny(v)  # the next cell, on the same slice
+    np.testing.assert_array_equal(np.asarray(after.result()), [1.0, 1.0])
+    # It ran once what was on the device had finished, and nothing more of the cancelled run ran.
+    assert run.nodes_done == run.nodes_dispatched < NODES
+    assert run.state_text == "cancelled"
+
+
+def test_a_first_run_is_bounded_too_once_its_first_node_is_measured():
+    ctl = pw.init(pw.Config(validate=True))
+    try:
+        s = pw.slice(1, name="s")
+        grind = pw.compiled(lambda x: jax.lax.fori_loop(0, 100, lambda i, a: jnp.tanh(a @ a), x), slice=s, name="grind")
+
+        @pw.program(name="fresh")
+        def fresh(x):
+            for _ in range(NODES):
+                x = grind(x)
+            return x
+
+        run = fresh.submit(jax.device_put(jnp.full((256, 256), 1e-3), s.sharding()), mode="chained")
+        # Nothing is known of `grind` yet: its first node goes alone, and the rest wait for its measurement.
+        wait_until(lambda: run.nodes_done >= 1, "the first node finish")
+        run.cancel()
+        still_running = run.nodes_on_devices
+        wait_until(lambda: run.nodes_done == run.nodes_dispatched, "the cancelled run drain")
+        assert still_running <= nodes_within_bound(ctl)
+        assert run.nodes_dispatched < NODES
+    finally:
+        pw.shutdown()
+
+
+def test_without_a_bound_a_cancelled_run_still_runs_every_node():
+    ctl, long, tiny, x, v = slow_notebook(run_ahead_s=None)
+    try:
+        run = long.submit(x, mode="chained")
+        wait_until(lambda: run.nodes_dispatched == NODES, "the long run sent")  # at once: nothing holds it back
+        assert run.cancel() is True and run.state == "cancelled"
+        assert run.nodes_on_devices > 0  # everything was sent, and the device runs it all (XLA runs what it got)
+        tiny(v).result()
+        assert run.nodes_done == NODES
+    finally:
+        pw.shutdown()
+
+
+def test_a_cancelled_run_says_what_still_runs_until_it_finishes(notebook):
+    ctl, long, tiny, x, v = notebook
+    run = long.submit(x, mode="chained")
+    while True:
+        wait_until(lambda: run.nodes_on_devices >= 1, "a node of the long run on the device")
+        with ctl.lock:  # nothing is reported meanwhile: what we read stays true while we read it
+            n = run.nodes_on_devices
+            if n == 0:
+                continue  # it finished just now: look again
+            run.cancel()
+            assert run.state == "cancelled" and run.outputs.cancelled()
+            text = f"cancelling: {n} node{'s' if n > 1 else ''} on the devices"
+            assert run.state_text == text
+            assert f"<pw.Run {run.id} 'long' {text} " in repr(run)
+            assert re.search(rf"run +{run.id} long +{text} \d+/{NODES}", str(ctl.status()))
+            break
+    tiny(v).result()  # after what was on the device, in order
+    assert run.nodes_on_devices == 0 and run.state_text == "cancelled"
+    assert f"<pw.Run {run.id} 'long' cancelled " in repr(run)
+
+
+def test_a_priority_call_starts_after_at_most_the_bound_of_a_long_run(notebook):
+    ctl, long, tiny, x, v = notebook
+    ctl.set_policy(pw.Priority())
+    urgent = pw.program(lambda v: tiny(v), name="urgent")
+    urgent.submit(v, priority=10).result()
+    run = long.submit(x, mode="chained", priority=0)
+    wait_until(lambda: run.nodes_done >= 1, "a node of the long run finish")
+    fast = urgent.submit(v, priority=10)
+    submitted = ctl.events.now()
+    fast.result()
+    assert run.wait(60).state == "done"  # the long run goes on after it
+    (mine,) = [e for e in fast.events if e.kind != "compile"]
+    # The long run's nodes that were still to run when the urgent call came and went to the device first.
+    before = [e for e in run.events if e.node.startswith("grind") and e.seq < mine.seq and e.end > submitted]
+    assert len(before) <= nodes_within_bound(ctl)
+    assert len([e for e in run.events if e.seq < mine.seq]) < NODES  # not behind the whole run
+
+
+def test_ctrl_c_while_waiting_on_a_long_run_frees_the_device_within_the_bound(notebook):
+    ctl, long, tiny, x, v = notebook
+    first_done = threading.Event()
+    stop = ctl.events.subscribe(lambda e: first_done.set() if getattr(e, "node", None) == "grind" else None)
+    fut = long.submit(x, mode="chained").outputs
+    presser = ctrl_c_once_main_is_in("result", after=first_done)
+    with pytest.raises(KeyboardInterrupt):
+        fut.result()  # a person presses Ctrl-C once the long run is under way
+    presser.join()
+    stop()
+    run = fut.run
+    assert run.state == "cancelled" and fut.cancelled()
+    assert run.nodes_on_devices <= nodes_within_bound(ctl)
+    assert run.nodes_dispatched < NODES
+    np.testing.assert_array_equal(np.asarray(tiny(v).result()), [1.0, 1.0])
+    assert run.nodes_done == run.nodes_dispatched
+
+
+def test_with_no_run_ahead_each_node_is_sent_once_the_one_before_finished():
+    pw.init(pw.Config(run_ahead_s=0, validate=True))
+    try:
+        s = pw.slice(1)
+        f = pw.compiled(lambda x: x * 2.0, slice=s, name="double")
+
+        @pw.program
+        def chain(x):
+            for _ in range(8):
+                x = f(x)
+            return x
+
+        out = chain.submit(jnp.ones(2), mode="chained")
+        np.testing.assert_array_equal(np.asarray(out.result()), [256.0, 256.0])
+        nodes = sorted((e for e in out.events if e.kind != "compile"), key=lambda e: e.seq)
+        assert len(nodes) == 8
+        assert all(b.dispatch >= a.end for a, b in zip(nodes, nodes[1:]))
+    finally:
+        pw.shutdown()
+
+
+def test_run_ahead_must_be_a_duration_or_none():
+    with pytest.raises(pw.ArgumentError, match=re.escape("`Config.run_ahead_s` is the estimated device time")):
+        pw.init(pw.Config(run_ahead_s=-1))
+    pw.shutdown()
