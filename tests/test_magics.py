@@ -654,7 +654,9 @@ def test_wait_blocks_until_runs_finish_and_raises_a_failure(nb, monkeypatch):
     monkeypatch.setattr(live, "progress_line", lambda run: nb.ns["gate"].set() or "")
     view = nb.ip.run_line_magic("pathways", "wait later")
     assert later.state == "done" and "'later': done" in repr(view)
-    nb.run("%%pathways --name doomed --mode chained\ny = broken(v)\n")
+    # Held until `wait` blocks too: a run that failed before the next cell was shown in its own cell already.
+    nb.ns["gate"].clear()
+    nb.run("%%pathways --name doomed --mode chained\ny = broken(held(v))\n")
     cell = nb.fail("%pathways wait")
     assert isinstance(cell.error, pw.NodeError) and "doomed" in str(cell.error)
     assert "failed after the cell" not in nb.run("1 + 1").text  # `wait` showed it already
