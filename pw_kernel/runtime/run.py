@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import concurrent.futures
 import threading
 import time
 import weakref
@@ -231,8 +230,7 @@ class Run:
         for j in indices:
             fut = futures[j]
             if cancelled:
-                concurrent.futures.Future.cancel(fut)  # mark CANCELLED (Future.cancel cancels the run)
-                fut.set_running_or_notify_cancel()
+                fut._set_cancelled()  # (Future.cancel cancels the run)
             else:
                 fut.set_exception(error)
 
