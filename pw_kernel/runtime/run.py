@@ -193,16 +193,19 @@ class Run:
         return self
 
     def _wait_retired(self, timeout: float | None) -> bool:
-        if self._retired:
-            return True
-        with _WAITERS:  # between waiters; `retire` takes no lock (it is on every call's path)
-            if self._final is None:
-                self._final = threading.Event()
-        # Set the event, then read the flag: `retire` sets the flag, then reads the event. One of the
-        # two sees the other's write, so a waiter never sleeps on an event nobody will set.
-        if self._retired:
-            return True
-        return self._final.wait(timeout)
+        if not self._retired:
+            with _WAITERS:  # between waiters; `retire` takes no lock (it is on every call's path)
+                if self._final is None:
+                    self._final = threading.Event()
+            # Set the event, then read the flag: `retire` sets the flag, then reads the event. One of the
+            # two sees the other's write, so a waiter never sleeps on an event nobody will set.
+            if not self._retired and not self._final.wait(timeout):
+                return False
+        # The thread that made the run final may still be in the controller's lock, holding the
+        # last batch's arrays until it leaves (see `Completion._finish`): wait until it has.
+        with self._owner.lock:
+            pass
+        return True
 
     def result(self, timeout: float | None = None) -> Any:
         """Wait, then return the outputs as arrays (raising the run's error if it failed)."""

@@ -29,6 +29,11 @@ if TYPE_CHECKING:
 BATCH = 256  # nodes per hand-off to the watcher
 _POLL_S = 0.001  # a watcher with recent work looks for new batches this often (the timeline's resolution)
 _POLL_IDLE_S = 1.0  # ... and sleeps until woken after this long without any (a notify costs the caller)
+# A lone call's batch is its caller's to complete (`Future.result` does at once); the watcher takes
+# it only once it is this old, so an interactive loop never wakes the watcher per call, and a run
+# nobody waits on still ends (its state and events say so) within this time.
+_LONE_S = 0.02
+_SPIN_NS = 20_000  # a waiter polls `is_ready` this long before sleeping: a tiny node is done sooner
 
 
 def wait_ready(value: Any, done: Callable[[], bool]) -> None:
@@ -40,6 +45,9 @@ def wait_ready(value: Any, done: Callable[[], bool]) -> None:
     is_ready = getattr(value, "is_ready", None)
     if is_ready is None:
         return
+    # Spin first: the shortest sleep costs ~60 µs on Linux, a tiny node takes a few.
+    clock = time.perf_counter_ns
+    spin_until = clock() + _SPIN_NS
     delay = 1e-5
     while not done():
         try:
@@ -47,6 +55,8 @@ def wait_ready(value: Any, done: Callable[[], bool]) -> None:
                 return
         except Exception:
             return  # it failed: the run's error, naming the node, is raised by the caller
+        if clock() < spin_until:
+            continue
         time.sleep(delay)
         delay = min(delay * 2, 1e-3)
 
@@ -59,6 +69,8 @@ class Completion:
         self.lock = lock  # the controller's
         self._watch = threading.Condition(lock)
         self._pending: collections.deque = collections.deque()  # batches in dispatch order (under the lock)
+        self._regular = 0  # ... of which the dispatcher thread's: the watcher takes those at once
+        self._lone_since = 0  # when the oldest lone batch pending came (time.monotonic_ns)
         self._completing = False  # the token: the watcher thread, or a waiting caller, completes
         self._watcher_asleep = False  # waiting without a timeout: a new batch must wake it
         self._stopping = False
@@ -74,9 +86,21 @@ class Completion:
             self._stopping = True
             self._watch.notify_all()
 
-    def add(self, batch: list) -> None:
-        """A batch of dispatched steps, in dispatch order (lock held)."""
+    def add(self, batch: list, lone: bool = False) -> None:
+        """A batch of dispatched steps, in dispatch order (lock held).
+
+        ``lone``: a lone call's, dispatched on its caller's thread, which completes it when it
+        waits; the watcher leaves it alone for _LONE_S.
+        """
+        if lone and not self.controller.lifecycle.credit_wanted:
+            if not self._pending:
+                self._lone_since = time.monotonic_ns()
+            self._pending.append(batch)
+            if self._watcher_asleep:  # at most once per _POLL_IDLE_S of lone calls
+                self._watch.notify()
+            return
         self._pending.append(batch)
+        self._regular += 1
         # A polling watcher finds the batch within _POLL_S; waking it per batch would make it
         # fight the submitting thread for the GIL on every interactive call.
         if self._watcher_asleep or len(batch) >= BATCH or self.controller.lifecycle.credit_wanted:
@@ -110,6 +134,7 @@ class Completion:
             except BaseException:
                 with self.lock:
                     self._pending.extendleft(reversed(batches))
+                    self._regular += len(batches)  # the watcher's now, at once
                     self._completing = False
                     self._watch.notify()
                 raise
@@ -122,11 +147,18 @@ class Completion:
         self._completing = True
         batches = list(self._pending)
         self._pending.clear()
+        self._regular = 0
         return batches
 
     def _finish(self, batches: list) -> None:
-        """Wait for ``batches`` and time them (no lock), then report them all at once (one lock)."""
+        """Wait for ``batches`` and time them (no lock), then report them all at once (one lock).
+
+        Every reference this thread holds to the batches' arrays is dropped (or handed to the
+        dispatcher's graveyard) before the lock is released: a caller woken by a run that became
+        final here, which then takes the lock (`Run.wait`), finds none of its arrays kept alive.
+        """
         reports: list = []
+        batch = None
         for batch in batches:
             try:
                 self._complete(batch, reports)
@@ -138,32 +170,46 @@ class Completion:
                 for report in reports:
                     on_completed(*report)
             finally:
-                self.bury(batches)  # the dispatcher frees their buffers between its bursts
+                report = batch = None  # the loops' last items too
+                reports.clear()
+                self.bury(batches)  # the dispatcher frees their buffers between its bursts, if it is busy
+                batches.clear()  # the caller's list: it holds nothing from here on
                 self._completing = False
                 if self._pending:
                     self._watch.notify()
 
     def _watch_loop(self) -> None:
         quiet_since = None
+        recent_regular = False  # the dispatcher thread's batches came lately: poll at _POLL_S
         while True:
             with self.lock:
-                while not self._pending or self._completing:
+                while True:
                     if self._stopping and not self._pending:
                         return
-                    if quiet_since is not None and time.monotonic() - quiet_since > _POLL_IDLE_S:
+                    if self._pending and not self._completing:
+                        if self._regular or self.controller.lifecycle.credit_wanted:
+                            recent_regular = True
+                            break
+                        # Only lone batches: their callers complete them, unless they wait too long.
+                        left = self._lone_since + int(_LONE_S * 1e9) - time.monotonic_ns()
+                        if left <= 0:
+                            break
+                        self._watch.wait(left / 1e9)
+                        continue
+                    now = time.monotonic()
+                    if quiet_since is None:
+                        quiet_since = now
+                    if now - quiet_since > _POLL_IDLE_S:
                         # Long quiet: sleep until a batch arrives (the next one wakes us).
                         self._watcher_asleep = True
                         self._watch.wait()
                         self._watcher_asleep = False
-                        quiet_since = None
+                        quiet_since, recent_regular = None, False
                     else:
-                        if quiet_since is None:
-                            quiet_since = time.monotonic()
-                        self._watch.wait(_POLL_S)
+                        self._watch.wait(_POLL_S if recent_regular else _LONE_S)
                 batches = self._take()
             quiet_since = None
-            self._finish(batches)
-            batches = None  # drop our references: an idle dispatcher frees nothing for us
+            self._finish(batches)  # empties the list
 
     def _complete(self, batch: list, reports: list) -> None:
         """Wait for a batch of nodes in dispatch order, stamp their times, emit their events; add reports.

@@ -66,7 +66,9 @@ class Dispatcher:
 
     def _bury(self, batches: list) -> None:
         """Completed batches whose buffers this thread frees between its bursts (lock held)."""
-        if not self._idle:  # freeing device buffers on the watcher thread while we dispatch slows dispatch ~2x
+        # Freeing device buffers on the watcher thread while we dispatch slows dispatch ~2x; with
+        # no run left in flight there is nothing to slow down, and nothing should outlive its run.
+        if not self._idle and self.controller.lifecycle.queue:
             self.graveyard.extend(batches)
 
     # ------------------------------------------------------------ dispatcher
@@ -206,7 +208,7 @@ class Dispatcher:
                 batch, sent_on, published, cost = [], {}, [], 0
                 flush_at = t + _FLUSH_NS
         if batch or k != rec.cursor:
-            self._hand_over(rec, k, sent_on, published, cost, batch)
+            self._hand_over(rec, k, sent_on, published, cost, batch, lone=inline)
         elif self.bursts.islands:
             self.bursts.flush()  # a failed first step may have buffered its executable's load
         if failed is not None:
@@ -242,12 +244,17 @@ class Dispatcher:
         log.emit_node(ev)
         c.on_compiling(rec, None)  # after its event: the run says what it compiled until that event is out
 
-    def _hand_over(self, rec: RunRecord, cursor: int, sent_on: dict, published: list, cost: int, batch: list) -> None:
-        """Report steps dispatched, then give them to the watcher (in that order: credit is counted first)."""
+    def _hand_over(
+        self, rec: RunRecord, cursor: int, sent_on: dict, published: list, cost: int, batch: list, lone: bool = False
+    ) -> None:
+        """Report steps dispatched, then give them to the watcher (in that order: credit is counted first).
+
+        ``lone``: dispatched inline by the submitting thread, which completes them when it waits.
+        """
         if self.bursts.islands:
             self.bursts.flush()  # the remote steps among them go to their islands' mailboxes now
         with self.lock:
             per_island = tuple((island, *counts) for island, counts in sent_on.items())
             self.controller.on_dispatched(rec, cursor, per_island, published, cost)
             if batch:
-                self.completion.add(batch)
+                self.completion.add(batch, lone)
