@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .core.records import FINAL
-from .donation import check_not_donated, mark_donated, read_later, still_read
+from .donation import check_not_donated, donated_to_any, mark_donated, read_later, still_read
 from .trace.compiled import in_program_trace
 from .trace.feeds import input_node
 from .devices import VirtualSlice
@@ -145,8 +145,11 @@ class Program:
 
     def _inputs_still_read(self, traced: list, donated: dict[int, str]) -> tuple[int, ...]:
         """Refuse inputs an earlier run was given (donated); of those this one donates, the ones pw still reads."""
-        for i, x in enumerate(traced):
-            check_not_donated(x, self.name, f"input {i} ({getattr(x, 'dtype', '')}{list(getattr(x, 'shape', ()))})")
+        if donated_to_any():  # the message is made only for an input that was donated (every call passes here)
+            for i, x in enumerate(traced):
+                check_not_donated(x, self.name, f"input {i} ({getattr(x, 'dtype', '')}{list(getattr(x, 'shape', ()))})")
+        if not donated:
+            return ()
         return tuple(i for i in sorted(donated) if still_read(traced[i]))
 
     @staticmethod

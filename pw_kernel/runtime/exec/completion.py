@@ -224,18 +224,18 @@ class Completion:
         last_end = self.last_end
         epoch = log.epoch
         guarded = []  # nodes whose host callbacks may have recorded an exception
+        raised = False  # an output raised while waited for: the whole batch is checked below
         for i, (_, st, ev, outs) in enumerate(batch):
             if st.host_callbacks:
                 guarded.append(i)
             # a later node reuses these outputs' buffers (donation): it waits for this one; we cannot
             for a in () if st.outs_donated else outs:
                 try:
-                    if not a.is_ready():
-                        a.block_until_ready()
+                    a.block_until_ready()  # raises an asynchronous failure (is_ready would not)
                 except AttributeError:
                     pass  # not a device array (a numpy float0 gradient of an integer input): ready
                 except Exception:
-                    pass  # found and attributed below
+                    raised = True  # found and attributed below
             end = now()
             start = ev.dispatch
             if st.remote:  # ran on a remote island: its own clock, corrected
@@ -257,7 +257,8 @@ class Completion:
                 last_end[d] = ev.end
         failed: dict[int, BaseException] = {}  # batch index -> error of the first failing node of a run
         try:
-            jax.block_until_ready([item[3] for item in batch if not item[1].outs_donated])
+            if raised:
+                jax.block_until_ready([item[3] for item in batch if not item[1].outs_donated])
         except Exception:  # an asynchronous failure: find the first failing node of each run
             seen: set[int] = set()
             for i, (rec, st, _, outs) in enumerate(batch):

@@ -90,25 +90,33 @@ class Dispatcher:
             del dead  # free finished nodes' buffers here, between bursts (see _bury)
             self.execute(work)
 
-    def dispatch_inline(self) -> bool:
-        """On a submitting thread, holding the lock: dispatch the next work here if no thread is dispatching.
+    def can_inline(self) -> bool:
+        """Whether the submitting thread (lock held) may dispatch here: no thread is dispatching."""
+        return not (
+            self.busy or self._stopping or not _INLINE_STEPS or threading.current_thread() in self.controller.threads
+        )
+
+    def dispatch_inline(self, work: Work | None = None) -> bool:
+        """On a submitting thread, holding the lock: dispatch ``work`` (or the next work) here if no thread is dispatching.
 
         Dispatching a small run on the thread that submitted it saves two thread
         hand-offs (the latency of a lone interactive call). The lock is held
         throughout, so no other thread can start dispatching meanwhile: one
         order per island, as gang scheduling needs. Returns False (nothing done)
         when the dispatcher thread is at work or there is nothing to dispatch.
+        ``work``: a lone run the lifecycle just started for this thread (`Lifecycle.submit_lone`).
         """
-        if self.busy or self._stopping or not _INLINE_STEPS or threading.current_thread() in self.controller.threads:
-            return False
-        if len(self.controller.lifecycle.queue) > 1:
-            # Other runs are in flight (a stream of calls, each fed the last one's future): the
-            # dispatcher thread then overlaps dispatch with the caller's next submit, which pays
-            # more than the hand-off saves. Inline is for the lone interactive call.
-            return False
-        work = self.controller.next_work()
         if work is None:
-            return False
+            if not self.can_inline():
+                return False
+            if len(self.controller.lifecycle.queue) > 1:
+                # Other runs are in flight (a stream of calls, each fed the last one's future): the
+                # dispatcher thread then overlaps dispatch with the caller's next submit, which pays
+                # more than the hand-off saves. Inline is for the lone interactive call.
+                return False
+            work = self.controller.next_work()
+            if work is None:
+                return False
         # A Ctrl-C in the middle would leave steps dispatched but unreported: it waits until they are.
         with interrupts_deferred:
             try:
