@@ -73,6 +73,7 @@ class Completion:
         self._lone_since = 0  # when the oldest lone batch pending came (time.monotonic_ns)
         self._completing = False  # the token: the watcher thread, or a waiting caller, completes
         self._watcher_asleep = False  # waiting without a timeout: a new batch must wake it
+        self._fast_poll = False  # waiting at most _POLL_S: a new batch of the dispatcher's needs no wake-up
         self._stopping = False
         self.last_end: dict[int, int] = {}  # device -> end of its last node
         self.bury: Callable[[list], None] = lambda batches: None  # the dispatcher frees buffers between bursts
@@ -101,9 +102,10 @@ class Completion:
             return
         self._pending.append(batch)
         self._regular += 1
-        # A polling watcher finds the batch within _POLL_S; waking it per batch would make it
-        # fight the submitting thread for the GIL on every interactive call.
-        if self._watcher_asleep or len(batch) >= BATCH or self.controller.lifecycle.credit_wanted:
+        # A watcher polling at _POLL_S finds the batch in time; waking it per batch would make it
+        # fight the submitting thread for the GIL. One asleep, or polling slowly (lone calls only,
+        # lately), is woken.
+        if not self._fast_poll or len(batch) >= BATCH or self.controller.lifecycle.credit_wanted:
             self._watch.notify()
 
     def wait_here(self, value: Any, done: Callable[[], bool]) -> None:
@@ -206,7 +208,9 @@ class Completion:
                         self._watcher_asleep = False
                         quiet_since, recent_regular = None, False
                     else:
+                        self._fast_poll = recent_regular
                         self._watch.wait(_POLL_S if recent_regular else _LONE_S)
+                        self._fast_poll = False
                 batches = self._take()
             quiet_since = None
             self._finish(batches)  # empties the list
