@@ -167,10 +167,14 @@ class Future(concurrent.futures.Future):
 
         Ctrl-C while waiting cancels the run (nodes not yet dispatched are dropped).
         """
-        if self._state == _FINISHED and self._exception is None and timeout is None:
-            value = self._result  # the hot path: resolved, nothing to check but donation
-        else:
-            value = self._slow_result(timeout)
+        try:  # (zero-cost) a Ctrl-C anywhere in here cancels the run
+            if self._state == _FINISHED and self._exception is None and timeout is None:
+                value = self._result  # the hot path: resolved, nothing to check but donation
+            else:
+                value = self._slow_result(timeout)
+        except KeyboardInterrupt:
+            self.run.cancel()
+            raise
         if donated_to(self) is not None:
             check_not_donated(self, "Future.result", self._label())
         if hasattr(value, "fetch"):  # on a remote island: bring it here now, once
@@ -178,24 +182,21 @@ class Future(concurrent.futures.Future):
         return value
 
     def _slow_result(self, timeout: float | None):
+        """`result` of a future not yet resolved (or failed, or with a timeout); a Ctrl-C comes out of here."""
         timeout = check_timeout(timeout, "Future.result")
         check_not_donated(self, "Future.result", self._label())
-        try:
-            if self._state not in _DONE:
-                value = self._cell.value
-                if timeout is None and value is not None:
-                    # Dispatched: watch the device here, as a jax.Array does, rather than wait for
-                    # another thread to notice first; then complete the node on this thread.
-                    self.run.complete_here(value, self.done)
-                if not self._wait(timeout):
-                    raise TimeoutError(
-                        f"`Future.result(timeout={timeout})`: {self._label()} not ready after {timeout} s "
-                        f"(run is {self.run.state}, {self.run.nodes_done}/{self.run.nodes_total} nodes done). "
-                        f"Wait longer, or cancel with `fut.cancel()`."
-                    )
-        except KeyboardInterrupt:
-            self.run.cancel()
-            raise
+        if self._state not in _DONE:
+            value = self._cell.value
+            if timeout is None and value is not None:
+                # Dispatched: watch the device here, as a jax.Array does, rather than wait for
+                # another thread to notice first; then complete the node on this thread.
+                self.run.complete_here(value, self.done)
+            if not self._wait(timeout):
+                raise TimeoutError(
+                    f"`Future.result(timeout={timeout})`: {self._label()} not ready after {timeout} s "
+                    f"(run is {self.run.state}, {self.run.nodes_done}/{self.run.nodes_total} nodes done). "
+                    f"Wait longer, or cancel with `fut.cancel()`."
+                )
         return self._outcome()
 
     def remote_array(self, timeout: float | None = None):
