@@ -13,7 +13,7 @@ import jax
 import numpy as np
 from jax.sharding import Sharding
 
-from .donation import check_not_donated, donated_to
+from .donation import check_not_donated, donated_to, donated_to_any
 from .errors import ArgumentError, CancelledError, TimeoutError
 from .trace.graph import as_dtype, describe_sharding
 
@@ -184,7 +184,8 @@ class Future(concurrent.futures.Future):
     def _slow_result(self, timeout: float | None):
         """`result` of a future not yet resolved (or failed, or with a timeout); a Ctrl-C comes out of here."""
         timeout = check_timeout(timeout, "Future.result")
-        check_not_donated(self, "Future.result", self._label())
+        if donated_to_any():  # (the label is made only then)
+            check_not_donated(self, "Future.result", self._label())
         if self._state not in _DONE:
             value = self._cell.value
             if timeout is None and value is not None:

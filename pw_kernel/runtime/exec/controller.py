@@ -182,7 +182,8 @@ class Controller:
         """
         self._check_open("submit")
         for s in graph.slices:
-            s.check_live(f"submit {graph.name!r}")
+            if s.released:  # (the message is made only then: every call passes here)
+                s.check_live(f"submit {graph.name!r}")
             if s.island.remote is not None:
                 s.island.remote.check(f"submit {graph.name!r}")
             if s._manager is not self.resources:
