@@ -30,9 +30,10 @@ BATCH = 256  # nodes per hand-off to the watcher
 _POLL_S = 0.001  # a watcher with recent work looks for new batches this often (the timeline's resolution)
 _POLL_IDLE_S = 1.0  # ... and sleeps until woken after this long without any (a notify costs the caller)
 # A lone call's batch is its caller's to complete (`Future.result` does at once); the watcher takes
-# it only once it is this old, so an interactive loop never wakes the watcher per call, and a run
-# nobody waits on still ends (its state and events say so) within this time.
-_LONE_S = 0.02
+# it only once it is this old, so an interactive loop wakes the watcher at most this often instead
+# of every _POLL_S, and a run nobody waits on still ends (its state and events say so, its nodes'
+# ends stamped at most this late) within this time.
+_LONE_S = 0.005
 _SPIN_NS = 20_000  # a waiter polls `is_ready` this long before sleeping: a tiny node is done sooner
 
 

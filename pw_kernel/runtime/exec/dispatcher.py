@@ -216,7 +216,8 @@ class Dispatcher:
                 batch, sent_on, published, cost = [], {}, [], 0
                 flush_at = t + _FLUSH_NS
         if batch or k != rec.cursor:
-            self._hand_over(rec, k, sent_on, published, cost, batch, lone=inline)
+            # Inline and the run's last steps: the caller completes them when it waits for the outputs.
+            self._hand_over(rec, k, sent_on, published, cost, batch, lone=inline and k >= n_steps)
         elif self.bursts.islands:
             self.bursts.flush()  # a failed first step may have buffered its executable's load
         if failed is not None:
