@@ -143,6 +143,17 @@ class Program:
         self._note_reads(graph, traced, run)
         return run
 
+    def call_traced(self, graph: ProgramGraph, traced: list):
+        """Submit ``graph`` (traced from this program, donating no input) on ``traced``; its output futures.
+
+        What calling the program does once its graph is known: a compiled function's call
+        template (`CompiledFunction.__call__`) finds the graph itself, without the pytree walk.
+        """
+        self._inputs_still_read(traced, {})
+        run = self._controller().submit(graph, traced, name=self.name, mode=self.mode, tenant=self.tenant, claim=True)
+        self._note_reads(graph, traced, run)
+        return run.outputs
+
     def _inputs_still_read(self, traced: list, donated: dict[int, str]) -> tuple[int, ...]:
         """Refuse inputs an earlier run was given (donated); of those this one donates, the ones pw still reads."""
         if donated_to_any():  # the message is made only for an input that was donated (every call passes here)
