@@ -70,7 +70,7 @@ class Future(concurrent.futures.Future):
         self.index = index
         self.slice = slice  # the VirtualSlice the value lives on (None: the host or no slice)
         self.shape: tuple[int, ...] = shape if type(shape) is tuple else tuple(shape)
-        self.dtype = as_dtype(dtype)
+        self.dtype = dtype if isinstance(dtype, np.dtype) else as_dtype(dtype)  # (as_dtype asks JAX: slow)
         self.sharding = sharding
         self._cell = cell  # holds the value once the producing node is dispatched
         self._state = _PENDING

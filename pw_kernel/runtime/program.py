@@ -143,14 +143,15 @@ class Program:
         self._note_reads(graph, traced, run)
         return run
 
-    def call_traced(self, graph: ProgramGraph, traced: list):
-        """Submit ``graph`` (traced from this program, donating no input) on ``traced``; its output futures.
+    def call_traced(self, graph: ProgramGraph, traced: list, controller: Controller):
+        """Submit ``graph`` (traced from this program for ``controller``, donating no input) on ``traced``.
 
-        What calling the program does once its graph is known: a compiled function's call
-        template (`CompiledFunction.__call__`) finds the graph itself, without the pytree walk.
+        Returns its output futures: what calling the program does once its graph is known. A
+        compiled function's call template (`CompiledFunction.__call__`) finds the graph itself,
+        without the pytree walk.
         """
         self._inputs_still_read(traced, {})
-        run = self._controller().submit(graph, traced, name=self.name, mode=self.mode, tenant=self.tenant, claim=True)
+        run = controller.submit(graph, traced, name=self.name, mode=self.mode, tenant=self.tenant, claim=True)
         self._note_reads(graph, traced, run)
         return run.outputs
 

@@ -251,7 +251,7 @@ class CompiledFunction:
             if len(self._calls) >= _MAX_TEMPLATES:
                 self._calls.clear()
             hit = self._calls[key] = (owner, graph)
-        return prog.call_traced(hit[1], list(args))
+        return prog.call_traced(hit[1], list(args), owner)
 
     def __repr__(self) -> str:
         return f"CompiledFunction({self.name!r}, slice={self.slice.name!r}, in_specs={self.in_specs}, out_specs={self.out_specs})"
