@@ -199,6 +199,21 @@ def test_compiled_function_alone_is_a_one_node_program(ctl):
     np.testing.assert_array_equal(np.asarray(halve(jnp.array([2.0, 4.0])).result()), [1.0, 2.0])
 
 
+def test_a_compiled_function_called_again_reuses_its_graph_per_input_signature(ctl):
+    s = pw.slice(2, mesh={"d": 2}, name="s")
+    double = pw.compiled(lambda x: x * 2, slice=s, in_specs=P("d"), out_specs=P("d"), name="double")
+    x = jax.device_put(jnp.arange(4.0), s.sharding("d"))
+    a, b = double(x), double(x)
+    assert a.run.graph is b.run.graph  # traced once; the second call found it by shape, dtype and sharding
+    np.testing.assert_array_equal(np.asarray(b.result()), [0.0, 2.0, 4.0, 6.0])
+    longer = double(jax.device_put(jnp.arange(6.0), s.sharding("d")))  # another shape: another graph
+    assert longer.run.graph is not a.run.graph and longer.shape == (6,)
+    np.testing.assert_array_equal(np.asarray(longer.result()), np.arange(6.0) * 2)
+    from_numpy = double(np.arange(4.0, dtype=np.float32))  # numpy: placed by the run, as before
+    np.testing.assert_array_equal(np.asarray(from_numpy.result()), [0.0, 2.0, 4.0, 6.0])
+    assert jax.jit(lambda v: double(v) + 1)(x).shape == (4,)  # under jax.jit it is traced, not submitted
+
+
 def failing_callback(x):
     raise ValueError("sensor offline")
 

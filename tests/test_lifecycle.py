@@ -67,6 +67,38 @@ def test_a_run_goes_queued_running_done_and_resolves_each_output_once():
     assert rec.state == "done" and rec.finished_at == 3.0 and life.inflight == [0] and not life.queue
 
 
+def test_a_lone_run_is_submitted_and_started_in_one_step_as_the_table_would():
+    # What a lone interactive call does: one transition instead of `submit` then `next_work`,
+    # with the same states, events and work; compared here with the step-by-step way.
+    fused, stepwise = (Lifecycle(max_inflight=8, n_islands=1, validate=True) for _ in range(2))
+    a, b = record(0, make_plan(2), now=1.0), record(0, make_plan(2), now=1.0)
+    work, effects = fused.submit_lone(a, 1.0)
+    step_effects = stepwise.submit(b)
+    step_work, more = stepwise.next_work(1.0)
+    assert kinds(effects) == ["Emit", "Emit"] and kinds(step_effects + more) == ["Emit", "Wake", "Emit"]
+    assert [e.state for e in effects] == ["queued", "running"]
+    assert work.rec is a and step_work.rec is b and work.quantum == step_work.quantum and work.inline
+    for x, y in ((a, b), (fused, stepwise)):
+        fields = [k for k in vars(y) if not k.startswith("_")] if hasattr(y, "__dict__") else RunRecord.__slots__
+        same = {k for k in fields if k not in ("plan", "cells", "queue", "dispatchable", "policy")}
+        assert {k: getattr(x, k) for k in same} == {k: getattr(y, k) for k in same}
+    assert list(fused.queue) == list(stepwise.queue) == [0] and list(fused.dispatchable) == [0]
+    dispatch_all(fused, a)
+    assert kinds(fused.handle(a, "completed", 2.0, ((0, 2, 0, 0),), [(0, "y")], None)) == ["Emit", "Resolve", "Finish"]
+    assert a.state == "done" and not fused.queue
+
+
+def test_a_lone_run_that_cannot_start_is_only_queued():
+    # Not alone, out of memory or waiting for an input: the step-by-step way, the dispatcher is woken.
+    life = Lifecycle(max_inflight=8, n_islands=1, capacity={0: 100}, validate=True)
+    big = record(0, make_plan(1, peak={0: 200}))
+    work, effects = life.submit_lone(big, 1.0)
+    assert work is None and kinds(effects) == ["Emit", "Wake"] and big.state == "queued"
+    other = record(1, make_plan(1))
+    work, effects = life.submit_lone(other, 1.0)  # the queue is not empty: queued behind
+    assert work is None and other.state == "queued" and list(life.queue) == [0, 1]
+
+
 def test_a_reader_waits_for_its_input_to_be_dispatched_then_starts():
     life = Lifecycle(max_inflight=8, n_islands=1, validate=True)
     producer = record(0, make_plan(2))

@@ -76,21 +76,21 @@ def test_a_hundred_runs_each_reading_the_previous_runs_futures(ctl):
         return b(a(x))
 
     x0 = np.linspace(0, 1, 6).astype(np.float32)
-    baseline = live_buffers()
-    fut = x0
-    for _ in range(100):
-        fut = step(fut)  # submitted at once, each waiting only for the previous one's dispatch
     expected = x0.copy()
     for _ in range(100):
         expected = expected * np.float32(1.01) + np.float32(0.5)
-    np.testing.assert_allclose(np.asarray(fut.result(timeout=120)), expected, rtol=1e-5)
-    pw.controller().wait_all(timeout=60)
-    del fut
-    # The controller's threads may still refer to their last batch's arrays, out of the collector's
-    # sight, until their next piece of work: one unrelated run moves them on. (Kept runs would stay.)
-    other = pw.slice(1, name="other")
-    pw.compiled(lambda v: v - 1, slice=other, name="next")(np.ones(3, np.float32)).result(timeout=60)
-    assert live_buffers() <= baseline
+    baseline = live_buffers()
+    # Once the runs are final and their futures dropped, no array of theirs is left: not one held
+    # by the controller's threads until their next piece of work (seen in some tries out of 40, so
+    # tried several times, with nothing submitted in between).
+    for attempt in range(16):
+        fut = x0
+        for _ in range(100):
+            fut = step(fut)  # submitted at once, each waiting only for the previous one's dispatch
+        np.testing.assert_allclose(np.asarray(fut.result(timeout=120)), expected, rtol=1e-5)
+        pw.controller().wait_all(timeout=60)
+        del fut
+        assert live_buffers() <= baseline, f"try {attempt}: arrays of finished runs are still alive"
 
 
 def test_a_long_training_loop_keeps_a_bounded_history(ctl):

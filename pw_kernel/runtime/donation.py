@@ -93,6 +93,11 @@ def donated_to(x: Any) -> str | None:
         return _entry(_donated, x)
 
 
+def donated_to_any() -> bool:
+    """Whether any value was ever donated (if not, nothing needs `check_not_donated`)."""
+    return bool(_donated)
+
+
 def check_not_donated(x: Any, api: str, what: str) -> None:
     """Raise ArgumentError if ``x`` was donated: its buffer now holds another run's outputs."""
     where = donated_to(x)
@@ -129,4 +134,4 @@ def hold(tree: Any) -> Hold:
     return Hold(tree)
 
 
-__all__ = ["Hold", "check_not_donated", "donated_to", "hold", "mark_donated", "read_later", "still_read"]
+__all__ = ["Hold", "check_not_donated", "donated_to", "donated_to_any", "hold", "mark_donated", "read_later", "still_read"]

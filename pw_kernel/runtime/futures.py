@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import math
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -12,7 +13,7 @@ import jax
 import numpy as np
 from jax.sharding import Sharding
 
-from .donation import check_not_donated
+from .donation import check_not_donated, donated_to, donated_to_any
 from .errors import ArgumentError, CancelledError, TimeoutError
 from .trace.graph import as_dtype, describe_sharding
 
@@ -35,6 +36,15 @@ def check_timeout(timeout: float | None, api: str) -> float | None:
     return float(timeout)
 
 
+# The states of `concurrent.futures.Future`, shared so that its `wait` and asyncio read ours.
+_PENDING, _FINISHED = "PENDING", "FINISHED"
+_CANCELLED, _NOTIFIED = "CANCELLED", "CANCELLED_AND_NOTIFIED"
+_DONE = frozenset({_FINISHED, _CANCELLED, _NOTIFIED})
+#: Orders a future's first waiter (who makes its condition) against its resolution: one lock for
+#: all futures, taken once per resolution, instead of a Condition and an RLock made per future.
+_LAZY = threading.Lock()
+
+
 class Future(concurrent.futures.Future):
     """A program output that will be a `jax.Array`; shape, dtype and sharding are known now.
 
@@ -49,17 +59,91 @@ class Future(concurrent.futures.Future):
         await z                   # or asynchronously
     """
 
+    # A future is made per output of every call: it makes no Condition of its own until another
+    # thread waits on it or a callback is added (`__getattr__` makes the base class's lazily).
+    __slots__ = ("run", "index", "slice", "shape", "dtype", "sharding", "_cell", "_state", "_result", "_exception")
+
     def __init__(
         self, run: Run, index: int, shape, dtype, sharding: Sharding | None, slice, cell: OutputCell  # noqa: A002
     ):
-        super().__init__()
         self.run = run
         self.index = index
         self.slice = slice  # the VirtualSlice the value lives on (None: the host or no slice)
-        self.shape: tuple[int, ...] = tuple(shape)
-        self.dtype = as_dtype(dtype)
+        self.shape: tuple[int, ...] = shape if type(shape) is tuple else tuple(shape)
+        self.dtype = dtype if isinstance(dtype, np.dtype) else as_dtype(dtype)  # (as_dtype asks JAX: slow)
         self.sharding = sharding
         self._cell = cell  # holds the value once the producing node is dispatched
+        self._state = _PENDING
+        self._result = None
+        self._exception = None
+
+    def __getattr__(self, name: str):
+        # The parts of `concurrent.futures.Future` only a waiter on another thread, `wait` or a
+        # done-callback needs, made on first use (under _LAZY: see `_settle`).
+        if name in ("_condition", "_waiters", "_done_callbacks"):
+            with _LAZY:
+                d = self.__dict__
+                if "_condition" not in d:
+                    d["_waiters"] = []
+                    d["_done_callbacks"] = []
+                    d["_condition"] = threading.Condition()
+            return d[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def _settle(self, state: str, result: Any = None, exception: BaseException | None = None) -> None:
+        """Resolve once: the value, the error or cancelled; wake waiters and run callbacks if any were made."""
+        with _LAZY:  # whoever makes the condition after this sees the state set
+            self._result = result
+            self._exception = exception
+            self._state = state
+            cond = self.__dict__.get("_condition")
+        if cond is None:
+            return  # nobody waits on another thread and no callback: nothing more to do
+        with cond:
+            for w in self._waiters:
+                if state == _FINISHED:
+                    w.add_result(self) if exception is None else w.add_exception(self)
+                else:
+                    w.add_cancelled(self)
+            cond.notify_all()
+        self._invoke_callbacks()
+
+    def set_result(self, result: Any) -> None:
+        self._settle(_FINISHED, result)
+
+    def set_exception(self, exception: BaseException) -> None:
+        self._settle(_FINISHED, None, exception)
+
+    def _set_cancelled(self) -> None:
+        self._settle(_NOTIFIED)
+
+    def done(self) -> bool:
+        return self._state in _DONE
+
+    def cancelled(self) -> bool:
+        return self._state == _CANCELLED or self._state == _NOTIFIED
+
+    def running(self) -> bool:
+        return False  # pending until resolved: a run's output has no RUNNING state of its own
+
+    def _wait(self, timeout: float | None) -> bool:
+        """Block until resolved or ``timeout``; whether it is resolved."""
+        if self._state in _DONE:
+            return True
+        cond = self._condition
+        with cond:
+            if self._state not in _DONE:
+                cond.wait(timeout)
+        return self._state in _DONE
+
+    def _outcome(self):
+        """The value of a resolved future, or raise its error (cancelled: pw.CancelledError)."""
+        if self._state == _FINISHED:
+            if self._exception is None:
+                return self._result
+            self.run.error_seen = True  # the run's error, raised here: the user has it
+            raise self._exception
+        raise CancelledError(self._cancel_message()) from None
 
     @property
     def ndim(self) -> int:
@@ -83,37 +167,38 @@ class Future(concurrent.futures.Future):
 
         Ctrl-C while waiting cancels the run (nodes not yet dispatched are dropped).
         """
-        timeout = check_timeout(timeout, "Future.result")
-        check_not_donated(self, "Future.result", self._label())
-        if timeout is None and not self.done():
-            value = self._cell.value
-            if value is not None:
-                # Dispatched: watch the device here, as a jax.Array does, rather than wait for the
-                # watcher thread to notice first; then complete the node on this thread.
-                try:
-                    self.run.complete_here(value, self.done)
-                except KeyboardInterrupt:
-                    self.run.cancel()
-                    raise
-        try:
-            value = super().result(timeout)
-            if hasattr(value, "fetch"):  # on a remote island: bring it here now, once
-                return value.local()
-            return value
-        except concurrent.futures.CancelledError:
-            raise CancelledError(self._cancel_message()) from None
-        except concurrent.futures.TimeoutError:
-            raise TimeoutError(
-                f"`Future.result(timeout={timeout})`: {self._label()} not ready after {timeout} s "
-                f"(run is {self.run.state}, {self.run.nodes_done}/{self.run.nodes_total} nodes done). "
-                f"Wait longer, or cancel with `fut.cancel()`."
-            ) from None
+        try:  # (zero-cost) a Ctrl-C anywhere in here cancels the run
+            if self._state == _FINISHED and self._exception is None and timeout is None:
+                value = self._result  # the hot path: resolved, nothing to check but donation
+            else:
+                value = self._slow_result(timeout)
         except KeyboardInterrupt:
             self.run.cancel()
             raise
-        except Exception:
-            self.run.error_seen = True  # the run's error, raised here: the user has it
-            raise
+        if donated_to(self) is not None:
+            check_not_donated(self, "Future.result", self._label())
+        if hasattr(value, "fetch"):  # on a remote island: bring it here now, once
+            return value.local()
+        return value
+
+    def _slow_result(self, timeout: float | None):
+        """`result` of a future not yet resolved (or failed, or with a timeout); a Ctrl-C comes out of here."""
+        timeout = check_timeout(timeout, "Future.result")
+        if donated_to_any():  # (the label is made only then)
+            check_not_donated(self, "Future.result", self._label())
+        if self._state not in _DONE:
+            value = self._cell.value
+            if timeout is None and value is not None:
+                # Dispatched: watch the device here, as a jax.Array does, rather than wait for
+                # another thread to notice first; then complete the node on this thread.
+                self.run.complete_here(value, self.done)
+            if not self._wait(timeout):
+                raise TimeoutError(
+                    f"`Future.result(timeout={timeout})`: {self._label()} not ready after {timeout} s "
+                    f"(run is {self.run.state}, {self.run.nodes_done}/{self.run.nodes_total} nodes done). "
+                    f"Wait longer, or cancel with `fut.cancel()`."
+                )
+        return self._outcome()
 
     def remote_array(self, timeout: float | None = None):
         """Wait for the value; its `RemoteArray` handle if it lives on a remote island (no bytes move), else None.
@@ -125,23 +210,24 @@ class Future(concurrent.futures.Future):
         timeout = check_timeout(timeout, "Future.remote_array")
         if timeout is None and not self.done() and self._cell.value is not None:
             self.run.complete_here(self._cell.value, self.done)
-        value = super().result(timeout)
+        if not self._wait(timeout):
+            raise TimeoutError(f"`Future.remote_array(timeout={timeout})`: {self._label()} not ready after {timeout} s.")
+        value = self._outcome()
         return value if hasattr(value, "fetch") else None
 
     def exception(self, timeout: float | None = None):
         timeout = check_timeout(timeout, "Future.exception")
         try:
-            err = super().exception(timeout)
-            if err is not None:
-                self.run.error_seen = True
-            return err
-        except concurrent.futures.CancelledError:
-            raise CancelledError(self._cancel_message()) from None
-        except concurrent.futures.TimeoutError:
-            raise TimeoutError(f"`Future.exception(timeout={timeout})`: {self._label()} not done yet.") from None
+            if not self._wait(timeout):
+                raise TimeoutError(f"`Future.exception(timeout={timeout})`: {self._label()} not done yet.")
         except KeyboardInterrupt:
             self.run.cancel()
             raise
+        if self._state != _FINISHED:
+            raise CancelledError(self._cancel_message())
+        if self._exception is not None:
+            self.run.error_seen = True
+        return self._exception
 
     def cancel(self) -> bool:
         """Cancel the run that computes this future; False if it already finished."""
@@ -181,7 +267,7 @@ class Future(concurrent.futures.Future):
         if self.cancelled():
             return "cancelled"
         if self.done():
-            return "failed" if super().exception() is not None else "done"
+            return "failed" if self._exception is not None else "done"
         return "dispatched" if self._cell.value is not None else "pending"
 
     def __repr__(self) -> str:

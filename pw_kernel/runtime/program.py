@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .core.records import FINAL
-from .donation import check_not_donated, donated_to, mark_donated, read_later, still_read
+from .donation import check_not_donated, donated_to, donated_to_any, mark_donated, read_later, still_read
 from .trace.compiled import in_program_trace
 from .trace.feeds import input_node
 from .devices import VirtualSlice
@@ -154,11 +154,26 @@ class Program:
         self._note_reads(graph, traced, run)
         return run
 
+    def call_traced(self, graph: ProgramGraph, traced: list, controller: Controller):
+        """Submit ``graph`` (traced from this program for ``controller``, donating no input) on ``traced``.
+
+        Returns its output futures: what calling the program does once its graph is known. A
+        compiled function's call template (`CompiledFunction.__call__`) finds the graph itself,
+        without the pytree walk.
+        """
+        self._inputs_still_read(traced, {})
+        run = controller.submit(graph, traced, name=self.name, mode=self.mode, tenant=self.tenant, claim=True)
+        self._note_reads(graph, traced, run)
+        return run.outputs
+
     def _inputs_still_read(self, traced: list, donated: dict[int, str]) -> tuple[int, ...]:
         """Refuse inputs an earlier run was given (donated); of those this one donates, the ones pw still reads."""
-        for i, x in enumerate(traced):
-            if donated_to(x) is not None:  # described only then: formatting a dtype per input costs more than the check
-                check_not_donated(x, self.name, f"input {i} ({getattr(x, 'dtype', '')}{list(getattr(x, 'shape', ()))})")
+        if donated_to_any():  # nothing was ever donated: skip the walk (every call passes here)
+            for i, x in enumerate(traced):
+                if donated_to(x) is not None:  # described only then: formatting a dtype per input costs more than the check
+                    check_not_donated(x, self.name, f"input {i} ({getattr(x, 'dtype', '')}{list(getattr(x, 'shape', ()))})")
+        if not donated:
+            return ()
         return tuple(i for i in sorted(donated) if still_read(traced[i]))
 
     @staticmethod

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import concurrent.futures
 import threading
 import time
 import weakref
@@ -211,16 +210,19 @@ class Run:
         return self
 
     def _wait_retired(self, timeout: float | None) -> bool:
-        if self._retired:
-            return True
-        with _WAITERS:  # between waiters; `retire` takes no lock (it is on every call's path)
-            if self._final is None:
-                self._final = threading.Event()
-        # Set the event, then read the flag: `retire` sets the flag, then reads the event. One of the
-        # two sees the other's write, so a waiter never sleeps on an event nobody will set.
-        if self._retired:
-            return True
-        return self._final.wait(timeout)
+        if not self._retired:
+            with _WAITERS:  # between waiters; `retire` takes no lock (it is on every call's path)
+                if self._final is None:
+                    self._final = threading.Event()
+            # Set the event, then read the flag: `retire` sets the flag, then reads the event. One of the
+            # two sees the other's write, so a waiter never sleeps on an event nobody will set.
+            if not self._retired and not self._final.wait(timeout):
+                return False
+        # The thread that made the run final may still be in the controller's lock, holding the
+        # last batch's arrays until it leaves (see `Completion._finish`): wait until it has.
+        with self._owner.lock:
+            pass
+        return True
 
     def result(self, timeout: float | None = None) -> Any:
         """Wait, then return the outputs as arrays (raising the run's error if it failed)."""
@@ -248,8 +250,7 @@ class Run:
         for j in indices:
             fut = futures[j]
             if cancelled:
-                concurrent.futures.Future.cancel(fut)  # mark CANCELLED (Future.cancel cancels the run)
-                fut.set_running_or_notify_cancel()
+                fut._set_cancelled()  # (Future.cancel cancels the run)
             else:
                 fut.set_exception(error)
 

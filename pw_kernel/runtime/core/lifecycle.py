@@ -158,6 +158,30 @@ class Lifecycle:
             self.check(rec)
         return [Emit(rec, "queued"), WAKE]
 
+    def submit_lone(self, rec: RunRecord, now: float) -> tuple[Work | None, list]:
+        """A new run that finds the queue empty: submit and start it in one step (a lone interactive call).
+
+        The fused form of `submit` followed by the `next_work` that would pick it: the same
+        handler (``("queued", "start")`` of the table) does the start, so the run goes through
+        the same states and emits the same events, without the queue scan. Returns the work for
+        the submitting thread (None if the run cannot start now: it was submitted the
+        step-by-step way and waits in the queue, with a WAKE among the effects). In validation
+        mode the result is checked against the table's declared targets and the invariants.
+        """
+        steps = rec.plan.steps
+        if self.queue or (steps and self.out_of_credit(steps[0])) or self._blocker(rec) is not None:
+            return None, self.submit(rec)
+        self.queue[rec.id] = rec
+        self.dispatchable[rec.id] = rec
+        self.credit_wanted = self.blocked = False  # nothing else is queued: nobody waits for either
+        effects = [Emit(rec, "queued"), *_start(self, rec, now)]
+        if self.validate:
+            assert rec.state in TARGETS[("queued", "start")], f"lone start led to {rec.state!r}"
+            self.check(rec)
+        if rec.state != "running" or rec.cursor >= len(steps):
+            return None, effects  # finished at start (nothing to dispatch)
+        return Work(self.policy.pick((rec,)), self.policy.quantum, inline=True), effects
+
     def add_islands(self, n: int, max_collectives: int | None = None) -> None:
         grow = n - len(self.inflight)
         for counts in (self.inflight, self.collectives_inflight, self.callbacks_inflight, self.dispatched, self.completed):

@@ -29,6 +29,12 @@ if TYPE_CHECKING:
 BATCH = 256  # nodes per hand-off to the watcher
 _POLL_S = 0.001  # a watcher with recent work looks for new batches this often (the timeline's resolution)
 _POLL_IDLE_S = 1.0  # ... and sleeps until woken after this long without any (a notify costs the caller)
+# A lone call's batch is its caller's to complete (`Future.result` does at once); the watcher takes
+# it only once it is this old, so an interactive loop wakes the watcher at most this often instead
+# of every _POLL_S, and a run nobody waits on still ends (its state and events say so, its nodes'
+# ends stamped at most this late) within this time.
+_LONE_S = 0.005
+_SPIN_NS = 20_000  # a waiter polls `is_ready` this long before sleeping: a tiny node is done sooner
 
 
 def wait_ready(value: Any, done: Callable[[], bool]) -> None:
@@ -40,6 +46,9 @@ def wait_ready(value: Any, done: Callable[[], bool]) -> None:
     is_ready = getattr(value, "is_ready", None)
     if is_ready is None:
         return
+    # Spin first: the shortest sleep costs ~60 µs on Linux, a tiny node takes a few.
+    clock = time.perf_counter_ns
+    spin_until = clock() + _SPIN_NS
     delay = 1e-5
     while not done():
         try:
@@ -47,6 +56,8 @@ def wait_ready(value: Any, done: Callable[[], bool]) -> None:
                 return
         except Exception:
             return  # it failed: the run's error, naming the node, is raised by the caller
+        if clock() < spin_until:
+            continue
         time.sleep(delay)
         delay = min(delay * 2, 1e-3)
 
@@ -69,8 +80,11 @@ class Completion:
         self.lock = lock  # the controller's
         self._watch = threading.Condition(lock)
         self._pending: collections.deque = collections.deque()  # batches in dispatch order (under the lock)
+        self._regular = 0  # ... of which the dispatcher thread's: the watcher takes those at once
+        self._lone_since = 0  # when the oldest lone batch pending came (time.monotonic_ns)
         self._completing = False  # the token: the watcher thread, or a waiting caller, completes
         self._watcher_asleep = False  # waiting without a timeout: a new batch must wake it
+        self._fast_poll = False  # waiting at most _POLL_S: a new batch of the dispatcher's needs no wake-up
         self._stopping = False
         self.last_end: dict[int, int] = {}  # device -> end of its last node
         self.bury: Callable[[list], None] = lambda batches: None  # the dispatcher frees buffers between bursts
@@ -84,12 +98,25 @@ class Completion:
             self._stopping = True
             self._watch.notify_all()
 
-    def add(self, batch: list) -> None:
-        """A batch of dispatched steps, in dispatch order (lock held)."""
+    def add(self, batch: list, lone: bool = False) -> None:
+        """A batch of dispatched steps, in dispatch order (lock held).
+
+        ``lone``: a lone call's, dispatched on its caller's thread, which completes it when it
+        waits; the watcher leaves it alone for _LONE_S.
+        """
+        if lone and not self.controller.lifecycle.credit_wanted:
+            if not self._pending:
+                self._lone_since = time.monotonic_ns()
+            self._pending.append(batch)
+            if self._watcher_asleep:  # at most once per _POLL_IDLE_S of lone calls
+                self._watch.notify()
+            return
         self._pending.append(batch)
-        # A polling watcher finds the batch within _POLL_S; waking it per batch would make it
-        # fight the submitting thread for the GIL on every interactive call.
-        if self._watcher_asleep or len(batch) >= BATCH or self.controller.lifecycle.credit_wanted:
+        self._regular += 1
+        # A watcher polling at _POLL_S finds the batch in time; waking it per batch would make it
+        # fight the submitting thread for the GIL. One asleep, or polling slowly (lone calls only,
+        # lately), is woken.
+        if not self._fast_poll or len(batch) >= BATCH or self.controller.lifecycle.credit_wanted:
             self._watch.notify()
 
     def wait_here(self, value: Any, done: Callable[[], bool]) -> None:
@@ -120,6 +147,7 @@ class Completion:
             except BaseException:
                 with self.lock:
                     self._pending.extendleft(reversed(batches))
+                    self._regular += len(batches)  # the watcher's now, at once
                     self._completing = False
                     self._watch.notify()
                 raise
@@ -132,6 +160,7 @@ class Completion:
         self._completing = True
         batches = list(self._pending)
         self._pending.clear()
+        self._regular = 0
         return batches
 
     def _finish(self, batches: list, done: Callable[[], bool] | None = None) -> None:
@@ -140,13 +169,16 @@ class Completion:
         Before waiting on a batch still computing, what is already finished is reported: a call's
         result is not held back by a slow node dispatched after it (the run-ahead bound's promise).
         A waiting caller whose value that resolved (``done``) leaves the rest to the watcher.
+        Every reference this thread holds to reported batches' arrays is dropped (or handed to the
+        dispatcher's graveyard) before the lock is released: a caller woken by a run that became
+        final here, which then takes the lock (`Run.wait`), finds none of its arrays kept alive.
         """
         reports: list = []
+        batch = None
         for i, batch in enumerate(batches):
             if reports and not _computed(batch):
                 if self._report_early(reports, batches, i, done):
                     return
-                reports = []
             try:
                 self._complete(batch, reports)
             except BaseException as e:  # a bug of ours: those runs fail, the watcher goes on
@@ -157,7 +189,10 @@ class Completion:
                 for report in reports:
                     on_completed(*report)
             finally:
-                self.bury(batches)  # the dispatcher frees their buffers between its bursts
+                report = batch = None  # the loops' last items too
+                reports.clear()
+                self.bury(batches)  # the dispatcher frees their buffers between its bursts, if it is busy
+                batches.clear()  # the caller's list: it holds nothing from here on
                 self._completing = False
                 if self._pending:
                     self._watch.notify()
@@ -174,6 +209,9 @@ class Completion:
                 self._pending.extendleft(reversed(batches[i:]))
                 self._completing = False
                 raise
+            finally:
+                report = None
+                reports.clear()  # reported: a waiter woken now finds none of their arrays held here
             if done is None or not done():
                 return False
             self.bury(batches[:i])
@@ -184,25 +222,38 @@ class Completion:
 
     def _watch_loop(self) -> None:
         quiet_since = None
+        recent_regular = False  # the dispatcher thread's batches came lately: poll at _POLL_S
         while True:
             with self.lock:
-                while not self._pending or self._completing:
+                while True:
                     if self._stopping and not self._pending:
                         return
-                    if quiet_since is not None and time.monotonic() - quiet_since > _POLL_IDLE_S:
+                    if self._pending and not self._completing:
+                        if self._regular or self.controller.lifecycle.credit_wanted:
+                            recent_regular = True
+                            break
+                        # Only lone batches: their callers complete them, unless they wait too long.
+                        left = self._lone_since + int(_LONE_S * 1e9) - time.monotonic_ns()
+                        if left <= 0:
+                            break
+                        self._watch.wait(left / 1e9)
+                        continue
+                    now = time.monotonic()
+                    if quiet_since is None:
+                        quiet_since = now
+                    if now - quiet_since > _POLL_IDLE_S:
                         # Long quiet: sleep until a batch arrives (the next one wakes us).
                         self._watcher_asleep = True
                         self._watch.wait()
                         self._watcher_asleep = False
-                        quiet_since = None
+                        quiet_since, recent_regular = None, False
                     else:
-                        if quiet_since is None:
-                            quiet_since = time.monotonic()
-                        self._watch.wait(_POLL_S)
+                        self._fast_poll = recent_regular
+                        self._watch.wait(_POLL_S if recent_regular else _LONE_S)
+                        self._fast_poll = False
                 batches = self._take()
             quiet_since = None
-            self._finish(batches)
-            batches = None  # drop our references: an idle dispatcher frees nothing for us
+            self._finish(batches)  # empties the list
 
     def _complete(self, batch: list, reports: list) -> None:
         """Wait for a batch of nodes in dispatch order, stamp their times, emit their events; add reports.
@@ -219,18 +270,18 @@ class Completion:
         gate = c.runahead
         gated = gate.on
         guarded = []  # nodes whose host callbacks may have recorded an exception
+        raised = False  # an output raised while waited for: the whole batch is checked below
         for i, (_, st, ev, outs) in enumerate(batch):
             if st.host_callbacks:
                 guarded.append(i)
             # a later node reuses these outputs' buffers (donation): it waits for this one; we cannot
             for a in () if st.outs_donated else outs:
                 try:
-                    if not a.is_ready():
-                        a.block_until_ready()
+                    a.block_until_ready()  # raises an asynchronous failure (is_ready would not)
                 except AttributeError:
                     pass  # not a device array (a numpy float0 gradient of an integer input): ready
                 except Exception:
-                    pass  # found and attributed below
+                    raised = True  # found and attributed below
             end = now()
             start = ev.dispatch
             if st.remote:  # ran on a remote island: its own clock, corrected
@@ -254,7 +305,8 @@ class Completion:
                 gate.finished(st, ev.end - start)
         failed: dict[int, BaseException] = {}  # batch index -> error of the first failing node of a run
         try:
-            jax.block_until_ready([item[3] for item in batch if not item[1].outs_donated])
+            if raised:
+                jax.block_until_ready([item[3] for item in batch if not item[1].outs_donated])
         except Exception:  # an asynchronous failure: find the first failing node of each run
             seen: set[int] = set()
             for i, (rec, st, _, outs) in enumerate(batch):

@@ -191,7 +191,8 @@ class Controller:
         """
         self._check_open("submit")
         for s in graph.slices:
-            s.check_live(f"submit {graph.name!r}")
+            if s.released:  # (the message is made only then: every call passes here)
+                s.check_live(f"submit {graph.name!r}")
             if s.island.remote is not None:
                 s.island.remote.check(f"submit {graph.name!r}")
             if s._manager is not self.resources:
@@ -230,12 +231,20 @@ class Controller:
             run = Run(self, rec, graph)
             self.runs.append(run)
             self._live[rec.id] = run
-            # Its events in order (queued, then running if this thread starts it); the dispatcher
-            # thread is woken only if this thread does not dispatch the run itself (it would contend).
-            effects = self.lifecycle.submit(rec)
-            self._apply([e for e in effects if type(e) is not Wake])
             if claim:  # the caller takes the outputs next: they must outlive a run that ends before that
                 run.claim()
+            # Its events in order (queued, then running if this thread starts it); the dispatcher
+            # thread is woken only if this thread does not dispatch the run itself (it would contend).
+            if may_inline and self.dispatcher.can_inline():
+                # Alone in the queue: submitted and started in one transition, dispatched here.
+                work, effects = self.lifecycle.submit_lone(rec, rec.submitted_at)
+                self._apply(effects)
+                if work is not None:
+                    self.dispatcher.dispatch_inline(work)
+                elif rec.state == "queued":
+                    self.dispatcher.wake()
+                return run
+            self._apply([e for e in self.lifecycle.submit(rec) if type(e) is not Wake])
             if not (may_inline and self.dispatcher.dispatch_inline()):
                 self.dispatcher.wake()
         return run

@@ -68,7 +68,9 @@ class Dispatcher:
 
     def _bury(self, batches: list) -> None:
         """Completed batches whose buffers this thread frees between its bursts (lock held)."""
-        if not self._idle:  # freeing device buffers on the watcher thread while we dispatch slows dispatch ~2x
+        # Freeing device buffers on the watcher thread while we dispatch slows dispatch ~2x; with
+        # no run left in flight there is nothing to slow down, and nothing should outlive its run.
+        if not self._idle and self.controller.lifecycle.queue:
             self.graveyard.extend(batches)
 
     # ------------------------------------------------------------ dispatcher
@@ -90,25 +92,33 @@ class Dispatcher:
             del dead  # free finished nodes' buffers here, between bursts (see _bury)
             self.execute(work)
 
-    def dispatch_inline(self) -> bool:
-        """On a submitting thread, holding the lock: dispatch the next work here if no thread is dispatching.
+    def can_inline(self) -> bool:
+        """Whether the submitting thread (lock held) may dispatch here: no thread is dispatching."""
+        return not (
+            self.busy or self._stopping or not _INLINE_STEPS or threading.current_thread() in self.controller.threads
+        )
+
+    def dispatch_inline(self, work: Work | None = None) -> bool:
+        """On a submitting thread, holding the lock: dispatch ``work`` (or the next work) here if no thread is dispatching.
 
         Dispatching a small run on the thread that submitted it saves two thread
         hand-offs (the latency of a lone interactive call). The lock is held
         throughout, so no other thread can start dispatching meanwhile: one
         order per island, as gang scheduling needs. Returns False (nothing done)
         when the dispatcher thread is at work or there is nothing to dispatch.
+        ``work``: a lone run the lifecycle just started for this thread (`Lifecycle.submit_lone`).
         """
-        if self.busy or self._stopping or not _INLINE_STEPS or threading.current_thread() in self.controller.threads:
-            return False
-        if len(self.controller.lifecycle.queue) > 1:
-            # Other runs are in flight (a stream of calls, each fed the last one's future): the
-            # dispatcher thread then overlaps dispatch with the caller's next submit, which pays
-            # more than the hand-off saves. Inline is for the lone interactive call.
-            return False
-        work = self.controller.next_work()
         if work is None:
-            return False
+            if not self.can_inline():
+                return False
+            if len(self.controller.lifecycle.queue) > 1:
+                # Other runs are in flight (a stream of calls, each fed the last one's future): the
+                # dispatcher thread then overlaps dispatch with the caller's next submit, which pays
+                # more than the hand-off saves. Inline is for the lone interactive call.
+                return False
+            work = self.controller.next_work()
+            if work is None:
+                return False
         # A Ctrl-C in the middle would leave steps dispatched but unreported: it waits until they are.
         with interrupts_deferred:
             try:
@@ -215,7 +225,8 @@ class Dispatcher:
                 batch, sent_on, published, cost = [], {}, [], 0
                 flush_at = t + _FLUSH_NS
         if batch or k != rec.cursor:
-            self._hand_over(rec, k, sent_on, published, cost, batch)
+            # Inline and the run's last steps: the caller completes them when it waits for the outputs.
+            self._hand_over(rec, k, sent_on, published, cost, batch, lone=inline and k >= n_steps)
         elif self.bursts.islands:
             self.bursts.flush()  # a failed first step may have buffered its executable's load
         if failed is not None:
@@ -251,12 +262,17 @@ class Dispatcher:
         log.emit_node(ev)
         c.on_compiling(rec, None)  # after its event: the run says what it compiled until that event is out
 
-    def _hand_over(self, rec: RunRecord, cursor: int, sent_on: dict, published: list, cost: int, batch: list) -> None:
-        """Report steps dispatched, then give them to the watcher (in that order: credit is counted first)."""
+    def _hand_over(
+        self, rec: RunRecord, cursor: int, sent_on: dict, published: list, cost: int, batch: list, lone: bool = False
+    ) -> None:
+        """Report steps dispatched, then give them to the watcher (in that order: credit is counted first).
+
+        ``lone``: dispatched inline by the submitting thread, which completes them when it waits.
+        """
         if self.bursts.islands:
             self.bursts.flush()  # the remote steps among them go to their islands' mailboxes now
         with self.lock:
             per_island = tuple((island, *counts) for island, counts in sent_on.items())
             self.controller.on_dispatched(rec, cursor, per_island, published, cost)
             if batch:
-                self.completion.add(batch)
+                self.completion.add(batch, lone)

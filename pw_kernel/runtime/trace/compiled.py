@@ -208,6 +208,9 @@ class CompiledFunction:
         self.jitted = jax.jit(body, **kw)
         _registry[self.jit_name] = self
         self._program = None
+        # The call template: positional jax.Array arguments' (shape, dtype, sharding) -> (the controller,
+        # the one-node graph): a call with a known signature skips the pytree walk and the trace cache.
+        self._calls: dict[tuple, tuple[Any, Any]] = {}
         functools.update_wrapper(self, fn, updated=())
 
     def bind(self, program: Any) -> CompiledFunction:
@@ -216,6 +219,10 @@ class CompiledFunction:
         return self
 
     def __call__(self, *args, **kwargs):
+        if not kwargs and self._program is not None and not in_program_trace():
+            key = _array_signature(args)
+            if key is not None:
+                return self._call_template(key, args)
         if in_program_trace() or any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((args, kwargs))):
             scope = current_trace()
             if scope is not None:
@@ -234,8 +241,40 @@ class CompiledFunction:
             )
         return self._program(*args, **kwargs)
 
+    def _call_template(self, key: tuple, args: tuple):
+        """A call outside a program on concrete arrays: its graph from the template (made on the first call)."""
+        prog = self._program
+        owner = prog._controller()
+        hit = self._calls.get(key)
+        if hit is None or hit[0] is not owner:
+            graph = prog.trace(*args)
+            if graph.donated_inputs:  # which inputs to keep is decided per call: the full way
+                return prog(*args)
+            if len(self._calls) >= _MAX_TEMPLATES:
+                self._calls.clear()
+            hit = self._calls[key] = (owner, graph)
+        return prog.call_traced(hit[1], list(args), owner)
+
     def __repr__(self) -> str:
         return f"CompiledFunction({self.name!r}, slice={self.slice.name!r}, in_specs={self.in_specs}, out_specs={self.out_specs})"
+
+
+_MAX_TEMPLATES = 64  # input signatures remembered per compiled function
+_CONCRETE: dict[type, bool] = {}  # type -> whether it is a concrete jax.Array (tracers, numpy: the full way)
+
+
+def _array_signature(args: tuple) -> tuple | None:
+    """(shape, dtype, sharding) of each positional argument if all are concrete jax Arrays, else None."""
+    key = []
+    for a in args:
+        t = type(a)
+        ok = _CONCRETE.get(t)
+        if ok is None:
+            ok = _CONCRETE[t] = issubclass(t, jax.Array) and not issubclass(t, jax.core.Tracer)
+        if not ok:
+            return None
+        key.append((a.shape, a.dtype, a.sharding))
+    return tuple(key)
 
 
 def _reshard(args: tuple, shardings: Any, static: tuple[int, ...] = ()) -> tuple:
