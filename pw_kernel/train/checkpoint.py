@@ -408,13 +408,15 @@ class CheckpointManager:
                 out[i] = v
         return out
 
-    def close(self) -> None:
-        """Finish the saves in progress, then release orbax's threads."""
+    def close(self, timeout: float | None = None) -> None:
+        """Finish the saves in progress, then release orbax's threads (``timeout``: at most so many seconds for the saves)."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
         if self._thread is not None:
-            self._thread.join()
+            self._thread.join(timeout)
+            if self._thread.is_alive():  # still waiting for its futures: leave orbax to it
+                return
         self._mngr.close()
         if self in _managers:
             _managers.remove(self)
@@ -452,11 +454,16 @@ _managers: list[CheckpointManager] = []
 
 
 @atexit.register
-def _warn_unfinished_at_exit() -> None:
+def _finish_at_exit() -> None:
     # Python shuts down the thread pools orbax writes with before exit hooks run, so a save still
     # in flight when a script ends fails ("cannot schedule new futures after interpreter shutdown"):
-    # say which steps are not on disk rather than leave a silent gap.
+    # say which steps are not on disk rather than leave a silent gap. The manager's and orbax's
+    # threads are joined first: one still inside C++ code when the interpreter ends aborts the process.
     for m in managers():
+        try:
+            m.close(timeout=30.0)
+        except Exception:  # its failure is said below
+            pass
         lost = sorted({r.step for r in m.saves if r.state not in ("done", "failed")} | {r.step for r in m.take_failures()})
         if lost:
             print(f"pw.CheckpointManager({m.directory!s}): the process ended before step(s) {lost} were "
