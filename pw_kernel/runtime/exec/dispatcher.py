@@ -208,16 +208,13 @@ class Dispatcher:
             for j, pos in st.publishes:
                 published.append((j, outs[pos]))
             self.seq += 1
-            ev = NodeEvent(
-                self.seq, rec.id, rec.name, rec.tenant, st.name, st.kind, st.devices, island, st.src_island, t,
-                st.nbytes, st.shapes,
-            )
             if sent is _NONE_SENT:
                 sent = sent_on[island] = [0, 0, 0]
             sent[0] += 1
             sent[1] += exe.collectives
             sent[2] += st.host_callbacks
-            batch.append((rec, st, ev, outs))
+            # Its NodeEvent is made once complete, with all its times (the watcher's thread, off this loop).
+            batch.append((rec, st, self.seq, t, outs))
             k += 1
             cost += exe.cost
             if len(batch) >= BATCH or t >= flush_at:
@@ -275,4 +272,5 @@ class Dispatcher:
             per_island = tuple((island, *counts) for island, counts in sent_on.items())
             self.controller.on_dispatched(rec, cursor, per_island, published, cost)
             if batch:
-                self.completion.add(batch, lone)
+                # What completion reports of them is what was counted here, unless one fails.
+                self.completion.add((batch, per_island, published), lone)
