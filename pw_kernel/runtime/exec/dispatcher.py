@@ -24,9 +24,11 @@ if TYPE_CHECKING:
     from ..core.records import RunRecord
     from .controller import Controller
 
-_INLINE_STEPS = 64  # steps a submitting thread dispatches itself before the dispatcher thread takes over
 _NONE_SENT = (0, 0, 0)  # an island with nothing sent yet in this burst: [steps, with collectives, with callbacks]
-_FLUSH_NS = 1_000_000  # or sooner: no node waits more than 1 ms to be watched (the timeline's resolution)
+# Or sooner: no node waits more than 1 ms to be watched (the timeline's resolution). Also how long a
+# submitting thread dispatches inline before the dispatcher thread takes over: the call returns
+# within it, and a run dispatched whole inside it is completed by its caller with no hand-off.
+_FLUSH_NS = 1_000_000
 
 
 class Dispatcher:
@@ -95,7 +97,7 @@ class Dispatcher:
     def can_inline(self) -> bool:
         """Whether the submitting thread (lock held) may dispatch here: no thread is dispatching."""
         return not (
-            self.busy or self._stopping or not _INLINE_STEPS or threading.current_thread() in self.controller.threads
+            self.busy or self._stopping or threading.current_thread() in self.controller.threads
         )
 
     def dispatch_inline(self, work: Work | None = None) -> bool:
@@ -122,7 +124,7 @@ class Dispatcher:
         # A Ctrl-C in the middle would leave steps dispatched but unreported: it waits until they are.
         with interrupts_deferred:
             try:
-                self._dispatch(work.rec, min(work.quantum, _INLINE_STEPS), inline=True)
+                self._dispatch(work.rec, work.quantum, inline=True)
             except Exception as e:  # a bug of ours: fail the run, keep the controller alive
                 self.controller.on_step_failed(work.rec, None, e)
         if self.controller.lifecycle.has_work():
@@ -218,6 +220,8 @@ class Dispatcher:
             k += 1
             cost += exe.cost
             if len(batch) >= BATCH or t >= flush_at:
+                if inline:
+                    break  # the submitting thread's share: the rest is the dispatcher thread's
                 self._hand_over(rec, k, sent_on, published, cost, batch)
                 batch, sent_on, published, cost = [], {}, [], 0
                 flush_at = t + _FLUSH_NS
