@@ -140,14 +140,18 @@ class Completion:
 
         A thread about to wait for a future claims the pending batches first (so
         the watcher thread leaves them alone), runs ``wait`` (its own
-        interruptible wait for the value), then completes them itself: no
-        hand-off between threads on the way to the result. A Ctrl-C in ``wait``
-        gives the batches back to the watcher.
+        interruptible wait for the value; only for a lone node), then completes
+        them itself: no hand-off between threads on the way to the result. A
+        Ctrl-C in ``wait`` gives the batches back to the watcher.
         """
         with self.lock:
             if self._completing or not self._pending:
                 return False
             batches = self._take()
+        if wait is not None and (len(batches) > 1 or len(batches[0][0]) > 1):
+            # Several nodes: each is stamped as it finishes (waiting for the last first would stamp
+            # them all at once). A Ctrl-C then waits for them: at most the run-ahead bound.
+            wait = None
         if wait is not None:
             try:
                 wait()
