@@ -24,11 +24,12 @@ if TYPE_CHECKING:
     from ..core.records import RunRecord
     from .controller import Controller
 
+# A submitting thread dispatches this many steps itself, or for one flush interval if that is more,
+# before the dispatcher thread takes over: a run of tiny nodes dispatched whole inline is completed
+# by its caller with no hand-off between threads, and the call still returns within ~1 ms.
+_INLINE_STEPS = 64
 _NONE_SENT = (0, 0, 0)  # an island with nothing sent yet in this burst: [steps, with collectives, with callbacks]
-# Or sooner: no node waits more than 1 ms to be watched (the timeline's resolution). Also how long a
-# submitting thread dispatches inline before the dispatcher thread takes over: the call returns
-# within it, and a run dispatched whole inside it is completed by its caller with no hand-off.
-_FLUSH_NS = 1_000_000
+_FLUSH_NS = 1_000_000  # or sooner: no node waits more than 1 ms to be watched (the timeline's resolution)
 
 
 class Dispatcher:
@@ -155,7 +156,7 @@ class Dispatcher:
         # Hand work to the watcher in batches: one wake-up per batch instead of per node keeps
         # the two threads from trading the GIL on every tiny node.
         batch: list = []
-        flush_at = clock() - epoch + _FLUSH_NS
+        flush_at = inline_until = clock() - epoch + _FLUSH_NS
         inflight = life.inflight  # read without the lock: only completions lower them meanwhile
         coll_inflight, coll_limits = life.collectives_inflight, life.max_collectives
         cb_inflight = life.callbacks_inflight
@@ -219,9 +220,9 @@ class Dispatcher:
             batch.append((rec, st, self.seq, t, outs))
             k += 1
             cost += exe.cost
+            if inline and t >= inline_until and k - start >= _INLINE_STEPS:
+                break  # the submitting thread's share: the rest is the dispatcher thread's
             if len(batch) >= BATCH or t >= flush_at:
-                if inline:
-                    break  # the submitting thread's share: the rest is the dispatcher thread's
                 self._hand_over(rec, k, sent_on, published, cost, batch)
                 batch, sent_on, published, cost = [], {}, [], 0
                 flush_at = t + _FLUSH_NS
