@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 
 from ..errors import HostCallbackError
+from .events import NodeEvent
 from .interrupts import interrupts_deferred
 
 if TYPE_CHECKING:
@@ -62,9 +63,9 @@ def wait_ready(value: Any, done: Callable[[], bool]) -> None:
         delay = min(delay * 2, 1e-3)
 
 
-def _computed(batch: list) -> bool:
+def _computed(batch: tuple) -> bool:
     """Whether the last node of ``batch`` has computed (so completing the batch will not wait)."""
-    for a in batch[-1][3][:1]:
+    for a in batch[0][-1][4][:1]:
         try:
             return a.is_ready()
         except Exception:  # not a device array, or a donated one: nothing to wait for
@@ -73,7 +74,13 @@ def _computed(batch: list) -> bool:
 
 
 class Completion:
-    """The batches dispatched and not yet completed, the watcher thread, and a waiting caller's shortcut."""
+    """The batches dispatched and not yet completed, the watcher thread, and a waiting caller's shortcut.
+
+    A batch is ``(items, per_island, published)``: consecutive steps of one run, each item
+    ``(rec, step, seq, dispatch time, outputs)``, with what the dispatcher counted of them (the
+    credit per island, the outputs they publish), which is what completing them reports unless
+    one fails.
+    """
 
     def __init__(self, controller: Controller, lock: threading.RLock):
         self.controller = controller
@@ -98,7 +105,7 @@ class Completion:
             self._stopping = True
             self._watch.notify_all()
 
-    def add(self, batch: list, lone: bool = False) -> None:
+    def add(self, batch: tuple, lone: bool = False) -> None:
         """A batch of dispatched steps, in dispatch order (lock held).
 
         ``lone``: a lone call's, dispatched on its caller's thread, which completes it when it
@@ -116,7 +123,7 @@ class Completion:
         # A watcher polling at _POLL_S finds the batch in time; waking it per batch would make it
         # fight the submitting thread for the GIL. One asleep, or polling slowly (lone calls only,
         # lately), is woken.
-        if not self._fast_poll or len(batch) >= BATCH or self.controller.lifecycle.credit_wanted:
+        if not self._fast_poll or len(batch[0]) >= BATCH or self.controller.lifecycle.credit_wanted:
             self._watch.notify()
 
     def wait_here(self, value: Any, done: Callable[[], bool]) -> None:
@@ -133,14 +140,18 @@ class Completion:
 
         A thread about to wait for a future claims the pending batches first (so
         the watcher thread leaves them alone), runs ``wait`` (its own
-        interruptible wait for the value), then completes them itself: no
-        hand-off between threads on the way to the result. A Ctrl-C in ``wait``
-        gives the batches back to the watcher.
+        interruptible wait for the value; only for a lone node), then completes
+        them itself: no hand-off between threads on the way to the result. A
+        Ctrl-C in ``wait`` gives the batches back to the watcher.
         """
         with self.lock:
             if self._completing or not self._pending:
                 return False
             batches = self._take()
+        if wait is not None and (len(batches) > 1 or len(batches[0][0]) > 1):
+            # Several nodes: each is stamped as it finishes (waiting for the last first would stamp
+            # them all at once). A Ctrl-C then waits for them: at most the run-ahead bound.
+            wait = None
         if wait is not None:
             try:
                 wait()
@@ -182,7 +193,7 @@ class Completion:
             try:
                 self._complete(batch, reports)
             except BaseException as e:  # a bug of ours: those runs fail, the watcher goes on
-                reports += self._segments(batch, {0: e}, stamped=False, first_only=True)
+                reports += self._segments(batch[0], {0: e}, first_only=True)
         with self.lock:
             try:
                 on_completed = self.controller.on_completed
@@ -255,23 +266,31 @@ class Completion:
             quiet_since = None
             self._finish(batches)  # empties the list
 
-    def _complete(self, batch: list, reports: list) -> None:
+    def _complete(self, batch: tuple, reports: list) -> None:
         """Wait for a batch of nodes in dispatch order, stamp their times, emit their events; add reports.
 
         All per-node work here holds the GIL that the dispatcher needs, so it is
-        kept to a few attribute writes: `is_ready` before blocking (tiny nodes are
-        long done and need no GIL release), one error check for the whole batch.
+        kept to a few attribute writes: `block_until_ready` on outputs long done
+        is cheap, one error check for the whole batch, each NodeEvent made once
+        with all its times, the events emitted together, and the dispatcher's
+        counts reported as they are unless a node failed.
         """
+        items, per_island, published = batch
         c = self.controller
         log = c.events
-        now = log.now
-        last_end = self.last_end
+        clock = time.perf_counter_ns
         epoch = log.epoch
+        last_end = self.last_end
         gate = c.runahead
         gated = gate.on
+        finished = gate.finished
+        events: list[NodeEvent] = []
         guarded = []  # nodes whose host callbacks may have recorded an exception
         raised = False  # an output raised while waited for: the whole batch is checked below
-        for i, (_, st, ev, outs) in enumerate(batch):
+        # Consecutive nodes on the same devices (one tuple per plan): the previous end is theirs.
+        prev_devs: tuple | None = None
+        prev_end = 0
+        for i, (rec, st, seq, dispatch, outs) in enumerate(items):
             if st.host_callbacks:
                 guarded.append(i)
             # a later node reuses these outputs' buffers (donation): it waits for this one; we cannot
@@ -282,8 +301,8 @@ class Completion:
                     pass  # not a device array (a numpy float0 gradient of an integer input): ready
                 except Exception:
                     raised = True  # found and attributed below
-            end = now()
-            start = ev.dispatch
+            end = clock() - epoch
+            start = dispatch
             if st.remote:  # ran on a remote island: its own clock, corrected
                 try:
                     r_start, r_end = outs[0].timing()
@@ -291,25 +310,43 @@ class Completion:
                     end = max(start, r_end - epoch)
                 except Exception:
                     pass
-            for d in st.devices:
-                prev = last_end.get(d, 0)
-                if prev > start:
-                    start = prev
+            devs = st.devices
+            if devs is prev_devs:
+                if prev_end > start:
+                    start = prev_end
+            else:
+                if prev_devs is not None:
+                    for d in prev_devs:
+                        last_end[d] = prev_end
+                for d in devs:
+                    prev = last_end.get(d, 0)
+                    if prev > start:
+                        start = prev
+                prev_devs = devs
+            if end < start:
+                end = start
+            prev_end = end
+            ev = NodeEvent(
+                seq, rec.id, rec.name, rec.tenant, st.name, st.kind, devs, st.island, st.src_island, dispatch,
+                st.nbytes, st.shapes,
+            )
             ev.start = start
-            ev.end = end if end > start else start
+            ev.end = end
+            events.append(ev)
             exe = st.exe
-            exe.cost += (ev.end - start - exe.cost) >> 2  # running mean of device time, for fair share
-            for d in st.devices:
-                last_end[d] = ev.end
+            exe.cost += (end - start - exe.cost) >> 2  # running mean of device time, for fair share
             if gated and not st.remote:  # node by node: a dispatcher waiting for room goes on before the batch ends
-                gate.finished(st, ev.end - start)
+                finished(st, end - start)
+        if prev_devs is not None:
+            for d in prev_devs:
+                last_end[d] = prev_end
         failed: dict[int, BaseException] = {}  # batch index -> error of the first failing node of a run
         try:
             if raised:
-                jax.block_until_ready([item[3] for item in batch if not item[1].outs_donated])
+                jax.block_until_ready([item[4] for item in items if not item[1].outs_donated])
         except Exception:  # an asynchronous failure: find the first failing node of each run
             seen: set[int] = set()
-            for i, (rec, st, _, outs) in enumerate(batch):
+            for i, (rec, st, _, _, outs) in enumerate(items):
                 if rec.id not in seen and not st.outs_donated:
                     try:
                         jax.block_until_ready(outs)
@@ -317,49 +354,52 @@ class Completion:
                         failed[i] = e
                         seen.add(rec.id)
         for i in guarded:
-            self._callback_failure(batch, i, failed)
-        emit = log.emit_node
-        for i, (rec, _, ev, _) in enumerate(batch):
-            err = failed.get(i) if failed else None
-            if err is not None:
-                ev.error = f"{type(err).__name__}: {err}"
-            emit(ev)  # recorded on its run by the report (the lifecycle's `completed`)
-        reports += self._segments(batch, failed)
+            self._callback_failure(items, i, failed)
+        for i, err in failed.items():
+            events[i].error = f"{type(err).__name__}: {err}"
+        log.emit_nodes(events)  # recorded on their run by the report (the lifecycle's `completed`)
+        if failed:
+            reports += self._segments(items, failed, events)
+        else:
+            reports.append((items[0][0], per_island, published, None, events))
 
     @staticmethod
-    def _callback_failure(batch: list, i: int, failed: dict) -> None:
+    def _callback_failure(items: list, i: int, failed: dict) -> None:
         """Node ``i``'s guarded host callback raised, letting its computation finish: fail the node now
         (unless an earlier node of its run failed first: ``failed`` keeps one failure per run).
 
         Steps with host callbacks run one at a time per island, so everything the executable's
         callbacks recorded was raised by this node (once per device, perhaps: the first counts).
         """
-        rec, st = batch[i][0], batch[i][1]
+        rec, st = items[i][0], items[i][1]
         errors = getattr(st.call, "callback_errors", None)
         if not errors:
             return
         first = errors[0]
         errors.clear()
-        other = next((j for j in failed if batch[j][0] is rec), None)
+        other = next((j for j in failed if items[j][0] is rec), None)
         if other is not None and other < i:
             return
         failed.pop(other, None)
         failed[i] = HostCallbackError(first)
 
     @staticmethod
-    def _segments(batch: list, failed: dict, stamped: bool = True, first_only: bool = False) -> list:
-        """One `on_completed` report per run of consecutive items of one run (a batch is usually one)."""
+    def _segments(items: list, failed: dict, events: list | None = None, first_only: bool = False) -> list:
+        """One `on_completed` report per run of consecutive items of one run, counted afresh (a node failed).
+
+        ``events``: the items' node events (None: a bug of ours stopped their stamping; none is recorded).
+        """
         out = []
-        lo, n = 0, len(batch)
+        lo, n = 0, len(items)
         for hi in range(1, n + 1):
-            if hi < n and batch[hi][0] is batch[lo][0]:
+            if hi < n and items[hi][0] is items[lo][0]:
                 continue
-            rec = batch[lo][0]
+            rec = items[lo][0]
             per_island: dict[int, list[int]] = {}
             published = []
             failure = None
             for i in range(lo, hi):
-                _, st, _, outs = batch[i]
+                _, st, _, _, outs = items[i]
                 counts = per_island.get(st.island)
                 if counts is None:
                     counts = per_island[st.island] = [0, 0, 0]
@@ -372,7 +412,7 @@ class Completion:
                         failure = (st, err)
                     for j, pos in st.publishes:
                         published.append((j, outs[pos]))
-            events = [batch[i][2] for i in range(lo, hi)] if stamped else []
-            out.append((rec, tuple((i, *counts) for i, counts in per_island.items()), published, failure, events))
+            evs = events[lo:hi] if events is not None else []
+            out.append((rec, tuple((i, *counts) for i, counts in per_island.items()), published, failure, evs))
             lo = hi
         return out

@@ -24,7 +24,10 @@ if TYPE_CHECKING:
     from ..core.records import RunRecord
     from .controller import Controller
 
-_INLINE_STEPS = 64  # steps a submitting thread dispatches itself before the dispatcher thread takes over
+# A submitting thread dispatches this many steps itself, or for one flush interval if that is more,
+# before the dispatcher thread takes over: a run of tiny nodes dispatched whole inline is completed
+# by its caller with no hand-off between threads, and the call still returns within ~1 ms.
+_INLINE_STEPS = 64
 _NONE_SENT = (0, 0, 0)  # an island with nothing sent yet in this burst: [steps, with collectives, with callbacks]
 _FLUSH_NS = 1_000_000  # or sooner: no node waits more than 1 ms to be watched (the timeline's resolution)
 
@@ -95,7 +98,7 @@ class Dispatcher:
     def can_inline(self) -> bool:
         """Whether the submitting thread (lock held) may dispatch here: no thread is dispatching."""
         return not (
-            self.busy or self._stopping or not _INLINE_STEPS or threading.current_thread() in self.controller.threads
+            self.busy or self._stopping or threading.current_thread() in self.controller.threads
         )
 
     def dispatch_inline(self, work: Work | None = None) -> bool:
@@ -122,7 +125,7 @@ class Dispatcher:
         # A Ctrl-C in the middle would leave steps dispatched but unreported: it waits until they are.
         with interrupts_deferred:
             try:
-                self._dispatch(work.rec, min(work.quantum, _INLINE_STEPS), inline=True)
+                self._dispatch(work.rec, work.quantum, inline=True)
             except Exception as e:  # a bug of ours: fail the run, keep the controller alive
                 self.controller.on_step_failed(work.rec, None, e)
         if self.controller.lifecycle.has_work():
@@ -153,7 +156,7 @@ class Dispatcher:
         # Hand work to the watcher in batches: one wake-up per batch instead of per node keeps
         # the two threads from trading the GIL on every tiny node.
         batch: list = []
-        flush_at = clock() - epoch + _FLUSH_NS
+        flush_at = inline_until = clock() - epoch + _FLUSH_NS
         inflight = life.inflight  # read without the lock: only completions lower them meanwhile
         coll_inflight, coll_limits = life.collectives_inflight, life.max_collectives
         cb_inflight = life.callbacks_inflight
@@ -208,18 +211,17 @@ class Dispatcher:
             for j, pos in st.publishes:
                 published.append((j, outs[pos]))
             self.seq += 1
-            ev = NodeEvent(
-                self.seq, rec.id, rec.name, rec.tenant, st.name, st.kind, st.devices, island, st.src_island, t,
-                st.nbytes, st.shapes,
-            )
             if sent is _NONE_SENT:
                 sent = sent_on[island] = [0, 0, 0]
             sent[0] += 1
             sent[1] += exe.collectives
             sent[2] += st.host_callbacks
-            batch.append((rec, st, ev, outs))
+            # Its NodeEvent is made once complete, with all its times (the watcher's thread, off this loop).
+            batch.append((rec, st, self.seq, t, outs))
             k += 1
             cost += exe.cost
+            if inline and t >= inline_until and k - start >= _INLINE_STEPS:
+                break  # the submitting thread's share: the rest is the dispatcher thread's
             if len(batch) >= BATCH or t >= flush_at:
                 self._hand_over(rec, k, sent_on, published, cost, batch)
                 batch, sent_on, published, cost = [], {}, [], 0
@@ -275,4 +277,5 @@ class Dispatcher:
             per_island = tuple((island, *counts) for island, counts in sent_on.items())
             self.controller.on_dispatched(rec, cursor, per_island, published, cost)
             if batch:
-                self.completion.add(batch, lone)
+                # What completion reports of them is what was counted here, unless one fails.
+                self.completion.add((batch, per_island, published), lone)

@@ -232,6 +232,14 @@ class EventLog:
         for cb in self._subscribers:
             self._call(cb, ev)
 
+    def emit_nodes(self, evs: list[NodeEvent]) -> None:
+        """`emit_node` for each of ``evs`` in order (a completed batch): one append for all of them."""
+        self.nodes.extend(evs)
+        if self._subscribers:
+            for ev in evs:
+                for cb in self._subscribers:  # read per event: a subscriber that raised is dropped
+                    self._call(cb, ev)
+
     def emit_run(self, ev: RunEvent) -> None:
         self.runs.append(ev)
         for cb in self._subscribers:
