@@ -61,6 +61,16 @@ class _Devices:
         self.open_at = -1
         self.full_at: tuple[int, int] = (-1, -1)
 
+    def at_bound(self, bound: int) -> bool:
+        """Whether one of these devices has ``bound`` ns of work queued, or is held for a measurement."""
+        lane = self.lane  # the first (often only) device, without a loop: this runs for every node
+        if lane.queued and (lane.held or lane.added - lane.retired >= bound):
+            return True
+        for lane in self.more:
+            if lane.queued and (lane.held or lane.added - lane.retired >= bound):
+                return True
+        return False
+
 
 class _Estimate:
     """The measured device time of one executable at one signature (-1: not measured yet)."""
@@ -114,9 +124,7 @@ class RunAhead:
 
     def room(self, step) -> int:
         """The estimate (ns) ``step`` would add, or -1 if one of its devices has the bound queued already."""
-        track = self._tracks.get(step.exe)
-        if track is None:
-            track = self._track(step)
+        track = self._tracks.get(step.exe) or self._track(step)
         est = track.est
         ns = est.ns
         devs = track.devs
@@ -127,20 +135,12 @@ class RunAhead:
                 self._sends += 1
                 return -1
             ns = _UNMEASURED_NS
-        lane = devs.lane  # the first (often only) device, without a loop: this runs for every node
-        if lane.queued and (lane.held or lane.added - lane.retired >= self.bound):
-            return -1
-        for lane in devs.more:
-            if lane.queued and (lane.held or lane.added - lane.retired >= self.bound):
-                return -1
-        return ns
+        return -1 if devs.at_bound(self.bound) else ns
 
     def take(self, step) -> int:
         """`room`, and if there is, ``step``'s estimate counted on its devices (the dispatching thread, just
         before calling it); -1 if there is none. One call per node: the dispatcher's hot loop."""
-        track = self._tracks.get(step.exe)
-        if track is None:
-            track = self._track(step)
+        track = self._tracks.get(step.exe) or self._track(step)
         est = track.est
         ns = est.ns
         if ns < 0:
@@ -149,17 +149,12 @@ class RunAhead:
             est.probing = True  # this one is its first: the next waits for its measurement
             ns = _UNMEASURED_NS
         devs = track.devs
-        lane = devs.lane
-        more = devs.more
-        bound = self.bound
-        if lane.queued and (lane.held or lane.added - lane.retired >= bound):
+        if devs.at_bound(self.bound):
             return self._untaken(est)
-        for other in more:
-            if other.queued and (other.held or other.added - other.retired >= bound):
-                return self._untaken(est)
+        lane = devs.lane
         lane.queued.append(ns)
         lane.added += ns
-        for other in more:
+        for other in devs.more:
             other.queued.append(ns)
             other.added += ns
         self._sends += 1
