@@ -201,7 +201,8 @@ def test_checkpoint_notebook_resumes_on_another_layout_and_outlives_a_lost_islan
                      text)
     assert diff is not None and float(diff.group(1)) < 1e-5, text[-600:]
     if "Ray is not installed" not in text:
-        assert "trained to step 19 after 1 retry: " in text and "IslandLostError: island 1" in text, text[-600:]
+        # The loss is named wherever it was seen first: the failed node, or a later call on the island (`fetch`: ...).
+        assert re.search(r"trained to step 19 after 1 retry: IslandLostError: (`\w+`: )?island 1 ", text), text[-600:]
         assert "lost))" in text and "checkpoints: [0, 5, 10, 15]" in text  # the island says so; saves went on
         # the island wrote its stage's leaves itself; after it was lost, everything is local
         assert "step 5 (stage 1 on the island): ['data', 'island_0', 'state'] | step 15 (all local): ['data', 'state']" in text
