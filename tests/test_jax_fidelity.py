@@ -445,3 +445,39 @@ def test_an_input_pw_still_reads_is_not_donated(ctl):
     np.testing.assert_array_equal(np.asarray(y2.result()), np.arange(8.0) * 2)
     assert x.is_deleted()
     np.testing.assert_array_equal(np.asarray(y.result()), np.arange(8.0) * 2)
+
+
+def test_thousands_of_calls_on_one_array_without_waiting_then_a_donation(ctl):
+    # a user's loop that never waits: every call reads x; the donating call after them gets x's buffer
+    # only once XLA has run every earlier read (as jax.jit orders it), and each result is right
+    s = pw.slice(1, name="loop")
+    inc = pw.compiled(lambda x: x + 1, slice=s, name="inc")
+    consume = pw.compiled(lambda x: x * 10, slice=s, donate_argnums=0, name="consume")
+    x = jax.device_put(jnp.arange(4.0), s.sharding(None))
+    ys = [inc(x) for _ in range(2000)]
+    z = consume(x)
+    np.testing.assert_array_equal(np.asarray(z.result()), np.arange(4.0) * 10)
+    for y in ys[::97] + ys[-1:]:
+        np.testing.assert_array_equal(np.asarray(y.result()), np.arange(4.0) + 1)
+
+
+def test_readers_noted_on_one_value_are_pruned_in_linear_time():
+    # what pw still reads of a value is asked of each reader; asking all of them at every new one was
+    # quadratic (a loop of 3,000 unwaited calls on one array spent 245 µs per call doing it)
+    from pw_kernel.runtime.donation import read_later, still_read
+
+    x = jnp.ones(3)
+    asked = [0]
+    n = 5000
+
+    def reader(alive):
+        def active():
+            asked[0] += 1
+            return alive
+
+        return active
+
+    for i in range(n):
+        read_later(x, reader(i % 2 == 0))  # half of them have read it already
+    assert asked[0] <= 3 * n, f"{asked[0]} questions for {n} readers"
+    assert still_read(x)

@@ -180,6 +180,11 @@ class Program:
     def _note_reads(graph: ProgramGraph, traced: list, run: Run) -> None:
         """What this run donates is marked; what it reads stays read (not donated by others) until it ends."""
         donated = graph.donated_inputs
+        rec = run.record
+        if not donated and (rec.dispatched >= rec.total or rec.state in FINAL):
+            # Every step was given its inputs already (a lone call dispatched on this thread): XLA
+            # holds them until read, and a later run may donate them as jax.jit would.
+            return
         ref = weakref.ref(run)
 
         def active() -> bool:
