@@ -125,7 +125,9 @@ class Dispatcher:
         # A Ctrl-C in the middle would leave steps dispatched but unreported: it waits until they are.
         with interrupts_deferred:
             try:
-                self._dispatch(work.rec, work.quantum, inline=True)
+                rec = work.rec
+                if not (work.inline and rec.total == 1 and self._dispatch_one(rec, rec.plan.steps[0])):
+                    self._dispatch(rec, work.quantum, inline=True)
             except Exception as e:  # a bug of ours: fail the run, keep the controller alive
                 self.controller.on_step_failed(work.rec, None, e)
         if self.controller.lifecycle.has_work():
@@ -234,6 +236,48 @@ class Dispatcher:
         if failed is not None:
             with self.lock:
                 c.on_step_failed(rec, *failed)
+
+    def _dispatch_one(self, rec: RunRecord, st) -> bool:
+        """A lone run's only step, on its submitting thread (lock held): call it, report it, leave it to its caller.
+
+        What `_dispatch` does for the commonest interactive call (one compiled function on
+        arrays), without its loop's bookkeeping. False (nothing done) where the step needs the
+        loop: a first call (compiled first), host callbacks, a remote island, or no credit.
+        """
+        exe = st.exe
+        island = st.island
+        life = self.controller.lifecycle
+        if (
+            exe.compile_first
+            or st.host_callbacks
+            or st.remote
+            or life.inflight[island] >= life.max_inflight
+            or (exe.collectives and life.collectives_inflight[island] >= life.max_collectives[island])
+        ):
+            return False
+        c = self.controller
+        gate = c.runahead
+        ns = gate.take(st) if gate.on else 0
+        if ns < 0:
+            return False
+        slots = rec.slots
+        t = time.perf_counter_ns() - c.events.epoch
+        ins = st.ins
+        try:
+            outs = st.call(slots[ins[0]]) if len(ins) == 1 else st.call(*[slots[i] for i in ins])
+        except Exception as e:
+            if ns:
+                gate.untake(st, ns)
+            c.on_step_failed(rec, st, e)
+            return True
+        published = [(j, outs[pos]) for j, pos in st.publishes]
+        self.seq += 1
+        per_island = ((island, 1, int(exe.collectives), 0),)
+        c.on_dispatched(rec, 1, per_island, published, exe.cost)
+        batch = ([(rec, st, self.seq, t, outs)], per_island, published)
+        if not self.completion.complete_computed(batch):
+            self.completion.add(batch, True)  # its caller completes it when it waits (or the watcher)
+        return True
 
     def _compile(self, rec: RunRecord, st, args: list) -> None:
         """Compile a step's executable before its first call, as a "compile" event on the host lane.

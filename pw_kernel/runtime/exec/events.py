@@ -168,18 +168,15 @@ class NodeEvent:
         )
 
 
-class RunEvent:
-    """A run's state transition."""
+class RunEvent(NamedTuple):
+    """A run's state transition (a named tuple: three are made per call)."""
 
-    __slots__ = ("run_id", "program", "tenant", "state", "time", "error")
-
-    def __init__(self, run_id, program, tenant, state, time_ns, error=None):
-        self.run_id = run_id
-        self.program = program
-        self.tenant = tenant
-        self.state = state
-        self.time = time_ns
-        self.error = error
+    run_id: int
+    program: str
+    tenant: str
+    state: str
+    time: int  # ns since the log's epoch
+    error: str | None = None
 
     def __repr__(self) -> str:
         return f"RunEvent(run={self.run_id}, {self.program!r}, state={self.state})"
