@@ -126,6 +126,14 @@ class Completion:
         if not self._fast_poll or len(batch[0]) >= BATCH or self.controller.lifecycle.credit_wanted:
             self._watch.notify()
 
+    def claimable(self) -> bool:
+        """Whether steps wait to be completed and no thread is completing them (lock held)."""
+        return bool(self._pending) and not self._completing
+
+    def complete_pending(self) -> None:
+        """Complete what is pending on this thread, unless another thread is at it (no lock held)."""
+        self._help()
+
     def complete_computed(self, batch: tuple) -> bool:
         """Complete a batch that has computed by the time it was dispatched (lock held); False if it must wait.
 

@@ -85,13 +85,23 @@ class Dispatcher:
                 while work is None:
                     if self._stopping:
                         return
+                    if c.lifecycle.credit_wanted and self.completion.claimable():
+                        break  # nothing can go until steps in flight finish: complete them here
                     self._idle = True
                     self.graveyard.clear()
                     self.cond.wait()
                     self._idle = False
                     work = None if self.busy else c.next_work()
-                self.busy = True
-                dead, self.graveyard = self.graveyard, []
+                else:
+                    self.busy = True
+                    dead, self.graveyard = self.graveyard, []
+            if work is None:
+                # Every runnable run waits for credit that only completions give back (one
+                # collective step in flight on the CPU, max_inflight, the run-ahead bound): this
+                # thread completes the pending steps itself and dispatches the next at once,
+                # instead of waking the watcher and waiting to be woken (two hand-offs per step).
+                self.completion.complete_pending()
+                continue
             del dead  # free finished nodes' buffers here, between bursts (see _bury)
             self.execute(work)
 
