@@ -130,6 +130,12 @@ class Completion:
         """Whether steps wait to be completed and no thread is completing them (lock held)."""
         return bool(self._pending) and not self._completing
 
+    def computed(self) -> bool:
+        """Whether steps wait to be completed, none is being completed, and the last sent has computed."""
+        with self.lock:
+            pending = self._pending
+            return bool(pending) and not self._completing and _computed(pending[-1])
+
     def complete_pending(self) -> None:
         """Complete what is pending on this thread, unless another thread is at it (no lock held)."""
         self._help()

@@ -104,6 +104,11 @@ class Dispatcher:
                 continue
             del dead  # free finished nodes' buffers here, between bursts (see _bury)
             self.execute(work)
+            if self.completion.computed():
+                # What it sent has already run (tiny nodes on the CPU compute inside their call):
+                # completed here, between bursts, rather than by the watcher trading the GIL with
+                # this thread. Still computing: the watcher's (this thread goes on dispatching).
+                self.completion.complete_pending()
 
     def can_inline(self) -> bool:
         """Whether the submitting thread (lock held) may dispatch here: no thread is dispatching."""
