@@ -214,6 +214,28 @@ def test_a_compiled_function_called_again_reuses_its_graph_per_input_signature(c
     assert jax.jit(lambda v: double(v) + 1)(x).shape == (4,)  # under jax.jit it is traced, not submitted
 
 
+def test_a_loop_feeding_each_call_the_last_ones_future_computes_what_jax_does(ctl):
+    # futures finished by the time of the next call are read as their arrays; pending or failed ones
+    # are waited for by the run, as before; the timeline has every node
+    s = pw.slice(1, name="s")
+    inc = pw.compiled(lambda x: x * 1.5 + 1, slice=s, name="inc")
+    slow = pw.compiled(lambda x: jax.lax.fori_loop(0, 20000, lambda i, u: u * 0.999999 + 1e-6, x), slice=s, name="slow")
+    x = jax.device_put(jnp.ones(4), s.sharding(None))
+    v, want = x, np.ones(4, np.float32)
+    for i in range(50):
+        v = inc(slow(v) if i % 10 == 0 else v)
+        want = np.asarray(jax.jit(lambda u: jax.lax.fori_loop(0, 20000, lambda i, w: w * 0.999999 + 1e-6, u))(want)
+                          ) * 1.5 + 1 if i % 10 == 0 else want * 1.5 + 1
+    np.testing.assert_allclose(np.asarray(v.result()), want, rtol=1e-5)
+    assert len(pw.controller().events.query(program="inc", kind="compute")) == 50
+
+    boom = pw.compiled(lambda x: jax.pure_callback(failing_callback, jax.ShapeDtypeStruct(x.shape, x.dtype), x),
+                       slice=s, name="boom")
+    bad = boom(x)
+    with pytest.raises(pw.InputFailedError, match="boom"):
+        inc(bad).result(timeout=60)
+
+
 def failing_callback(x):
     raise ValueError("sensor offline")
 

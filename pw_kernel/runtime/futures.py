@@ -13,7 +13,7 @@ import jax
 import numpy as np
 from jax.sharding import Sharding
 
-from .donation import check_not_donated, donated_to
+from .donation import check_not_donated, donated_to, donated_to_any
 from .errors import ArgumentError, CancelledError, TimeoutError
 from .trace.graph import as_dtype, describe_sharding
 
@@ -144,6 +144,19 @@ class Future(concurrent.futures.Future):
             self.run.error_seen = True  # the run's error, raised here: the user has it
             raise self._exception
         raise CancelledError(self._cancel_message()) from None
+
+    def resolved_value(self) -> Any:
+        """The array if this future has resolved to one on this process and was never donated, else None.
+
+        What a compiled function called on a future reads at once (a local, finished value), as
+        it reads an array. Example::
+
+            y = f(x); y.result(); y.resolved_value() is y.result()   # True
+        """
+        if self._state != _FINISHED or self._exception is not None or donated_to_any():
+            return None
+        value = self._result
+        return None if hasattr(value, "fetch") else value  # a remote island's stays there
 
     @property
     def ndim(self) -> int:

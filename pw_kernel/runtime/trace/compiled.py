@@ -222,6 +222,8 @@ class CompiledFunction:
         if not kwargs and self._program is not None and not in_program_trace():
             key = _array_signature(args)
             if key is not None:
+                if key[-1] is _RESOLVED:  # resolved futures among them: called on their arrays
+                    key, args = key[:-1], tuple(_value_of(a) for a in args)
                 return self._call_template(key, args)
         if in_program_trace() or any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((args, kwargs))):
             scope = current_trace()
@@ -260,21 +262,45 @@ class CompiledFunction:
 
 
 _MAX_TEMPLATES = 64  # input signatures remembered per compiled function
-_CONCRETE: dict[type, bool] = {}  # type -> whether it is a concrete jax.Array (tracers, numpy: the full way)
+# type -> 1: a concrete jax.Array, 2: a pw Future (it has `resolved_value`), 0: anything else (tracers,
+# numpy, Python values: the full way)
+_CONCRETE: dict[type, int] = {}
+_RESOLVED = object()  # ends a signature whose arguments include resolved futures
 
 
 def _array_signature(args: tuple) -> tuple | None:
-    """(shape, dtype, sharding) of each positional argument if all are concrete jax Arrays, else None."""
+    """(shape, dtype, sharding) of each positional argument if all are concrete jax Arrays, else None.
+
+    A future already resolved to an array counts as that array (a loop feeding each call the
+    last one's future, when every call has finished by the time the next is made); the key
+    then ends with `_RESOLVED`. A future still pending (or failed, or donated) takes the full way.
+    """
     key = []
+    resolved = False
     for a in args:
         t = type(a)
-        ok = _CONCRETE.get(t)
-        if ok is None:
-            ok = _CONCRETE[t] = issubclass(t, jax.Array) and not issubclass(t, jax.core.Tracer)
-        if not ok:
+        kind = _CONCRETE.get(t)
+        if kind is None:
+            kind = _CONCRETE[t] = (
+                1 if issubclass(t, jax.Array) and not issubclass(t, jax.core.Tracer)
+                else 2 if hasattr(t, "resolved_value") else 0
+            )
+        if kind == 2:
+            a = a.resolved_value()
+            if a is None or type(a) not in _CONCRETE or _CONCRETE[type(a)] != 1:
+                return None
+            resolved = True
+        elif not kind:
             return None
         key.append((a.shape, a.dtype, a.sharding))
+    if resolved:
+        key.append(_RESOLVED)
     return tuple(key)
+
+
+def _value_of(a: Any) -> Any:
+    """An argument as the template calls it: a resolved future's array, anything else as it is."""
+    return a.resolved_value() if _CONCRETE.get(type(a)) == 2 else a
 
 
 def _reshard(args: tuple, shardings: Any, static: tuple[int, ...] = ()) -> tuple:
