@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from .trace.graph import ProgramGraph
 
 
+_ONE_LEAF = jax.tree_util.tree_structure(0)
 #: Orders the threads that start waiting on runs (rare: one lock for all, none made per call).
 _WAITERS = threading.Lock()
 
@@ -175,7 +176,10 @@ class Run:
                     f"any more (the controller keeps only the last {self._owner.config.keep_outputs} runs' "
                     f"outputs). Keep the futures the call returned, e.g. `y = step(x)`."
                 )
-        return jax.tree_util.tree_unflatten(self.graph.out_tree, futures)
+        tree = self.graph.out_tree
+        if tree == _ONE_LEAF:  # a function returning one array (most calls): no unflattening
+            return futures[0]
+        return jax.tree_util.tree_unflatten(tree, futures)
 
     @property
     def progress(self) -> tuple[int, int]:

@@ -30,7 +30,7 @@ from ..errors import (
     NodeError,
     describe_cause,
 )
-from .records import FINAL, WAKE, Emit, OutputCell, Resolve, Reject, Finish, RunRecord, RunState, Work
+from .records import FINAL, NOTHING, WAKE, Emit, OutputCell, Resolve, Reject, Finish, RunRecord, RunState, Work
 from .scheduler import FIFO, Policy
 
 if TYPE_CHECKING:
@@ -306,18 +306,18 @@ class Lifecycle:
         rec.error = error
         rec.finished_at = now
         rec.slots = None
-        rec.inputs = []
+        rec.inputs = ()
         rec.cells = ()  # the futures (and readers) keep theirs; a retained record holds no arrays
         rec.waiting_for = None
-        rec.held = {}
+        rec.held = NOTHING
         self.queue.pop(rec.id, None)
         self.dispatchable.pop(rec.id, None)
         for d, n in rec.reserved.items():
             self.reserved[d] -= n
-        rec.reserved = {}
+        rec.reserved = NOTHING
         for cell in rec.upstream:
             cell.producer.downstream.remove(rec)
-        rec.upstream = []
+        rec.upstream = ()
         effects: list = [Emit(rec, state, error)]
         pending = tuple(j for j, r in enumerate(rec.resolved) if not r)
         if pending:
@@ -339,7 +339,7 @@ class Lifecycle:
         if rec.done < rec.total or rec.cursor < rec.total:
             return []
         if rec.upstream:  # what it read may yet turn out to come from a failure: wait for those runs
-            rec.held.update(published)
+            rec.held = {**rec.held, **dict(published)}
             return []
         rec.state = "done"
         rec.finished_at = now
@@ -347,17 +347,16 @@ class Lifecycle:
         self.dispatchable.pop(rec.id, None)
         for d, n in rec.reserved.items():
             self.reserved[d] -= n
-        rec.reserved = {}
+        rec.reserved = NOTHING
         slots, plan = rec.slots, rec.plan
         rec.slots = None
-        rec.inputs = []
+        rec.inputs = ()
         rec.cells = ()
         pending = [j for j, r in enumerate(rec.resolved) if not r]
         # The event first, then the futures: whoever wakes on an output sees the run done.
         effects: list = [Emit(rec, "done")]
-        fresh = rec.held
-        rec.held = {}
-        fresh.update(published)
+        fresh = {**rec.held, **dict(published)} if rec.held else dict(published)
+        rec.held = NOTHING
         res = self._resolve(rec, pending, [fresh[j] if j in fresh else slots[plan.output_slots[j]] for j in pending])
         if res is not None:
             effects.append(res)
@@ -373,7 +372,7 @@ class Lifecycle:
 
         The cell is detached here, so a reader never holds a final producer while it waits its turn.
         """
-        readers, rec.downstream = rec.downstream, []
+        readers, rec.downstream = rec.downstream, ()
         for reader in readers:
             cell = next(c for c in reader.upstream if c.producer is rec)
             reader.upstream.remove(cell)
@@ -439,21 +438,21 @@ def _start(life: Lifecycle, rec: RunRecord, now: float) -> list:
     plan = rec.plan
     for d, n in plan.peak_bytes.items():
         life.reserved[d] = life.reserved.get(d, 0) + n
-    rec.reserved = dict(plan.peak_bytes)
+    rec.reserved = plan.peak_bytes  # read when it is given back, never written
     slots: list[Any] = [None] * plan.n_slots
     for slot, x in zip(plan.input_slots, rec.inputs):
         if isinstance(x, OutputCell):
             slots[slot] = x.value
             src = x.producer
             if src.state != "done" and all(c.producer is not src for c in rec.upstream):
-                rec.upstream.append(x)
-                src.downstream.append(rec)
+                rec.upstream = [*rec.upstream, x]
+                src.downstream = [*src.downstream, rec]
         else:
             slots[slot] = x
     for slot, c in plan.const_slots.items():
         slots[slot] = c
     rec.slots = slots
-    rec.inputs = []
+    rec.inputs = ()
     rec.state = "running"
     rec.started_at = now
     rec.waiting_for = None
@@ -537,7 +536,7 @@ def _completed(
     if rec.done == rec.total and rec.cursor == rec.total:
         return effects + life._finish_if_complete(rec, now, published)  # resolves after the done event
     if published and rec.upstream:
-        rec.held.update(published)  # resolved once the runs it read from are done
+        rec.held = {**rec.held, **dict(published)}  # resolved once the runs it read from are done
     elif published:
         res = life._resolve(rec, [j for j, _ in published], [v for _, v in published])
         if res is not None:

@@ -7,11 +7,16 @@ applies, in one place (`Controller._apply`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 if TYPE_CHECKING:
     from .plan import Plan
+
+#: What a record holds where it holds nothing: one shared, read-only mapping (a run makes and keeps
+#: no empty containers of its own; a finished run is what the controller remembers 10,000 of).
+NOTHING: Mapping[Any, Any] = MappingProxyType({})
 
 RunState = Literal["queued", "running", "done", "failed", "cancelled"]
 FINAL: frozenset[str] = frozenset({"done", "failed", "cancelled"})
@@ -96,7 +101,7 @@ class RunRecord:
         self.weight = weight
         self.priority = priority
         self.inputs: list[Any] = list(inputs)  # arrays, or OutputCells of other runs
-        self.source_map: dict[str, str] = dict(source_map or {})
+        self.source_map: Mapping[str, str] = dict(source_map) if source_map else NOTHING
         self.state: RunState = "queued"
         self.error: BaseException | None = None
         self.cursor = 0  # index of the next step to dispatch
@@ -104,16 +109,17 @@ class RunRecord:
         self.done = 0
         self.total = len(plan.steps)
         self.slots: list[Any] | None = None
-        self.reserved: dict[int, int] = {}
+        self.reserved: Mapping[int, int] = NOTHING  # the plan's peak bytes while running (never written)
         self.waiting_for: WaitingFor | None = None
         self.cells = [OutputCell(self, j) for j in range(len(plan.output_slots))]
         self.resolved = [False] * len(self.cells)
         # Runs whose outputs this one read before they were done (it started on dispatched values),
         # and the reverse. A run is done only once its upstream are: a producer that fails late
         # (a guarded host callback) fails its readers too, and their outputs are never resolved.
-        self.upstream: list[OutputCell] = []  # the cells read, one per producer
-        self.downstream: list[RunRecord] = []
-        self.held: dict[int, Any] = {}  # outputs finished while upstream runs were not done yet
+        # Both are replaced, not appended to, when they grow (rare): most runs never read an unfinished one.
+        self.upstream: Sequence[OutputCell] = ()  # the cells read, one per producer
+        self.downstream: Sequence[RunRecord] = ()
+        self.held: Mapping[int, Any] = NOTHING  # outputs finished while upstream runs were not done yet
         self.events: list[Any] = []  # NodeEvents of finished steps, appended by the watcher
         self.compile_ns = 0  # time the dispatcher spent compiling this run's executables (first calls)
         self.compiling: str | None = None  # the step whose executable the dispatcher is compiling now
@@ -177,4 +183,4 @@ class Work(NamedTuple):
     inline: bool = False  # dispatched by the submitting thread (which must never block on a step)
 
 
-__all__ = ["FINAL", "WAKE", "Effect", "Emit", "Finish", "OutputCell", "Reject", "Resolve", "RunRecord", "RunState", "Wake", "WaitingFor", "Work"]
+__all__ = ["FINAL", "NOTHING", "WAKE", "Effect", "Emit", "Finish", "OutputCell", "Reject", "Resolve", "RunRecord", "RunState", "Wake", "WaitingFor", "Work"]

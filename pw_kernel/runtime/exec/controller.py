@@ -494,6 +494,9 @@ def controller(create: bool = True) -> Controller | None:
         print(pw.controller().status())
     """
     global _controller
+    c = _controller
+    if create and c is not None and not c._closed:
+        return c  # every call outside a program asks: no lock for the common answer
     with _controller_lock:
         if not create:
             return _controller if _controller is not None and not _controller.closed else None
