@@ -35,6 +35,13 @@ class Run:
         run.outputs                     # the futures (same tree the program returned)
     """
 
+    # Slots: the controller remembers thousands of finished runs (Config.keep_runs), and every object
+    # a remembered run keeps is walked by each full garbage collection.
+    __slots__ = (
+        "_owner", "_rec", "id", "name", "graph", "plan", "mode", "tenant", "weight", "priority", "_retired",
+        "error_seen", "_final", "_futures", "_unclaimed", "_weak", "__weakref__",
+    )
+
     def __init__(self, owner: Controller, rec: RunRecord, graph: ProgramGraph):
         self._owner = owner
         self._rec = rec
@@ -47,7 +54,6 @@ class Run:
         self.weight = rec.weight
         self.priority = rec.priority
         self._retired = False  # final, futures set and event emitted (see `retire`)
-        self._complete_here = owner.completion.wait_here  # bound once: `Future.result` is the hot path
         #: Whether the user has read this run's error (``fut.exception()``, or ``fut.result()`` raising
         #: it): the kernel's failure report then has nothing to add.
         self.error_seen = False
@@ -62,7 +68,8 @@ class Run:
         # most recent (Config.keep_outputs).
         self._futures: list[Future] | None = futures
         self._unclaimed: list[Future] | None = None  # see Controller.submit(claim=True)
-        self._weak = [weakref.ref(f) for f in futures]
+        # (one output: its reference alone, not a list of one: a remembered run keeps one object fewer)
+        self._weak = weakref.ref(futures[0]) if len(futures) == 1 else [weakref.ref(f) for f in futures]
 
     # ------------------------------------------------------ from the record
     @property
@@ -156,7 +163,7 @@ class Run:
         """The output futures, flat; after the run ended, only those still referenced somewhere."""
         if self._futures is not None:
             return self._futures
-        alive = [w() for w in self._weak]
+        alive = self._alive()
         return [f for f in alive if f is not None]
 
     @property
@@ -169,7 +176,7 @@ class Run:
         unclaimed, self._unclaimed = self._unclaimed, None  # taken: the caller holds them from now on
         futures = self._futures if self._futures is not None else unclaimed
         if futures is None:
-            futures = [w() for w in self._weak]
+            futures = self._alive()
             if any(f is None for f in futures):
                 raise PathwaysError(
                     f"run {self.id} ({self.name!r}): its outputs were released because nothing referenced them "
@@ -180,6 +187,11 @@ class Run:
         if tree == _ONE_LEAF:  # a function returning one array (most calls): no unflattening
             return futures[0]
         return jax.tree_util.tree_unflatten(tree, futures)
+
+    def _alive(self) -> list:
+        """The output futures through their weak references (None where one was collected)."""
+        weak = self._weak
+        return [weak()] if type(weak) is weakref.ref else [w() for w in weak]
 
     @property
     def progress(self) -> tuple[int, int]:
@@ -235,7 +247,7 @@ class Run:
 
     def complete_here(self, value: Any, done) -> None:
         """Wait for a dispatched output ``value`` on this thread, completing pending steps here meanwhile."""
-        self._complete_here(value, done)
+        self._owner.completion.wait_here(value, done)
 
     # ------------------------------------------- effects the controller applies (its lock held)
     def claim(self) -> None:

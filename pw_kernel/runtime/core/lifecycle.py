@@ -296,7 +296,7 @@ class Lifecycle:
         outs = []
         for j, v in zip(js, values):
             if not rec.resolved[j]:
-                rec.resolved[j] = True
+                rec.resolved[j] = 1
                 outs.append((j, v))
         return Resolve(rec, tuple(outs)) if outs else None
 
@@ -322,7 +322,7 @@ class Lifecycle:
         pending = tuple(j for j, r in enumerate(rec.resolved) if not r)
         if pending:
             for j in pending:
-                rec.resolved[j] = True
+                rec.resolved[j] = 1
             effects.append(Reject(rec, pending, error, cancelled=state == "cancelled"))
         effects.append(Finish(rec))
         if rec.downstream:

@@ -20,7 +20,7 @@ from .completion import Completion
 from .dispatcher import Dispatcher
 from .runahead import RunAhead
 from ..errors import AdmissionError, ArgumentError, ControllerShutdownError, PathwaysError
-from .events import EventLog, RunEvent
+from .events import EventLog
 from ..futures import Future
 from ..trace.graph import ProgramGraph
 from ..core.lifecycle import Lifecycle
@@ -406,7 +406,7 @@ class Controller:
             elif kind is Emit:
                 rec = e.rec
                 msg = None if e.error is None else f"{type(e.error).__name__}: {e.error}"
-                self.events.emit_run(RunEvent(rec.id, rec.name, rec.tenant, e.state, self.events.now(), msg))
+                self.events.emit_run(rec.id, rec.name, rec.tenant, e.state, msg)
             elif kind is Reject:
                 self._live[e.rec.id].reject(e.indices, e.error, e.cancelled)
             elif kind is Finish:

@@ -200,7 +200,9 @@ class EventLog:
     def __init__(self, max_events: int = 1_000_000):
         self.epoch = time.perf_counter_ns()
         self.nodes: collections.deque[NodeEvent] = collections.deque(maxlen=max_events)
-        self.runs: collections.deque[RunEvent] = collections.deque(maxlen=max_events)
+        # Run events as plain tuples, RunEvent's fields in order: the garbage collector stops walking a
+        # tuple of strings and numbers (three are kept per run); RunEvents are made for readers.
+        self._run_rows: collections.deque[tuple] = collections.deque(maxlen=max_events)
         self._subscribers: list[Subscriber] = []
         self._lock = threading.Lock()
         self.device_names: dict[int, str] = {}
@@ -237,10 +239,25 @@ class EventLog:
                 for cb in self._subscribers:  # read per event: a subscriber that raised is dropped
                     self._call(cb, ev)
 
-    def emit_run(self, ev: RunEvent) -> None:
-        self.runs.append(ev)
-        for cb in self._subscribers:
-            self._call(cb, ev)
+    @property
+    def runs(self) -> list[RunEvent]:
+        """Run transitions kept, oldest first (a copy).
+
+        Example::
+
+            [(e.run_id, e.state) for e in pw.controller().events.runs][-3:]
+        """
+        make = RunEvent._make
+        return [make(row) for row in list(self._run_rows)]
+
+    def emit_run(self, run_id: int, program: str, tenant: str, state: str, error: str | None = None) -> None:
+        """Record that run ``run_id`` entered ``state`` now; subscribers get a RunEvent."""
+        row = (run_id, program, tenant, state, time.perf_counter_ns() - self.epoch, error)
+        self._run_rows.append(row)
+        if self._subscribers:
+            ev = RunEvent._make(row)
+            for cb in self._subscribers:
+                self._call(cb, ev)
 
     def _call(self, cb: Subscriber, ev: Any) -> None:
         try:
@@ -313,4 +330,4 @@ class EventLog:
 
     def clear(self) -> None:
         self.nodes.clear()
-        self.runs.clear()
+        self._run_rows.clear()
