@@ -88,6 +88,25 @@ def test_a_lone_run_is_submitted_and_started_in_one_step_as_the_table_would():
     assert a.state == "done" and not fused.queue
 
 
+def test_ran_is_dispatched_then_completed_in_one_transition():
+    # A lone step that computed inside its call is reported once: the same record, effects and counts
+    # as the dispatched report followed by the completed one.
+    fused, stepwise = (Lifecycle(max_inflight=8, n_islands=1, validate=True) for _ in range(2))
+    a, b = record(0, make_plan(1), now=1.0), record(0, make_plan(1), now=1.0)
+    fused.submit_lone(a, 1.0)
+    stepwise.submit_lone(b, 1.0)
+    effects = fused.handle(a, "ran", 2.0, 1, ((0, 1, 0, 0),), [(0, "y")], ["event"])
+    step_effects = stepwise.handle(b, "dispatched", 2.0, 1, ((0, 1, 0, 0),), [(0, "y")])
+    step_effects += stepwise.handle(b, "completed", 2.0, ((0, 1, 0, 0),), [(0, "y")], None, ["event"])
+    assert kinds(effects) == kinds(step_effects) == ["Emit", "Resolve", "Finish"]
+    assert effects[1].outputs == step_effects[1].outputs == ((0, "y"),)
+    same = [k for k in RunRecord.__slots__ if k not in ("plan", "cells")]
+    assert {k: getattr(a, k) for k in same} == {k: getattr(b, k) for k in same}
+    assert (fused.inflight, fused.dispatched, fused.completed) == (stepwise.inflight, stepwise.dispatched,
+                                                                   stepwise.completed) == ([0], [1], [1])
+    assert a.state == "done" and a.events == ["event"] and not fused.queue
+
+
 def test_a_lone_run_that_cannot_start_is_only_queued():
     # Not alone, out of memory or waiting for an input: the step-by-step way, the dispatcher is woken.
     life = Lifecycle(max_inflight=8, n_islands=1, capacity={0: 100}, validate=True)

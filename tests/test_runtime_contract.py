@@ -27,6 +27,8 @@ def test_transition_table_is_the_documented_state_machine():
         ("running", "dispatched"),
         ("running", "completed"),
         ("running", "step_failed"),
+        # a lone call's step that computed inside its call: dispatched and completed, reported at once
+        ("running", "ran"),
         # a run it read from before that run was done ends: this one may finish, or fails with it
         ("running", "upstream_done"),
         ("running", "upstream_failed"),

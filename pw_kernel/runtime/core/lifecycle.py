@@ -544,6 +544,22 @@ def _completed(
     return effects
 
 
+@_on(("running", "ran"), to=("running", "failed", "done"))
+def _ran(
+    life: Lifecycle,
+    rec: RunRecord,
+    now: float,
+    cursor: int,
+    per_island: Sequence[tuple[int, int, int, int]],
+    published: Sequence[tuple[int, Any]],
+    events: Sequence[Any],
+) -> list:
+    """Steps up to ``cursor`` were dispatched and have finished, reported at once by the thread that sent them
+    (a lone call's step that computed inside its call): `dispatched` followed by `completed`, in one transition."""
+    _dispatched(life, rec, now, cursor, per_island, published)
+    return _completed(life, rec, now, per_island, published, None, events)
+
+
 @_on(("running", "upstream_done"), to=("running", "done"))
 def _upstream_done(life: Lifecycle, rec: RunRecord, now: float, cell: OutputCell) -> list:
     """A run this one read from before it was done is done (its cell already detached): this one may be too."""

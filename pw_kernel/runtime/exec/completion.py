@@ -140,13 +140,15 @@ class Completion:
         """Complete what is pending on this thread, unless another thread is at it (no lock held)."""
         self._help()
 
-    def complete_computed(self, batch: tuple) -> bool:
-        """Complete a batch that has computed by the time it was dispatched (lock held); False if it must wait.
+    def complete_computed(self, batch: tuple, cursor: int, cost: int) -> bool:
+        """Report a batch just dispatched, and complete it if it has computed already (lock held); False if not.
 
         A tiny node on the CPU has often run by the time its call returns: its dispatching
         thread completes it in the same lock hold, with no hand-off to a waiting caller or the
-        watcher, and the call returns a resolved future. Only when nothing dispatched earlier
-        is pending or being completed, so nodes still complete in dispatch order.
+        watcher, and the call returns a resolved future. The lifecycle hears it as one `ran`
+        report (dispatched up to ``cursor``, finished). Only when nothing dispatched earlier
+        is pending or being completed, so nodes still complete in dispatch order. False: nothing
+        was reported (the dispatcher reports it dispatched and hands it over).
         """
         if self._pending or self._completing:
             return False
@@ -164,9 +166,15 @@ class Completion:
             self._complete(batch, reports)
         except BaseException as e:  # a bug of ours: the run fails, the controller goes on
             reports += self._segments(batch[0], {0: e}, first_only=True)
-        on_completed = self.controller.on_completed
+        c = self.controller
+        if len(reports) == 1 and reports[0][3] is None:
+            rec, per_island, published, _, events = reports[0]
+            c.on_ran(rec, cursor, per_island, published, cost, events)
+            return True
+        items, per_island, published = batch  # a node failed: counted sent first, then its failure
+        c.on_dispatched(items[0][0], cursor, per_island, published, cost)
         for report in reports:
-            on_completed(*report)
+            c.on_completed(*report)
         return True
 
     def wait_here(self, value: Any, done: Callable[[], bool]) -> None:

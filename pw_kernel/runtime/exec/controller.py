@@ -385,6 +385,16 @@ class Controller:
         if effects:
             self._apply(effects)
 
+    def on_ran(self, rec: RunRecord, cursor: int, per_island, published, cost: int, events) -> None:
+        """The dispatching thread sent ``rec``'s steps up to ``cursor`` and saw them finish (lock held)."""
+        if self.lifecycle.validate:
+            self.lifecycle.check_events(events)
+        effects = self.lifecycle.handle(rec, "ran", time.time(), cursor, per_island, published, events)
+        if effects:
+            self._apply(effects)
+        if cost:
+            self.lifecycle.policy.charge(rec, cost)
+
     def on_step_failed(self, rec: RunRecord, step, exc: BaseException) -> None:
         """A step raised while being dispatched, or the dispatcher had a bug (lock held)."""
         self._apply(self.lifecycle.handle(rec, "step_failed", time.time(), step, exc))

@@ -288,9 +288,9 @@ class Dispatcher:
         published = [(j, outs[pos]) for j, pos in st.publishes]
         self.seq += 1
         per_island = ((island, 1, int(exe.collectives), 0),)
-        c.on_dispatched(rec, 1, per_island, published, exe.cost)
         batch = ([(rec, st, self.seq, t, outs)], per_island, published)
-        if not self.completion.complete_computed(batch):
+        if not self.completion.complete_computed(batch, 1, exe.cost):  # computed: reported as run, done
+            c.on_dispatched(rec, 1, per_island, published, exe.cost)
             self.completion.add(batch, True)  # its caller completes it when it waits (or the watcher)
         return True
 
