@@ -328,12 +328,16 @@ class Dispatcher:
     ) -> None:
         """Report steps dispatched, then give them to the watcher (in that order: credit is counted first).
 
-        ``lone``: dispatched inline by the submitting thread, which completes them when it waits.
+        ``lone``: dispatched inline by the submitting thread, which completes them when it waits,
+        or here if they have computed already (it holds the lock until its call returns, so no
+        waiter sees the run final while this thread still holds the batch's arrays).
         """
         if self.bursts.islands:
             self.bursts.flush()  # the remote steps among them go to their islands' mailboxes now
         with self.lock:
             per_island = tuple((island, *counts) for island, counts in sent_on.items())
+            if lone and batch and self.completion.complete_computed((batch, per_island, published), cursor, cost):
+                return  # reported as run (`ran`): sent and finished
             self.controller.on_dispatched(rec, cursor, per_island, published, cost)
             if batch:
                 # What completion reports of them is what was counted here, unless one fails.
