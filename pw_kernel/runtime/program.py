@@ -14,7 +14,7 @@ import numpy as np
 
 from .core.records import FINAL
 from .donation import check_not_donated, donated_to, donated_to_any, mark_donated, read_later, still_read
-from .trace.compiled import in_program_trace
+from .trace.compiled import RESOLVED, array_signature, in_program_trace
 from .trace.feeds import input_node
 from .devices import VirtualSlice
 from .errors import ArgumentError
@@ -82,6 +82,7 @@ class Program:
         self._placed: dict[Any, ProgramGraph] = {}  # the same graphs by `placed_signature`
         self._cache_lock = threading.Lock()
         self._owner = None  # the controller the cached graphs were traced against
+        self._by_arrays: dict[tuple, tuple[Any, ProgramGraph]] = {}  # array signature -> (controller, graph)
         functools.update_wrapper(self, fn, updated=())
 
     def trace(self, *args, **kwargs) -> ProgramGraph:
@@ -91,6 +92,25 @@ class Program:
     def _trace(self, args, kwargs, keep: tuple[int, ...] = ()) -> tuple[ProgramGraph, list]:
         """The graph for these arguments; ``keep``: traced inputs not to donate (pw still reads them elsewhere)."""
         c = self._controller()
+        quick = None
+        if not kwargs and not keep:
+            # Positional jax Arrays only (a training loop's call): the graph by their shapes, dtypes
+            # and shardings, as `signature` keys them, without the pytree walk.
+            quick = array_signature(args)
+            if quick is not None and (not quick or quick[-1] is not RESOLVED):
+                hit = self._by_arrays.get(quick)
+                if hit is not None and hit[0] is c:
+                    return hit[1], list(args)
+            else:
+                quick = None
+        graph, leaves = self._trace_full(c, args, kwargs, keep)
+        if quick is not None:
+            if len(self._by_arrays) >= 64:
+                self._by_arrays.clear()
+            self._by_arrays[quick] = (c, graph)
+        return graph, leaves
+
+    def _trace_full(self, c, args, kwargs, keep: tuple[int, ...]) -> tuple[ProgramGraph, list]:
         _, leaves, key = signature(args, kwargs)
         if keep:
             key = (key, keep)

@@ -220,9 +220,9 @@ class CompiledFunction:
 
     def __call__(self, *args, **kwargs):
         if not kwargs and self._program is not None and not in_program_trace():
-            key = _array_signature(args)
+            key = array_signature(args)
             if key is not None:
-                if key[-1] is _RESOLVED:  # resolved futures among them: called on their arrays
+                if key[-1] is RESOLVED:  # resolved futures among them: called on their arrays
                     key, args = key[:-1], tuple(_value_of(a) for a in args)
                 return self._call_template(key, args)
         if in_program_trace() or any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((args, kwargs))):
@@ -265,15 +265,15 @@ _MAX_TEMPLATES = 64  # input signatures remembered per compiled function
 # type -> 1: a concrete jax.Array, 2: a pw Future (it has `resolved_value`), 0: anything else (tracers,
 # numpy, Python values: the full way)
 _CONCRETE: dict[type, int] = {}
-_RESOLVED = object()  # ends a signature whose arguments include resolved futures
+RESOLVED = object()  # ends a signature whose arguments include resolved futures
 
 
-def _array_signature(args: tuple) -> tuple | None:
+def array_signature(args: tuple) -> tuple | None:
     """(shape, dtype, sharding) of each positional argument if all are concrete jax Arrays, else None.
 
     A future already resolved to an array counts as that array (a loop feeding each call the
     last one's future, when every call has finished by the time the next is made); the key
-    then ends with `_RESOLVED`. A future still pending (or failed, or donated) takes the full way.
+    then ends with `RESOLVED`. A future still pending (or failed, or donated) takes the full way.
     """
     key = []
     resolved = False
@@ -294,7 +294,7 @@ def _array_signature(args: tuple) -> tuple | None:
             return None
         key.append((a.shape, a.dtype, a.sharding))
     if resolved:
-        key.append(_RESOLVED)
+        key.append(RESOLVED)
     return tuple(key)
 
 
