@@ -12,7 +12,6 @@ lifecycle does, from these reports.
 from __future__ import annotations
 
 import collections
-import functools
 import threading
 import time
 from collections.abc import Callable
@@ -35,21 +34,27 @@ _POLL_IDLE_S = 1.0  # ... and sleeps until woken after this long without any (a 
 # of every _POLL_S, and a run nobody waits on still ends (its state and events say so, its nodes'
 # ends stamped at most this late) within this time.
 _LONE_S = 0.005
-_SPIN_NS = 20_000  # a waiter polls `is_ready` this long before sleeping: a tiny node is done sooner
+_SPIN_NS = 20_000  # a waiter polls `is_ready` at least this long before sleeping: a tiny node is done sooner
+_SPIN_MAX_NS = 2_000_000  # ... and up to twice its node's measured time, at most this long
+_YIELD_NS = 50_000  # a spinning waiter lets other threads have the GIL this often
 
 
-def wait_ready(value: Any, done: Callable[[], bool]) -> None:
-    """Until ``value`` is computed (or ``done()``: someone else resolved it): short sleeps, so Ctrl-C works.
+def wait_ready(value: Any, done: Callable[[], bool], spin_ns: int = _SPIN_NS) -> None:
+    """Until ``value`` is computed (or ``done()``: someone else resolved it): spin, then short sleeps, so Ctrl-C works.
 
     ``block_until_ready`` would wait in C, where a KeyboardInterrupt cannot reach
-    the waiting thread until the device is done.
+    the waiting thread until the device is done. The shortest sleep costs ~60 µs
+    here, and each doubles: a node of 100 µs waited on by sleeping was seen up
+    to ~100 µs late. So a waiter spins for ``spin_ns`` first (its node's measured
+    time, twice over), yielding the GIL every 50 µs.
     """
     is_ready = getattr(value, "is_ready", None)
     if is_ready is None:
         return
-    # Spin first: the shortest sleep costs ~60 µs on Linux, a tiny node takes a few.
     clock = time.perf_counter_ns
-    spin_until = clock() + _SPIN_NS
+    now = clock()
+    spin_until = now + spin_ns
+    yield_at = now + _YIELD_NS
     delay = 1e-5
     while not done():
         try:
@@ -57,7 +62,11 @@ def wait_ready(value: Any, done: Callable[[], bool]) -> None:
                 return
         except Exception:
             return  # it failed: the run's error, naming the node, is raised by the caller
-        if clock() < spin_until:
+        now = clock()
+        if now < spin_until:
+            if now >= yield_at:
+                time.sleep(0)  # another thread waiting for the GIL goes now
+                yield_at = now + _YIELD_NS
             continue
         time.sleep(delay)
         delay = min(delay * 2, 1e-3)
@@ -182,30 +191,28 @@ class Completion:
 
         A Ctrl-C while waiting comes out of here (the caller cancels the run).
         """
-        wait = functools.partial(wait_ready, value, done)
-        if not self._help(wait, done):  # a Ctrl-C held back in there comes out at its end
-            wait()  # another thread is completing: it resolves the caller's future
+        if not self._help(value, done):  # a Ctrl-C held back in there comes out at its end
+            wait_ready(value, done)  # another thread is completing: it resolves the caller's future
 
-    def _help(self, wait: Callable[[], None] | None = None, done: Callable[[], bool] | None = None) -> bool:
+    def _help(self, value: Any = None, done: Callable[[], bool] | None = None) -> bool:
         """Complete what is pending on this thread if no other thread is completing (a waiter's shortcut).
 
-        A thread about to wait for a future claims the pending batches first (so
-        the watcher thread leaves them alone), runs ``wait`` (its own
-        interruptible wait for the value; only for a lone node), then completes
-        them itself: no hand-off between threads on the way to the result. A
-        Ctrl-C in ``wait`` gives the batches back to the watcher.
+        A thread about to wait for a future's ``value`` claims the pending batches
+        first (so the watcher thread leaves them alone), waits for it (interruptibly;
+        only for a lone node), then completes them itself: no hand-off between
+        threads on the way to the result. A Ctrl-C in that wait gives the batches
+        back to the watcher.
         """
         with self.lock:
             if self._completing or not self._pending:
                 return False
             batches = self._take()
-        if wait is not None and (len(batches) > 1 or len(batches[0][0]) > 1):
-            # Several nodes: each is stamped as it finishes (waiting for the last first would stamp
-            # them all at once). A Ctrl-C then waits for them: at most the run-ahead bound.
-            wait = None
-        if wait is not None:
+        if value is not None and len(batches) == 1 and len(batches[0][0]) == 1:
+            # (Several nodes: each is stamped as it finishes; waiting for the last first would stamp
+            # them all at once. A Ctrl-C then waits for them: at most the run-ahead bound.)
+            cost = batches[0][0][0][1].exe.cost  # the node's measured time: spin about that long
             try:
-                wait()
+                wait_ready(value, done, min(max(_SPIN_NS, 2 * cost), _SPIN_MAX_NS))
             except BaseException:
                 with self.lock:
                     self._pending.extendleft(reversed(batches))
