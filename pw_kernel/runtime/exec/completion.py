@@ -161,7 +161,11 @@ class Completion:
         """
         if self._pending or self._completing:
             return False
-        for item in batch[0]:
+        items = batch[0]
+        last = len(items) - 1
+        for i, item in enumerate(items):
+            if i < last and items[i + 1][1].devices is item[1].devices:
+                continue  # the next node runs on the same devices, after this one: its readiness says both
             for a in item[4]:
                 try:
                     if not a.is_ready():
