@@ -712,6 +712,7 @@ ckpt.save(1, {"w": w})
 ckpt.wait_until_finished()
 
 def offline(t):
+    gate.wait(60)  # the disk fails once the status below was read
     raise ValueError("disk controller offline")
 
 bad = pw.compiled(lambda t: jax.pure_callback(offline, jax.ShapeDtypeStruct(t.shape, t.dtype), t), slice=pw.slice(1))(w)
@@ -722,7 +723,7 @@ ckpt.save(2, {"w": bad})
     assert "checkpoints in " in status.text and "last finished: step 1" in status.text
     assert "checkpoint of step 2" not in status.text
     # the user moves on; the save fails meanwhile and is reported after this cell
-    report = nb.run("import time\nwhile ckpt.in_progress:\n    time.sleep(0.01)")
+    report = nb.run("import time\ngate.set()\nwhile ckpt.in_progress:\n    time.sleep(0.01)")
     text = report.text
     assert "checkpoint of step 2" in text and "disk controller offline" in text
     assert "the last finished checkpoint (step 1) is intact" in text
