@@ -73,12 +73,22 @@ def wait_ready(value: Any, done: Callable[[], bool], spin_ns: int = _SPIN_NS) ->
 
 
 def _computed(batch: tuple) -> bool:
-    """Whether the last node of ``batch`` has computed (so completing the batch will not wait)."""
-    for a in batch[0][-1][4][:1]:
-        try:
-            return a.is_ready()
-        except Exception:  # not a device array, or a donated one: nothing to wait for
-            return True
+    """Whether every node of ``batch`` has computed (so completing it will not wait).
+
+    A device runs its nodes in order: of consecutive nodes on the same devices only the last
+    is asked.
+    """
+    items = batch[0]
+    last = len(items) - 1
+    for i, item in enumerate(items):
+        if i < last and items[i + 1][1].devices is item[1].devices:
+            continue
+        for a in item[4]:
+            try:
+                if not a.is_ready():
+                    return False
+            except Exception:  # not a device array, a donated one, or failed (`_complete` reports it)
+                pass
     return True
 
 
@@ -140,10 +150,10 @@ class Completion:
         return bool(self._pending) and not self._completing
 
     def computed(self) -> bool:
-        """Whether steps wait to be completed, none is being completed, and the last sent has computed."""
+        """Whether steps wait to be completed, none is being completed, and all of them have computed."""
         with self.lock:
             pending = self._pending
-            return bool(pending) and not self._completing and _computed(pending[-1])
+            return bool(pending) and not self._completing and all(_computed(b) for b in pending)
 
     def complete_pending(self) -> None:
         """Complete what is pending on this thread, unless another thread is at it (no lock held)."""
@@ -159,21 +169,8 @@ class Completion:
         is pending or being completed, so nodes still complete in dispatch order. False: nothing
         was reported (the dispatcher reports it dispatched and hands it over).
         """
-        if self._pending or self._completing:
+        if self._pending or self._completing or not _computed(batch):
             return False
-        items = batch[0]
-        last = len(items) - 1
-        for i, item in enumerate(items):
-            if i < last and items[i + 1][1].devices is item[1].devices:
-                continue  # the next node runs on the same devices, after this one: its readiness says both
-            for a in item[4]:
-                try:
-                    if not a.is_ready():
-                        return False
-                except AttributeError:
-                    pass  # not a device array: nothing to wait for
-                except Exception:
-                    break  # it failed: `_complete` finds and reports the error
         reports: list = []
         try:
             self._complete(batch, reports)
