@@ -7,6 +7,7 @@ the values and the shardings.
 from __future__ import annotations
 
 import re
+import textwrap
 
 import jax
 import jax.numpy as jnp
@@ -481,3 +482,24 @@ def test_readers_noted_on_one_value_are_pruned_in_linear_time():
         read_later(x, reader(i % 2 == 0))  # half of them have read it already
     assert asked[0] <= 3 * n, f"{asked[0]} questions for {n} readers"
     assert still_read(x)
+
+
+def test_the_first_donation_in_a_process_of_a_finished_future_is_still_named():
+    # a finished future passed on is read as its array; donated, it is the future that says where it went
+    from fresh_python import run_python
+
+    out = run_python(textwrap.dedent("""
+        import jax, jax.numpy as jnp, pw_kernel as pw
+        s = pw.slice(1)
+        inc = pw.compiled(lambda x: x + 1, slice=s, name="inc")
+        consume = pw.compiled(lambda x: x * 10, slice=s, donate_argnums=0, name="consume")
+        y = inc(jnp.arange(4.0))
+        y.result()
+        print(consume(y).result().tolist())
+        try:
+            y.result()
+        except pw.ArgumentError as e:
+            print("refused:", e)
+    """))
+    assert "[10.0, 20.0, 30.0, 40.0]" in out
+    assert "refused: `Future.result`: output 0 of run" in out and "was donated to run" in out

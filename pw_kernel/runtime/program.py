@@ -14,7 +14,7 @@ import numpy as np
 
 from .core.records import FINAL
 from .donation import check_not_donated, donated_to, donated_to_any, mark_donated, read_later, still_read
-from .trace.compiled import RESOLVED, array_signature, in_program_trace
+from .trace.compiled import array_signature, in_program_trace
 from .trace.feeds import input_node
 from .devices import VirtualSlice
 from .errors import ArgumentError
@@ -92,23 +92,27 @@ class Program:
     def _trace(self, args, kwargs, keep: tuple[int, ...] = ()) -> tuple[ProgramGraph, list]:
         """The graph for these arguments; ``keep``: traced inputs not to donate (pw still reads them elsewhere)."""
         c = self._controller()
-        quick = None
         if not kwargs and not keep:
             # Positional jax Arrays only (a training loop's call): the graph by their shapes, dtypes
             # and shardings, as `signature` keys them, without the pytree walk.
-            quick = array_signature(args)
-            if quick is not None and (not quick or quick[-1] is not RESOLVED):
-                hit = self._by_arrays.get(quick)
-                if hit is not None and hit[0] is c:
-                    return hit[1], list(args)
-            else:
-                quick = None
-        graph, leaves = self._trace_full(c, args, kwargs, keep)
-        if quick is not None:
-            if len(self._by_arrays) >= 64:
-                self._by_arrays.clear()
-            self._by_arrays[quick] = (c, graph)
-        return graph, leaves
+            hit = array_signature(args)
+            if hit is not None:
+                graph = self._graph_by_arrays(c, *hit)
+                # (A donating run marks what it donates: the futures themselves, not their arrays.)
+                if hit[1] is args or not graph.donated_inputs:
+                    return graph, list(hit[1])
+        return self._trace_full(c, args, kwargs, keep)
+
+    def _graph_by_arrays(self, c: Controller, key: tuple, arrays: tuple) -> ProgramGraph:
+        """The graph for positional arrays of this `array_signature` key (traced the full way the first time)."""
+        hit = self._by_arrays.get(key)
+        if hit is not None and hit[0] is c:
+            return hit[1]
+        graph = self._trace_full(c, arrays, {}, ())[0]
+        if len(self._by_arrays) >= 64:  # signatures remembered
+            self._by_arrays.clear()
+        self._by_arrays[key] = (c, graph)
+        return graph
 
     def _trace_full(self, c, args, kwargs, keep: tuple[int, ...]) -> tuple[ProgramGraph, list]:
         _, leaves, key = signature(args, kwargs)
@@ -174,15 +178,20 @@ class Program:
         self._note_reads(graph, traced, run)
         return run
 
-    def call_traced(self, graph: ProgramGraph, traced: list, controller: Controller):
-        """Submit ``graph`` (traced from this program for ``controller``, donating no input) on ``traced``.
+    def call_arrays(self, args: tuple, key: tuple, arrays: tuple):
+        """Call on ``args``, whose `array_signature` is (``key``, ``arrays``); returns the output futures.
 
-        Returns its output futures: what calling the program does once its graph is known. A
-        compiled function's call template (`CompiledFunction.__call__`) finds the graph itself,
-        without the pytree walk.
+        What calling the program does, without the pytree walk: a compiled function's call
+        (`CompiledFunction.__call__`), the commonest call there is. A graph that donates an input
+        takes the full way (which inputs pw still reads decides what it may donate).
         """
+        c = self._controller()
+        graph = self._graph_by_arrays(c, key, arrays)
+        if graph.donated_inputs:
+            return self(*args)
+        traced = list(arrays)
         self._inputs_still_read(traced, {})
-        run = controller.submit(graph, traced, name=self.name, mode=self.mode, tenant=self.tenant, claim=True)
+        run = c.submit(graph, traced, name=self.name, mode=self.mode, tenant=self.tenant, claim=True)
         self._note_reads(graph, traced, run)
         return run.outputs
 

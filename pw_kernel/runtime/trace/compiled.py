@@ -208,9 +208,6 @@ class CompiledFunction:
         self.jitted = jax.jit(body, **kw)
         _registry[self.jit_name] = self
         self._program = None
-        # The call template: positional jax.Array arguments' (shape, dtype, sharding) -> (the controller,
-        # the one-node graph): a call with a known signature skips the pytree walk and the trace cache.
-        self._calls: dict[tuple, tuple[Any, Any]] = {}
         functools.update_wrapper(self, fn, updated=())
 
     def bind(self, program: Any) -> CompiledFunction:
@@ -220,11 +217,9 @@ class CompiledFunction:
 
     def __call__(self, *args, **kwargs):
         if not kwargs and self._program is not None and not in_program_trace():
-            key = array_signature(args)
-            if key is not None:
-                if key[-1] is RESOLVED:  # resolved futures among them: called on their arrays
-                    key, args = key[:-1], tuple(_value_of(a) for a in args)
-                return self._call_template(key, args)
+            hit = array_signature(args)
+            if hit is not None:  # concrete arrays (or resolved futures): the graph by their signature
+                return self._program.call_arrays(args, *hit)
         if in_program_trace() or any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((args, kwargs))):
             scope = current_trace()
             if scope is not None:
@@ -243,41 +238,26 @@ class CompiledFunction:
             )
         return self._program(*args, **kwargs)
 
-    def _call_template(self, key: tuple, args: tuple):
-        """A call outside a program on concrete arrays: its graph from the template (made on the first call)."""
-        prog = self._program
-        owner = prog._controller()
-        hit = self._calls.get(key)
-        if hit is None or hit[0] is not owner:
-            graph = prog.trace(*args)
-            if graph.donated_inputs:  # which inputs to keep is decided per call: the full way
-                return prog(*args)
-            if len(self._calls) >= _MAX_TEMPLATES:
-                self._calls.clear()
-            hit = self._calls[key] = (owner, graph)
-        return prog.call_traced(hit[1], list(args), owner)
-
     def __repr__(self) -> str:
         return f"CompiledFunction({self.name!r}, slice={self.slice.name!r}, in_specs={self.in_specs}, out_specs={self.out_specs})"
 
 
-_MAX_TEMPLATES = 64  # input signatures remembered per compiled function
 # type -> 1: a concrete jax.Array, 2: a pw Future (it has `resolved_value`), 0: anything else (tracers,
 # numpy, Python values: the full way)
 _CONCRETE: dict[type, int] = {}
-RESOLVED = object()  # ends a signature whose arguments include resolved futures
 
 
-def array_signature(args: tuple) -> tuple | None:
-    """(shape, dtype, sharding) of each positional argument if all are concrete jax Arrays, else None.
+def array_signature(args: tuple) -> tuple[tuple, tuple] | None:
+    """(key, arrays) for positional arguments that are all concrete jax Arrays, else None.
 
-    A future already resolved to an array counts as that array (a loop feeding each call the
-    last one's future, when every call has finished by the time the next is made); the key
-    then ends with `RESOLVED`. A future still pending (or failed, or donated) takes the full way.
+    The key is each argument's (shape, dtype, sharding), as a program's signature keys arrays.
+    A future already resolved to an array counts as that array, and ``arrays`` has it in its
+    place (a loop feeding each call the last one's future, finished by the next call); a future
+    still pending, failed, donated or remote takes the full way.
     """
     key = []
-    resolved = False
-    for a in args:
+    arrays = args
+    for i, a in enumerate(args):
         t = type(a)
         kind = _CONCRETE.get(t)
         if kind is None:
@@ -287,20 +267,15 @@ def array_signature(args: tuple) -> tuple | None:
             )
         if kind == 2:
             a = a.resolved_value()
-            if a is None or type(a) not in _CONCRETE or _CONCRETE[type(a)] != 1:
+            if _CONCRETE.get(type(a)) != 1:
                 return None
-            resolved = True
+            if arrays is args:
+                arrays = list(args)
+            arrays[i] = a
         elif not kind:
             return None
         key.append((a.shape, a.dtype, a.sharding))
-    if resolved:
-        key.append(RESOLVED)
-    return tuple(key)
-
-
-def _value_of(a: Any) -> Any:
-    """An argument as the template calls it: a resolved future's array, anything else as it is."""
-    return a.resolved_value() if _CONCRETE.get(type(a)) == 2 else a
+    return tuple(key), (args if arrays is args else tuple(arrays))
 
 
 def _reshard(args: tuple, shardings: Any, static: tuple[int, ...] = ()) -> tuple:
