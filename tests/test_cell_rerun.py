@@ -142,6 +142,16 @@ def test_a_released_slice_is_not_reused_the_cell_says_so(nb):
     assert "released" in str(failed.error)
 
 
+def test_a_slice_option_naming_a_variable_that_now_holds_another_slice_traces_again(nb):
+    nb.run("a, b = pw.slice(2, name='a'), pw.slice(2, name='b')\ncur = a")
+    cell = "%%pathways --slice cur --block\ny = jnp.ones(4) * 2\n"
+    nb.run(cell)
+    assert {d.id for d in nb.ns["y"].sharding.device_set} == {d.id for d in nb.ns["a"].devices}
+    nb.run("cur = b")
+    nb.run(cell)  # the same text: its glue goes where `cur` points now
+    assert {d.id for d in nb.ns["y"].sharding.device_set} == {d.id for d in nb.ns["b"].devices}
+
+
 def test_a_program_traced_on_arrays_reuses_its_graph_for_futures_of_the_same_signature(ctl):
     s = pw.slice(2, mesh={"d": 2}, name="s")
     f = pw.compiled(lambda v: v * 2, slice=s, name="f")

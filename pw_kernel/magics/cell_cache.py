@@ -48,9 +48,8 @@ _BY_IDENTITY = (
 )
 _ABSENT = ("absent",)
 #: Where installed code lives: a function from there is keyed by identity and closure, not by the globals it reads.
-_LIBRARY_DIRS = tuple(dict.fromkeys(
-    sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if sysconfig.get_paths().get(k)
-))
+_PATHS = sysconfig.get_paths()
+_LIBRARY_DIRS = tuple(dict.fromkeys(_PATHS[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if _PATHS.get(k)))
 #: A class's own entries that say nothing about what its methods compute.
 _CLASS_PLUMBING = frozenset({"__dict__", "__weakref__", "__module__", "__doc__", "__qualname__", "__annotations__",
                              "__firstlineno__", "__static_attributes__", "__slotnames__"})
@@ -220,8 +219,8 @@ class CellTrace:
     python_values: dict[str, Any]  # names the cell binds to plain Python values, filled in by each trace
     reads: list[str]  # names the cell reads before assigning them (the key's parts)
     traces: int = 0  # how many times the cell was traced (once per input signature)
-    bound: dict[int, tuple[Any, dict[str, Any]]] = dataclasses.field(default_factory=dict)  # id(graph) -> (graph,
-    # copies of the plain Python values its trace made): what a run reusing that graph binds (copied again)
+    # graph -> copies of the plain Python values its trace made: what a run reusing that graph binds (copied again)
+    bound: dict[Any, dict[str, Any]] = dataclasses.field(default_factory=dict)
 
 
 class CellCache:
@@ -229,7 +228,6 @@ class CellCache:
 
     def __init__(self) -> None:
         self._cells: collections.OrderedDict[tuple[str, str], CellTrace] = collections.OrderedDict()
-        self.reused = 0  # runs that reused a trace: what a test or a benchmark can watch
 
     def key(self, reads: list[str], params: list[str], ns: dict, controller: Any) -> Any:
         """The cell's key in ``ns`` (None: uncacheable). ``reads``: the names the cell reads before assigning."""
@@ -264,6 +262,3 @@ class CellCache:
             self._cells[(line, cell)] = entry
             while len(self._cells) > MAX_CELLS:
                 self._cells.popitem(last=False)
-
-    def clear(self) -> None:
-        self._cells.clear()

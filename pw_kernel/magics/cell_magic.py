@@ -88,7 +88,7 @@ class CellMagic:
         slice_ = self._find_slice(args.slice) if args.slice else None
         number = self.presenter.cell_number()
         name = args.name or f"In[{number}]"
-        entry = self._reusable(line, cell)
+        entry = self._reusable(line, cell, slice_)
         if entry is None:
             entry = self._traced(args, line, cell, number, name, slice_)
         else:  # the graph's source lines point at the first run's code: they read as this cell now
@@ -125,16 +125,17 @@ class CellMagic:
                 print(f"pw_kernel: Ctrl-C cancelled run {run.id} ({run.name!r}).", file=sys.stderr)
             raise self.presenter.presentable(e) from None
 
-    def _reusable(self, line: str, cell: str) -> CellTrace | None:
-        """This text's last trace when nothing it depends on changed (see `cell_cache`), else None."""
+    def _reusable(self, line: str, cell: str, slice_) -> CellTrace | None:
+        """This text's last trace when nothing it depends on changed (see `cell_cache`), else None.
+
+        ``slice_``: where ``--slice`` puts this run's glue (a notebook variable may name another slice now).
+        """
         entry = self.cache.get(line, cell)
-        if entry is None or entry.key is None:
+        if entry is None or entry.key is None or entry.program.slice is not slice_:
             return None
         ns = self.shell.user_ns
-        params = [n for n in entry.reads if n in ns and _is_traced(ns[n])]
-        if self.cache.key(entry.reads, params, ns, controller()) != entry.key:
+        if self.cache.key(entry.reads, _traced_names(entry.reads, ns), ns, controller()) != entry.key:
             return None
-        self.cache.reused += 1
         return entry
 
     def _traced(self, args, line: str, cell: str, number: int, name: str, slice_) -> CellTrace:
@@ -212,7 +213,7 @@ class CellMagic:
                 f"`%%pathways`: the cell reads {listed} before assigning it, and no such name exists in the "
                 f"notebook. Define it in an earlier cell, or assign it in this cell before it is read."
             )
-        params = [n for n in analysis.reads if n in ns and _is_traced(ns[n])]
+        params = _traced_names(analysis.reads, ns)
         constants = {n: ns[n] for n in analysis.reads if n in ns and n not in params and n in analysis.stores}
         fn = build_function(analysis, params=params, constants=constants, filename=filename, namespace=ns)
         return fn, params, [*analysis.stores, RESULT], filename, list(analysis.reads)
@@ -261,17 +262,22 @@ class CellMagic:
         return get(result) if result is not None else None
 
 
+def _traced_names(reads: list[str], ns: dict) -> list[str]:
+    """Of the names a cell reads, those bound to arrays or futures: its program's traced inputs, in order."""
+    return [n for n in reads if n in ns and _is_traced(ns[n])]
+
+
 def _values_to_bind(entry: CellTrace, graph, traced: bool) -> dict[str, Any]:
     """The plain Python values this run of the cell binds: as its trace made them (``traced``), else copies of
     what the trace of ``graph`` made, as a new run of the cell would make them. A trace whose values a later
     run could not bind again (`rebindable`) makes the cell uncacheable."""
-    made = entry.bound.get(id(graph))
-    if not traced and made is not None and made[0] is graph:
-        return {k: fresh(v) for k, v in made[1].items()}
+    made = entry.bound.get(graph)
+    if not traced and made is not None:
+        return {k: fresh(v) for k, v in made.items()}
     if entry.key is not None and not rebindable(entry.python_values):
         entry.key = None
     if entry.key is not None:  # a pristine copy for the runs that reuse this graph
-        entry.bound[id(graph)] = (graph, {k: fresh(v) for k, v in entry.python_values.items()})
+        entry.bound[graph] = {k: fresh(v) for k, v in entry.python_values.items()}
     return dict(entry.python_values)
 
 
