@@ -106,10 +106,15 @@ def donated_to_any() -> bool:
     return bool(_donated)
 
 
-def check_not_donated(x: Any, api: str, what: str) -> None:
-    """Raise ArgumentError if ``x`` was donated: its buffer now holds another run's outputs."""
+def check_not_donated(x: Any, api: str, what: str | Callable[[], str]) -> None:
+    """Raise ArgumentError if ``x`` was donated: its buffer now holds another run's outputs.
+
+    ``what`` names ``x`` (or ``what()`` does, called only then: every call's inputs pass here).
+    """
     where = donated_to(x)
     if where is not None:
+        if callable(what):
+            what = what()
         raise ArgumentError(
             f"`{api}`: {what} was donated to {where}, whose outputs now use its buffer. Use the values that "
             f"run returned; to keep this one readable, do not donate it: leave it out of `donate_argnums` (a "

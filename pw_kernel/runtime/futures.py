@@ -13,7 +13,7 @@ import jax
 import numpy as np
 from jax.sharding import Sharding
 
-from .donation import check_not_donated, donated_to, donated_to_any
+from .donation import check_not_donated, donated_to_any
 from .errors import ArgumentError, CancelledError, TimeoutError
 from .trace.graph import as_dtype, describe_sharding
 
@@ -183,8 +183,7 @@ class Future(concurrent.futures.Future):
         try:  # (zero-cost) a Ctrl-C anywhere in here cancels the run
             if self._state == _FINISHED and self._exception is None and timeout is None:
                 value = self._result  # the hot path: resolved, nothing to check but donation
-                if donated_to(self) is not None:  # (the label is made only then)
-                    check_not_donated(self, "Future.result", self._label())
+                check_not_donated(self, "Future.result", self._label)
             else:
                 value = self._slow_result(timeout)
         except KeyboardInterrupt:
@@ -197,8 +196,7 @@ class Future(concurrent.futures.Future):
     def _slow_result(self, timeout: float | None):
         """`result` of a future not yet resolved (or failed, or with a timeout); a Ctrl-C comes out of here."""
         timeout = check_timeout(timeout, "Future.result")
-        if donated_to(self) is not None:  # (the label is made only then)
-            check_not_donated(self, "Future.result", self._label())
+        check_not_donated(self, "Future.result", self._label)
         if self._state not in _DONE:
             value = self._cell.value
             if timeout is None and value is not None:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .core.records import FINAL
-from .donation import check_not_donated, donated_to, donated_to_any, mark_donated, read_later, still_read
+from .donation import check_not_donated, donated_to_any, mark_donated, read_later, still_read
 from .trace.compiled import array_signature, in_program_trace
 from .trace.feeds import input_node
 from .devices import VirtualSlice
@@ -197,10 +197,9 @@ class Program:
 
     def _inputs_still_read(self, traced: list, donated: dict[int, str]) -> tuple[int, ...]:
         """Refuse inputs an earlier run was given (donated); of those this one donates, the ones pw still reads."""
-        if donated_to_any():  # nothing was ever donated: skip the walk (every call passes here)
+        if donated_to_any():  # something was donated once: look at each input (else nothing to look for)
             for i, x in enumerate(traced):
-                if donated_to(x) is not None:  # described only then: formatting a dtype per input costs more than the check
-                    check_not_donated(x, self.name, f"input {i} ({getattr(x, 'dtype', '')}{list(getattr(x, 'shape', ()))})")
+                check_not_donated(x, self.name, lambda: f"input {i} ({getattr(x, 'dtype', '')}{list(x.shape)})")
         if not donated:
             return ()
         return tuple(i for i in sorted(donated) if still_read(traced[i]))

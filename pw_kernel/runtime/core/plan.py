@@ -122,8 +122,8 @@ def _devices(node: Node) -> tuple[int, ...]:
     return tuple(dict.fromkeys(ids))
 
 
-def _step_for(node: Node, graph: ProgramGraph, call, ins, outs, name=None, kind=None, wrap_remote=True,
-              devices: dict | None = None) -> dict[str, Any]:
+def _step_for(node: Node, graph: ProgramGraph, call, ins, outs, devices: dict, name=None, kind=None,
+              wrap_remote=True) -> dict[str, Any]:
     """A step's fields for ``node`` (made a `Step` by `_finish`, which adds what depends on the other steps).
 
     ``devices``: a memo of `_devices` per (source slice, slice), shared by one plan's steps.
@@ -133,11 +133,9 @@ def _step_for(node: Node, graph: ProgramGraph, call, ins, outs, name=None, kind=
     if remote is not None:
         call = remote
     where = (id(node.src_slice), id(node.slice))
-    devs = None if devices is None else devices.get(where)
+    devs = devices.get(where)
     if devs is None:
-        devs = _devices(node)
-        if devices is not None:
-            devices[where] = devs
+        devs = devices[where] = _devices(node)
     return dict(
         name=name or node.name,
         kind=kind or node.kind,
@@ -269,7 +267,7 @@ def _peak_bytes(graph: ProgramGraph, steps: list[Step], outputs: tuple[int, ...]
 def chained(graph: ProgramGraph) -> Plan:
     """One step per node, in the graph's (topological) order."""
     devices: dict = {}
-    steps = [_step_for(n, graph, n.fn, n.inputs, n.outputs, devices=devices) for n in graph.nodes]
+    steps = [_step_for(n, graph, n.fn, n.inputs, n.outputs, devices) for n in graph.nodes]
     return _finish("chained", graph, steps, graph.outputs, len(graph.values))
 
 
@@ -300,6 +298,7 @@ def fused(graph: ProgramGraph) -> Plan:
         )
     work = [n for n in graph.nodes if n.kind != "transfer"]
     s = work[0].slice
+    devices: dict = {}  # `_devices` per (source slice, slice), shared by the plan's steps
     jaxpr = graph.jaxpr.jaxpr
     var_of = dict(zip(jaxpr.invars, graph.inputs))
     var_of.update(zip(jaxpr.constvars, graph.consts))
@@ -316,7 +315,7 @@ def fused(graph: ProgramGraph) -> Plan:
         moved = [n for n in users if n.kind == "transfer"]
         if moved:
             t = moved[0]
-            steps.append(_step_for(t, graph, t.fn, t.inputs, t.outputs))
+            steps.append(_step_for(t, graph, t.fn, t.inputs, t.outputs, devices))
             slot = t.outputs[0]
         else:
             slot = vid
@@ -337,7 +336,9 @@ def fused(graph: ProgramGraph) -> Plan:
         in_vals = [graph.values[i] for i in fused_slots]
         out_vals = [dataclasses.replace(graph.values[v], sharding=sh) for v, sh in zip(graph.outputs, out_sh)]
         call = RemoteCall(call, s.island.remote, in_vals, out_vals, _export_key(call))
-    step = _step_for(anchor, graph, call, fused_slots, [], name=f"{graph.name}[fused]", kind="compute", wrap_remote=False)
+    step = _step_for(
+        anchor, graph, call, fused_slots, [], devices, name=f"{graph.name}[fused]", kind="compute", wrap_remote=False
+    )
     steps.append(
         step
         | dict(
