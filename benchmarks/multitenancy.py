@@ -103,8 +103,6 @@ def slow_program(iters: int, nodes: int):
     return long, urgent, x, v
 
 
-
-
 def cancel_and_priority(run_ahead_s, iters: int, nodes: int, repeats: int) -> dict:
     """Next call's wait after cancel, and a priority-10 call's wait, over the slow node's device time."""
     c = pw.init(max_inflight=64, run_ahead_s=run_ahead_s)

@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import itertools
 import statistics
 import time
 
 import pw_kernel as pw  # noqa: I001 - configures simulated CPU devices before JAX starts
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.sharding import PartitionSpec as P
 
 import common
@@ -143,7 +143,7 @@ def cell_rounds(ip, setup: str, body: str, wait: str, rounds: int) -> dict:
     ok = ip.run_cell(setup)
     if not ok.success:
         raise RuntimeError(f"tracing.py: the setup cell failed: {ok.error_in_exec or ok.error_before_exec!r}")
-    counter = iter(range(1_000_000))
+    counter = itertools.count()
     fixed = f"%%pathways\n{body}"
 
     def timed(text: str) -> tuple[float, float]:

@@ -6,8 +6,9 @@ import subprocess
 import sys
 
 
-def run_python(code: str, timeout: float = 120) -> str:
-    """Run ``code`` with this interpreter in a new process; assert it succeeded and return its stdout."""
+def run_python(code: str, timeout: float = 120, stderr: bool = False) -> str | tuple[str, str]:
+    """Run ``code`` with this interpreter in a new process; assert it succeeded and return its stdout
+    (with ``stderr``: stdout and stderr)."""
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stdout
+    return (proc.stdout, proc.stderr) if stderr else proc.stdout

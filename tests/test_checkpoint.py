@@ -280,10 +280,9 @@ def test_a_script_that_ends_while_a_save_is_in_flight_says_which_steps_are_not_o
         ckpt = pw.CheckpointManager({str(tmp_path / "ck")!r})
         ckpt.save(0, {{"w": np.ones((64, 1024, 1024), np.float32)}})   # 256 MiB: still writing at exit
     """)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    _, err = run_python(code, stderr=True)
     on_disk = (tmp_path / "ck" / "0").is_dir()
-    said = "the process ended before step(s) [0] were written" in proc.stderr
-    assert on_disk != said, (on_disk, proc.stderr[-2000:])
+    said = "the process ended before step(s) [0] were written" in err
+    assert on_disk != said, (on_disk, err[-2000:])
     if said:
-        assert "Call ckpt.wait_until_finished() before a script ends" in proc.stderr
+        assert "Call ckpt.wait_until_finished() before a script ends" in err

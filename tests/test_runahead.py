@@ -23,8 +23,11 @@ BOUND_S = 0.02  # the default Config.run_ahead_s
 NODES = 12
 
 
-def slow_notebook(run_ahead_s=BOUND_S):
-    """A controller, a 1-device slice, a slow node (~tens of ms of matmuls), a tiny one, and a program of slow nodes."""
+def slow_notebook(run_ahead_s=BOUND_S, warm=True):
+    """A controller, a 1-device slice, a slow node (~tens of ms of matmuls), a tiny one, and a program of slow nodes.
+
+    ``warm``: the program already ran once (compiled, every node's device time measured).
+    """
     ctl = pw.init(pw.Config(run_ahead_s=run_ahead_s, validate=True))
     s = pw.slice(1, name="s")
     grind = pw.compiled(lambda x: jax.lax.fori_loop(0, 100, lambda i, a: jnp.tanh(a @ a), x), slice=s, name="grind")
@@ -38,8 +41,9 @@ def slow_notebook(run_ahead_s=BOUND_S):
             x = grind(x)
         return x
 
-    long.submit(x, mode="chained").result()  # compiled, and every node's device time measured
-    np.testing.assert_array_equal(np.asarray(tiny(v).result()), [1.0, 1.0])
+    if warm:
+        long.submit(x, mode="chained").result()  # compiled, and every node's device time measured
+        np.testing.assert_array_equal(np.asarray(tiny(v).result()), [1.0, 1.0])
     return ctl, long, tiny, x, v
 
 
@@ -79,18 +83,9 @@ def test_after_cancel_the_next_call_waits_for_the_bound_not_the_whole_run(notebo
 
 
 def test_a_first_run_is_bounded_too_once_its_first_node_is_measured():
-    ctl = pw.init(pw.Config(validate=True))
+    ctl, long, tiny, x, v = slow_notebook(warm=False)
     try:
-        s = pw.slice(1, name="s")
-        grind = pw.compiled(lambda x: jax.lax.fori_loop(0, 100, lambda i, a: jnp.tanh(a @ a), x), slice=s, name="grind")
-
-        @pw.program(name="fresh")
-        def fresh(x):
-            for _ in range(NODES):
-                x = grind(x)
-            return x
-
-        run = fresh.submit(jax.device_put(jnp.full((256, 256), 1e-3), s.sharding()), mode="chained")
+        run = long.submit(x, mode="chained")
         # Nothing is known of `grind` yet: its first node goes alone, and the rest wait for its measurement.
         wait_until(lambda: run.nodes_done >= 1, "the first node finish")
         run.cancel()
