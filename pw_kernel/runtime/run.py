@@ -38,30 +38,22 @@ class Run:
     # Slots: the controller remembers thousands of finished runs (Config.keep_runs), and every object
     # a remembered run keeps is walked by each full garbage collection.
     __slots__ = (
-        "_owner", "_rec", "id", "name", "graph", "plan", "mode", "tenant", "weight", "priority", "_retired",
-        "error_seen", "_final", "_futures", "_unclaimed", "_weak", "__weakref__",
+        "_owner", "_rec", "graph", "_retired", "error_seen", "_final", "_futures", "_unclaimed", "_weak",
+        "__weakref__",
     )
 
     def __init__(self, owner: Controller, rec: RunRecord, graph: ProgramGraph):
         self._owner = owner
-        self._rec = rec
-        self.id = rec.id
-        self.name = rec.name
+        self._rec = rec  # (id, name, plan, tenant... are read from it: one is made per call)
         self.graph = graph
-        self.plan = rec.plan
-        self.mode = rec.plan.mode
-        self.tenant = rec.tenant
-        self.weight = rec.weight
-        self.priority = rec.priority
         self._retired = False  # final, futures set and event emitted (see `retire`)
         #: Whether the user has read this run's error (``fut.exception()``, or ``fut.result()`` raising
         #: it): the kernel's failure report then has nothing to add.
         self.error_seen = False
         self._final: threading.Event | None = None  # made only if someone waits before that
-        vals = graph.values
+        cells = rec.cells
         futures = [
-            Future(self, j, vals[v].shape, vals[v].dtype, vals[v].sharding, vals[v].slice, rec.cells[j])
-            for j, v in enumerate(graph.outputs)
+            Future(self, j, v.shape, v.dtype, v.sharding, v.slice, cells[j]) for j, v in enumerate(graph.output_values)
         ]
         # Strong while the run is in flight; once final, the futures (and the device buffers they
         # hold) live as long as the user keeps them, or the controller keeps the run among its
@@ -76,6 +68,35 @@ class Run:
     def record(self) -> RunRecord:
         """What the lifecycle knows of this run (read it; only the lifecycle's transitions change it)."""
         return self._rec
+
+    @property
+    def id(self) -> int:
+        return self._rec.id
+
+    @property
+    def name(self) -> str:
+        return self._rec.name
+
+    @property
+    def plan(self):
+        """The `Plan` it runs (its steps: fused or chained)."""
+        return self._rec.plan
+
+    @property
+    def mode(self) -> str:
+        return self._rec.plan.mode
+
+    @property
+    def tenant(self) -> str:
+        return self._rec.tenant
+
+    @property
+    def weight(self) -> float:
+        return self._rec.weight
+
+    @property
+    def priority(self) -> int:
+        return self._rec.priority
 
     @property
     def state(self) -> RunState:

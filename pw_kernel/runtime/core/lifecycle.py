@@ -292,11 +292,13 @@ class Lifecycle:
                 return "memory"  # back-pressure: waits until running runs give memory back
         return None
 
-    def _resolve(self, rec: RunRecord, js: Sequence[int], values: Sequence[Any]) -> Resolve | None:
+    def _resolve(self, rec: RunRecord, outputs: Sequence[tuple[int, Any]]) -> Resolve | None:
+        """The effect that sets outputs ``(j, value)`` of ``rec`` not yet resolved (each is, once)."""
         outs = []
-        for j, v in zip(js, values):
-            if not rec.resolved[j]:
-                rec.resolved[j] = 1
+        resolved = rec.resolved
+        for j, v in outputs:
+            if not resolved[j]:
+                resolved[j] = 1
                 outs.append((j, v))
         return Resolve(rec, tuple(outs)) if outs else None
 
@@ -345,19 +347,23 @@ class Lifecycle:
         rec.finished_at = now
         self.queue.pop(rec.id, None)
         self.dispatchable.pop(rec.id, None)
+        reserved = self.reserved
         for d, n in rec.reserved.items():
-            self.reserved[d] -= n
+            reserved[d] -= n
         rec.reserved = NOTHING
-        slots, plan = rec.slots, rec.plan
+        slots, out_slots = rec.slots, rec.plan.output_slots
         rec.slots = None
         rec.inputs = ()
         rec.cells = ()
-        pending = [j for j, r in enumerate(rec.resolved) if not r]
         # The event first, then the futures: whoever wakes on an output sees the run done.
         effects: list = [Emit(rec, "done")]
-        fresh = {**rec.held, **dict(published)} if rec.held else dict(published)
+        fresh = rec.held
+        if published:
+            fresh = {**fresh, **dict(published)} if fresh else dict(published)
         rec.held = NOTHING
-        res = self._resolve(rec, pending, [fresh[j] if j in fresh else slots[plan.output_slots[j]] for j in pending])
+        res = self._resolve(
+            rec, [(j, fresh[j] if j in fresh else slots[out_slots[j]]) for j, r in enumerate(rec.resolved) if not r]
+        )
         if res is not None:
             effects.append(res)
         effects.append(Finish(rec))
@@ -538,7 +544,7 @@ def _completed(
     if published and rec.upstream:
         rec.held = {**rec.held, **dict(published)}  # resolved once the runs it read from are done
     elif published:
-        res = life._resolve(rec, [j for j, _ in published], [v for _, v in published])
+        res = life._resolve(rec, published)
         if res is not None:
             effects.append(res)
     return effects
@@ -556,8 +562,25 @@ def _ran(
 ) -> list:
     """Steps up to ``cursor`` were dispatched and have finished, reported at once by the thread that sent them
     (a lone call's step that computed inside its call): `dispatched` followed by `completed`, in one transition."""
-    _dispatched(life, rec, now, cursor, per_island, published)
-    return _completed(life, rec, now, per_island, published, None, events)
+    n = 0
+    for _, k, _, _ in per_island:
+        n += k
+    if cursor < rec.total or rec.done + n < rec.total or rec.upstream:
+        _dispatched(life, rec, now, cursor, per_island, published)
+        return _completed(life, rec, now, per_island, published, None, events)
+    # Its last steps, sent and finished: counted both ways at once (credit taken and given back).
+    for island, k, _, _ in per_island:
+        life.dispatched[island] += k
+        life.completed[island] += k
+    rec.dispatched += n
+    rec.done += n
+    rec.cursor = cursor
+    cells = rec.cells
+    for j, value in published:
+        cells[j].value = value  # a later run reading this output finds it dispatched
+    rec.events.extend(events)
+    effects = life._finish_if_complete(rec, now, published)
+    return [WAKE, *effects] if life.credit_wanted else effects
 
 
 @_on(("running", "upstream_done"), to=("running", "done"))

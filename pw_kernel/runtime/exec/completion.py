@@ -187,6 +187,52 @@ class Completion:
             c.on_completed(*report)
         return True
 
+    def complete_one(self, item: tuple, per_island: tuple, published: list, cost: int) -> bool:
+        """`complete_computed` for a lone run's only step (lock held): one node event, one `ran` report.
+
+        The commonest interactive call (one compiled function, computed inside its call) without
+        the batch loop of `_complete`. False (nothing reported: the caller hands the step over)
+        if it is still computing, failed, or steps dispatched earlier are still pending.
+        """
+        if self._pending or self._completing:
+            return False
+        rec, st, seq, dispatch, outs = item
+        try:
+            for a in outs:
+                if not a.is_ready():
+                    return False
+                a.block_until_ready()  # ready: raises only if it failed (`_complete` names the node)
+        except Exception:  # failed, or not a device array (a float0 gradient): the batch's way
+            return False
+        c = self.controller
+        log = c.events
+        end = time.perf_counter_ns() - log.epoch
+        start = dispatch
+        last_end = self.last_end
+        devs = st.devices
+        for d in devs:  # it started once dispatched and its devices were free (as in `_complete`)
+            prev = last_end.get(d, 0)
+            if prev > start:
+                start = prev
+        if end < start:
+            end = start
+        for d in devs:
+            last_end[d] = end
+        ev = NodeEvent(
+            seq, rec.id, rec.name, rec.tenant, st.name, st.kind, devs, st.island, st.src_island, dispatch,
+            st.nbytes, st.shapes,
+        )
+        ev.start = start
+        ev.end = end
+        exe = st.exe
+        exe.cost += (end - start - exe.cost) >> 2
+        gate = c.runahead
+        if gate.on:
+            gate.finished(st, end - start)
+        log.emit_node(ev)
+        c.on_ran(rec, 1, per_island, published, cost, (ev,))
+        return True
+
     def wait_here(self, value: Any, done: Callable[[], bool]) -> None:
         """A caller waits for ``value`` (an output already dispatched): it completes the pending steps itself.
 

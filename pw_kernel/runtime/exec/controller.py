@@ -217,16 +217,8 @@ class Controller:
         with self.lock:
             self._check_open("submit")
             rec = RunRecord(
-                next(self._ids),
-                name or graph.name,
-                graph.name,
-                plan,
-                ins,
-                tenant=tenant,
-                weight=weight,
-                priority=priority,
-                source_map=source_map,
-                now=time.time(),
+                next(self._ids), name or graph.name, graph.name, plan, ins, tenant, weight, priority, source_map,
+                time.time(),
             )
             run = Run(self, rec, graph)
             self.runs.append(run)
@@ -409,14 +401,14 @@ class Controller:
         """Carry out what the lifecycle decided: the one place futures are set and run events emitted."""
         for e in effects:
             kind = type(e)
-            if kind is Resolve:
-                self._live[e.rec.id].resolve(e.outputs)
-            elif kind is Wake:
-                self.dispatcher.wake()
-            elif kind is Emit:
+            if kind is Emit:  # (the commonest first: three per run)
                 rec = e.rec
                 msg = None if e.error is None else f"{type(e.error).__name__}: {e.error}"
                 self.events.emit_run(rec.id, rec.name, rec.tenant, e.state, msg)
+            elif kind is Resolve:
+                self._live[e.rec.id].resolve(e.outputs)
+            elif kind is Wake:
+                self.dispatcher.wake()
             elif kind is Reject:
                 self._live[e.rec.id].reject(e.indices, e.error, e.cancelled)
             elif kind is Finish:
@@ -438,14 +430,18 @@ class Controller:
             # cheap per run. Events weigh more than runs: a pipelined step holds a hundred of them.
             runs, events = len(self.runs) - keep_runs + keep_runs // 10, self._kept_events - keep_events * 9 // 10
             kept = []
-            for r in self.runs:
-                if (runs > 0 or events > 0) and r.retired and r is not run:  # the newest stays
+            all_runs = self.runs
+            for i, r in enumerate(all_runs):
+                if runs <= 0 and events <= 0:
+                    kept += all_runs[i:]  # the rest stays as it is: one copy, not a loop over 10,000 runs
+                    break
+                if r.retired and r is not run:  # the newest stays
                     runs -= 1
                     events -= len(r.events)
                     self._kept_events -= len(r.events)
                 else:
                     kept.append(r)
-            self.runs[:] = kept
+            all_runs[:] = kept
 
     def _collective_limit(self, island: Island | None) -> int:
         """How many steps with collectives ``island`` may queue (see `Config.max_inflight_collectives`)."""

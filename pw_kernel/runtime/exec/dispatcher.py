@@ -288,8 +288,10 @@ class Dispatcher:
             return True
         self.seq += 1
         published = [(j, outs[pos]) for j, pos in st.publishes]
-        sent_on = {island: [1, int(exe.collectives), 0]}
-        self._hand_over(rec, 1, sent_on, published, exe.cost, [(rec, st, self.seq, t, outs)], lone=True)
+        item = (rec, st, self.seq, t, outs)
+        per_island = ((island, 1, exe.collectives, 0),)
+        if not self.completion.complete_one(item, per_island, published, exe.cost):
+            self._report(rec, 1, per_island, published, exe.cost, [item], lone=True)
         return True
 
     def _compile(self, rec: RunRecord, st, args: list) -> None:
@@ -332,11 +334,16 @@ class Dispatcher:
         """
         if self.bursts.islands:
             self.bursts.flush()  # the remote steps among them go to their islands' mailboxes now
+        per_island = tuple((island, *counts) for island, counts in sent_on.items())
         with self.lock:
-            per_island = tuple((island, *counts) for island, counts in sent_on.items())
             if lone and batch and self.completion.complete_computed((batch, per_island, published), cursor, cost):
                 return  # reported as run (`ran`): sent and finished
-            self.controller.on_dispatched(rec, cursor, per_island, published, cost)
-            if batch:
-                # What completion reports of them is what was counted here, unless one fails.
-                self.completion.add((batch, per_island, published), lone)
+            self._report(rec, cursor, per_island, published, cost, batch, lone)
+
+    def _report(self, rec: RunRecord, cursor: int, per_island: tuple, published: list, cost: int, batch: list,
+                lone: bool = False) -> None:
+        """Report steps dispatched up to ``cursor`` (lock held), then give their ``batch`` to completion."""
+        self.controller.on_dispatched(rec, cursor, per_island, published, cost)
+        if batch:
+            # What completion reports of them is what was counted here, unless one fails.
+            self.completion.add((batch, per_island, published), lone)

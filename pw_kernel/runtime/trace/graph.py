@@ -212,6 +212,11 @@ class ProgramGraph:
         return out
 
     @functools.cached_property
+    def output_values(self) -> tuple[Value, ...]:
+        """The `Value` of each (flat) output: what a run's futures are made from, once per graph."""
+        return tuple(self.values[v] for v in self.outputs)
+
+    @functools.cached_property
     def donated_inputs(self) -> dict[int, str]:
         """Program input position -> the node that donates it (`pw.compiled(donate_argnums=...)`)."""
         pos = {vid: i for i, vid in enumerate(self.inputs)}
