@@ -180,7 +180,7 @@ class Lifecycle:
             self.check(rec)
         if rec.state != "running" or rec.cursor >= len(steps):
             return None, effects  # finished at start (nothing to dispatch)
-        return Work(self.policy.pick((rec,)), self.policy.quantum, inline=True), effects
+        return Work(self.policy.pick((rec,)), self.policy.quantum, True), effects  # (inline)
 
     def add_islands(self, n: int, max_collectives: int | None = None) -> None:
         grow = n - len(self.inflight)
@@ -465,9 +465,10 @@ def _start(life: Lifecycle, rec: RunRecord, now: float) -> list:
     for j, k in enumerate(plan.output_step):
         if k < 0:  # an output that is an input or a constant: dispatched from the start
             rec.cells[j].value = slots[plan.output_slots[j]]
-    if rec.total == 0:
-        life.dispatchable.pop(rec.id, None)
-    return [Emit(rec, "running"), *life._finish_if_complete(rec, now)]
+    if rec.total:
+        return [Emit(rec, "running")]
+    life.dispatchable.pop(rec.id, None)
+    return [Emit(rec, "running"), *life._finish_if_complete(rec, now)]  # nothing to run: done at once
 
 
 @_on(("queued", "input_failed"), to=("failed",))

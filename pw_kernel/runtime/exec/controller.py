@@ -145,6 +145,8 @@ class Controller:
         self.threads: tuple[threading.Thread, ...] = (self.dispatcher.thread, self.completion.thread)
         self.dispatcher.start()
         self.completion.start()
+        #: the idents of its own threads, which never dispatch inline (asked on every submit)
+        self.thread_ids: frozenset[int] = frozenset(t.ident for t in self.threads)
         # A failing host callback fails its node, reported once; JAX's log line would repeat it, raw.
         self._unquiet = quiet_while(lambda: bool(self._live))
 
@@ -189,7 +191,8 @@ class Controller:
         futures until ``run.outputs`` is first read, even if it ends before that (a caller
         that reads them at once, as a program call does).
         """
-        self._check_open("submit")
+        if self._closed:
+            self._check_open("submit")
         for s in graph.slices:
             if s.released:  # (the message is made only then: every call passes here)
                 s.check_live(f"submit {graph.name!r}")
@@ -201,8 +204,9 @@ class Controller:
                     f"or replaced (`pw.init`). Create the slices and compiled functions again."
                 )
         plan = plan_for(graph, mode or self.config.mode)
-        for d, need in plan.peak_bytes.items():
-            cap = self.lifecycle.capacity.get(d)
+        capacity = self.lifecycle.capacity
+        for d, need in plan.peak_bytes.items() if capacity else ():
+            cap = capacity.get(d)
             if cap is not None and need > cap:
                 raise AdmissionError(
                     f"`submit {graph.name!r}`: the run needs about {need / 2**20:.1f} MiB on device {d}, but runs "
@@ -215,7 +219,8 @@ class Controller:
         # while effects are applied) leaves dispatch to the dispatcher thread.
         may_inline = not self.lock._is_owned()
         with self.lock:
-            self._check_open("submit")
+            if self._closed:
+                self._check_open("submit")
             rec = RunRecord(
                 next(self._ids), name or graph.name, graph.name, plan, ins, tenant, weight, priority, source_map,
                 time.time(),

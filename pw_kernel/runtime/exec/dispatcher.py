@@ -112,9 +112,7 @@ class Dispatcher:
 
     def can_inline(self) -> bool:
         """Whether the submitting thread (lock held) may dispatch here: no thread is dispatching."""
-        return not (
-            self.busy or self._stopping or threading.current_thread() in self.controller.threads
-        )
+        return not (self.busy or self._stopping or threading.get_ident() in self.controller.thread_ids)
 
     def dispatch_inline(self, work: Work | None = None) -> bool:
         """On a submitting thread, holding the lock: dispatch ``work`` (or the next work) here if no thread is dispatching.

@@ -25,13 +25,14 @@ class InterruptsDeferred:
     (SIG_IGN, SIG_DFL), the block swaps as before. Nested blocks count ``depth``.
     """
 
-    __slots__ = ("depth", "previous", "caught", "swapped")
+    __slots__ = ("depth", "previous", "caught", "swapped", "handler")
 
     def __init__(self):
         self.depth = 0
         self.previous = None  # the handler `_handle` passes a SIGINT on to
         self.caught: list = []
         self.swapped = None  # the handler to put back at the end of a swapping block
+        self.handler = self._handle  # the one installed: `getsignal` returns this very object
 
     def _hold(self, signum, frame) -> None:
         self.caught.append(frame)
@@ -43,17 +44,17 @@ class InterruptsDeferred:
             self.previous(signum, frame)
 
     def __enter__(self) -> None:
-        if threading.current_thread() is not _MAIN:
+        if get_ident() != _MAIN_ID:
             return
         if self.depth:
             self.depth += 1
             return
         try:
             current = _signal.getsignal(_SIGINT)
-            if current != self._handle:  # (bound methods compare equal, never identical)
+            if current is not self.handler:
                 if callable(current):
                     self.previous = current
-                    _signal.signal(_SIGINT, self._handle)
+                    _signal.signal(_SIGINT, self.handler)
                 else:  # SIG_IGN or SIG_DFL: nothing to pass a SIGINT on to; swap for the block
                     self.swapped = _signal.signal(_SIGINT, self._hold)
         except (ValueError, TypeError):  # not installable here: run the block as it is
@@ -61,7 +62,7 @@ class InterruptsDeferred:
         self.depth = 1
 
     def __exit__(self, *exc) -> None:
-        if not self.depth or threading.current_thread() is not _MAIN:
+        if not self.depth or get_ident() != _MAIN_ID:
             return
         self.depth -= 1
         if self.depth:
@@ -80,7 +81,8 @@ class InterruptsDeferred:
                 raise KeyboardInterrupt
 
 
-_MAIN = threading.main_thread()
+_MAIN_ID = threading.main_thread().ident
+get_ident = threading.get_ident
 _SIGINT = int(signal.SIGINT)
 #: the main thread's deferral (only the main thread receives signals, so one suffices)
 interrupts_deferred = InterruptsDeferred()
