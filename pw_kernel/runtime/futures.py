@@ -40,8 +40,8 @@ def check_timeout(timeout: float | None, api: str) -> float | None:
 _PENDING, _FINISHED = "PENDING", "FINISHED"
 _CANCELLED, _NOTIFIED = "CANCELLED", "CANCELLED_AND_NOTIFIED"
 _DONE = frozenset({_FINISHED, _CANCELLED, _NOTIFIED})
-#: Orders a future's first waiter (who makes its condition) against its resolution: one lock for
-#: all futures, taken once per resolution, instead of a Condition and an RLock made per future.
+#: Makes a future's condition once when two threads ask for it at once: one lock for all futures,
+#: taken only then, instead of a Condition and an RLock made per future.
 _LAZY = threading.Lock()
 
 
@@ -79,7 +79,7 @@ class Future(concurrent.futures.Future):
 
     def __getattr__(self, name: str):
         # The parts of `concurrent.futures.Future` only a waiter on another thread, `wait` or a
-        # done-callback needs, made on first use (under _LAZY: see `_settle`).
+        # done-callback needs, made on first use (the condition last: `_settle` looks for it).
         if name in ("_condition", "_waiters", "_done_callbacks"):
             with _LAZY:
                 d = self.__dict__
@@ -92,11 +92,13 @@ class Future(concurrent.futures.Future):
 
     def _settle(self, state: str, result: Any = None, exception: BaseException | None = None) -> None:
         """Resolve once: the value, the error or cancelled; wake waiters and run callbacks if any were made."""
-        with _LAZY:  # whoever makes the condition after this sees the state set
-            self._result = result
-            self._exception = exception
-            self._state = state
-            cond = self.__dict__.get("_condition")
+        self._result = result
+        self._exception = exception
+        self._state = state
+        # The state is set, then the condition looked for; a waiter makes the condition, then looks
+        # at the state (`_wait`). With the GIL each sees the other's write first: either this finds
+        # the condition and notifies under it, or the waiter finds the state set and does not wait.
+        cond = self.__dict__.get("_condition")
         if cond is None:
             return  # nobody waits on another thread and no callback: nothing more to do
         with cond:

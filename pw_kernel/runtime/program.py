@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .core.records import FINAL
+from .core.records import FINAL, NOTHING
 from .donation import check_not_donated, donated_to_any, mark_donated, read_later, still_read
 from .trace.compiled import array_signature, in_program_trace
 from .trace.feeds import input_node
@@ -190,9 +190,12 @@ class Program:
         if graph.donated_inputs:
             return self(*args)
         traced = list(arrays)
-        self._inputs_still_read(traced, {})
+        if donated_to_any():
+            self._inputs_still_read(traced, NOTHING)
         run = c.submit(graph, traced, name=self.name, mode=self.mode, tenant=self.tenant, claim=True)
-        self._note_reads(graph, traced, run)
+        rec = run.record
+        if rec.dispatched < rec.total and rec.state not in FINAL:  # (else: see _note_reads)
+            self._note_reads(graph, traced, run)
         return run.outputs
 
     def _inputs_still_read(self, traced: list, donated: dict[int, str]) -> tuple[int, ...]:
