@@ -115,3 +115,23 @@ def test_a_long_training_loop_keeps_a_bounded_history(ctl):
     assert kept <= 400 and len(c.events.nodes) <= 400
     assert len(c.runs) >= 20 and c.runs[-1].events  # the recent runs and their timelines stay
     np.testing.assert_allclose(np.asarray(x), np.full(4, 2.0), rtol=1e-6)  # x -> x/2 + 1 converges to 2
+
+
+def test_the_run_history_forgets_the_oldest_runs_and_keeps_the_newest_in_order(ctl):
+    pw.init(pw.Config(keep_runs=40))
+    f = pw.compiled(lambda x: x + 1, slice=pw.slice(1, name="s"), name="f")
+
+    @pw.program(mode="chained")
+    def two(x):
+        return f(f(x))
+
+    y = jnp.zeros(2)
+    for i in range(300):
+        y = (two(y) if i % 3 == 0 else f(y)).result()  # runs of one and of two node events, each final at once
+    np.testing.assert_allclose(np.asarray(y), np.full(2, 400.0))
+    c = pw.controller()
+    c.runs[-1].wait()
+    ids = [r.id for r in c.runs]
+    assert 36 <= len(ids) <= 41 and ids == sorted(ids)  # the newest 90-100% of keep_runs, in order
+    assert ids[-1] == 299 and all(r.state == "done" for r in c.runs)
+    assert ids == list(range(ids[0], 300))  # the oldest went first, none in between

@@ -428,25 +428,27 @@ class Controller:
             assert all(f.done() for f in futures), run
         if self.config.keep_outputs > 0:
             self._recent.append(futures)
-        self._kept_events += len(run.events)
+        self._kept_events += len(run.record.events)
         keep_runs, keep_events = self.config.keep_runs, self.config.max_events
         if len(self.runs) > keep_runs or self._kept_events > keep_events:
             # Forget the oldest finished runs down to 90% of both budgets at once, so this stays
             # cheap per run. Events weigh more than runs: a pipelined step holds a hundred of them.
             runs, events = len(self.runs) - keep_runs + keep_runs // 10, self._kept_events - keep_events * 9 // 10
-            kept = []
+            kept = []  # older runs still in flight
             all_runs = self.runs
+            end = len(all_runs)
             for i, r in enumerate(all_runs):
                 if runs <= 0 and events <= 0:
-                    kept += all_runs[i:]  # the rest stays as it is: one copy, not a loop over 10,000 runs
+                    end = i
                     break
                 if r.retired and r is not run:  # the newest stays
                     runs -= 1
-                    events -= len(r.events)
-                    self._kept_events -= len(r.events)
+                    n = len(r.record.events)
+                    events -= n
+                    self._kept_events -= n
                 else:
                     kept.append(r)
-            all_runs[:] = kept
+            all_runs[:end] = kept  # the rest stays as it is: no loop over 10,000 runs
 
     def _collective_limit(self, island: Island | None) -> int:
         """How many steps with collectives ``island`` may queue (see `Config.max_inflight_collectives`)."""
