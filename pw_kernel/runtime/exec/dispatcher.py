@@ -251,7 +251,7 @@ class Dispatcher:
                 c.on_step_failed(rec, *failed)
 
     def _dispatch_one(self, rec: RunRecord, st) -> bool:
-        """A lone run's only step, on its submitting thread (lock held): call it and hand it over.
+        """A lone run's only step, on its submitting thread (lock held): call it, then complete it or hand it over.
 
         What `_dispatch` does for the commonest interactive call (one compiled function on
         arrays), without its loop's set-up (5-7 µs of a ~40 µs waited call). False (nothing done)
