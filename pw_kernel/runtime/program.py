@@ -190,12 +190,9 @@ class Program:
         if graph.donated_inputs:
             return self(*args)
         traced = list(arrays)
-        if donated_to_any():
-            self._inputs_still_read(traced, NOTHING)
+        self._inputs_still_read(traced, NOTHING)
         run = c.submit(graph, traced, name=self.name, mode=self.mode, tenant=self.tenant, claim=True)
-        rec = run.record
-        if rec.dispatched < rec.total and rec.state not in FINAL:  # (else: see _note_reads)
-            self._note_reads(graph, traced, run)
+        self._note_reads(graph, traced, run)
         return run.outputs
 
     def _inputs_still_read(self, traced: list, donated: dict[int, str]) -> tuple[int, ...]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 import threading
 import time
 import weakref
@@ -20,6 +21,11 @@ if TYPE_CHECKING:
 
 
 _ONE_LEAF = jax.tree_util.tree_structure(0)
+
+
+def _from_record(path: str, doc: str) -> property:
+    """A `Run` attribute that reads ``path`` of its `RunRecord` (e.g. ``"plan.mode"``)."""
+    return property(operator.attrgetter("_rec." + path), doc=doc)
 #: Orders the threads that start waiting on runs (rare: one lock for all, none made per call).
 _WAITERS = threading.Lock()
 
@@ -69,54 +75,25 @@ class Run:
         """What the lifecycle knows of this run (read it; only the lifecycle's transitions change it)."""
         return self._rec
 
-    @property
-    def id(self) -> int:
-        return self._rec.id
-
-    @property
-    def name(self) -> str:
-        return self._rec.name
-
-    @property
-    def plan(self):
-        """The `Plan` it runs (its steps: fused or chained)."""
-        return self._rec.plan
-
-    @property
-    def mode(self) -> str:
-        return self._rec.plan.mode
-
-    @property
-    def tenant(self) -> str:
-        return self._rec.tenant
-
-    @property
-    def weight(self) -> float:
-        return self._rec.weight
-
-    @property
-    def priority(self) -> int:
-        return self._rec.priority
-
-    @property
-    def state(self) -> RunState:
-        return self._rec.state
-
-    @property
-    def error(self) -> BaseException | None:
-        return self._rec.error
-
-    @property
-    def nodes_total(self) -> int:
-        return self._rec.total
-
-    @property
-    def nodes_dispatched(self) -> int:
-        return self._rec.dispatched
-
-    @property
-    def nodes_done(self) -> int:
-        return self._rec.done
+    # (read-only, and read from the record: the lifecycle changes them, nobody else)
+    id = _from_record("id", "The run's id: runs are numbered in submission order.")
+    name = _from_record("name", "The run's name (the program's, or the one `submit` was given).")
+    plan = _from_record("plan", "The `Plan` it runs (its steps: fused or chained).")
+    mode = _from_record("plan.mode", "'fused' or 'chained': how its plan runs the program.")
+    tenant = _from_record("tenant", "The tenant it runs for (fair share and the timeline group by it).")
+    weight = _from_record("weight", "Its tenant's weight under `pw.FairShare`.")
+    priority = _from_record("priority", "Its priority under `pw.Priority` (higher first).")
+    state = _from_record("state", "'queued', 'running', 'done', 'failed' or 'cancelled'.")
+    error = _from_record("error", "The error it failed with (a cancelled run's CancelledError), else None.")
+    nodes_total = _from_record("total", "How many steps it has (a fused plan's whole program is one).")
+    nodes_dispatched = _from_record("dispatched", "Steps sent to the devices so far.")
+    nodes_done = _from_record("done", "Steps finished on the devices so far.")
+    submitted_at = _from_record("submitted_at", "`time.time()` when it was submitted.")
+    started_at = _from_record("started_at", "`time.time()` when it started (inputs in, memory reserved), else None.")
+    finished_at = _from_record("finished_at", "`time.time()` when it became final, else None.")
+    events = _from_record("events", "This run's node events, in completion order.")
+    waiting_for = _from_record("waiting_for", "Why it is not dispatching: None, 'input', 'memory' or 'credit'.")
+    source_map = _from_record("source_map", "Node (or step) name -> where it came from (a cell line, say).")
 
     @property
     def nodes_on_devices(self) -> int:
@@ -136,26 +113,9 @@ class Run:
         return describe_state(self._rec.state, self.nodes_on_devices)
 
     @property
-    def submitted_at(self) -> float:
-        return self._rec.submitted_at
-
-    @property
-    def started_at(self) -> float | None:
-        return self._rec.started_at
-
-    @property
-    def finished_at(self) -> float | None:
-        return self._rec.finished_at
-
-    @property
     def compile_time(self) -> float:
         """Seconds spent compiling this run's executables (non-zero on a program's first call)."""
         return self._rec.compile_ns / 1e9
-
-    @property
-    def events(self) -> list[NodeEvent]:
-        """This run's node events, in completion order."""
-        return self._rec.events
 
     @property
     def compiling(self) -> str | None:
@@ -167,16 +127,6 @@ class Run:
             run.compiling        # 'step' while XLA compiles it, None once it runs
         """
         return self._rec.compiling
-
-    @property
-    def waiting_for(self) -> str | None:
-        """Why a run is not dispatching: None, 'input' (a future not yet dispatched), 'memory' or 'credit'."""
-        return self._rec.waiting_for
-
-    @property
-    def source_map(self) -> dict[str, str]:
-        """Node (or step) name -> where it came from (the notebook front sets cell lines)."""
-        return self._rec.source_map
 
     # ----------------------------------------------------------------- public
     @property

@@ -563,25 +563,8 @@ def _ran(
 ) -> list:
     """Steps up to ``cursor`` were dispatched and have finished, reported at once by the thread that sent them
     (a lone call's step that computed inside its call): `dispatched` followed by `completed`, in one transition."""
-    n = 0
-    for _, k, _, _ in per_island:
-        n += k
-    if cursor < rec.total or rec.done + n < rec.total or rec.upstream:
-        _dispatched(life, rec, now, cursor, per_island, published)
-        return _completed(life, rec, now, per_island, published, None, events)
-    # Its last steps, sent and finished: counted both ways at once (credit taken and given back).
-    for island, k, _, _ in per_island:
-        life.dispatched[island] += k
-        life.completed[island] += k
-    rec.dispatched += n
-    rec.done += n
-    rec.cursor = cursor
-    cells = rec.cells
-    for j, value in published:
-        cells[j].value = value  # a later run reading this output finds it dispatched
-    rec.events.extend(events)
-    effects = life._finish_if_complete(rec, now, published)
-    return [WAKE, *effects] if life.credit_wanted else effects
+    _dispatched(life, rec, now, cursor, per_island, published)
+    return _completed(life, rec, now, per_island, published, None, events)
 
 
 @_on(("running", "upstream_done"), to=("running", "done"))

@@ -110,9 +110,8 @@ class RunRecord:
         self.slots: list[Any] | None = None
         self.reserved: Mapping[int, int] = NOTHING  # the plan's peak bytes while running (never written)
         self.waiting_for: WaitingFor | None = None
-        n_out = len(plan.output_slots)
-        self.cells = [OutputCell(self, 0)] if n_out == 1 else [OutputCell(self, j) for j in range(n_out)]
-        self.resolved = bytearray(n_out)  # 1 once output j is resolved (no object the GC walks)
+        self.cells = [OutputCell(self, j) for j in range(len(plan.output_slots))]
+        self.resolved = bytearray(len(self.cells))  # 1 once output j is resolved (no object the GC walks)
         # Runs whose outputs this one read before they were done (it started on dispatched values),
         # and the reverse. A run is done only once its upstream are: a producer that fails late
         # (a guarded host callback) fails its readers too, and their outputs are never resolved.

@@ -216,7 +216,7 @@ class CompiledFunction:
         return self
 
     def __call__(self, *args, **kwargs):
-        if not kwargs and self._program is not None and getattr(_thread, "scope", None) is None:  # (not tracing)
+        if not kwargs and self._program is not None and not in_program_trace():
             hit = array_signature(args)
             if hit is not None:  # concrete arrays (or resolved futures): the graph by their signature
                 return self._program.call_arrays(args, *hit)
