@@ -255,19 +255,12 @@ class Dispatcher:
 
         What `_dispatch` does for the commonest interactive call (one compiled function on
         arrays), without its loop's set-up (5-7 µs of a ~40 µs waited call). False (nothing done)
-        where the step needs the loop: a first call (compiled first), host callbacks, a remote
-        island, or no credit.
+        where the step needs the loop: a first call (compiled first), host callbacks or a remote
+        island. Its credit is not asked again: `Lifecycle.submit_lone` found it in this lock hold.
         """
         exe = st.exe
         island = st.island
-        life = self.controller.lifecycle
-        if (
-            exe.compile_first
-            or st.host_callbacks
-            or st.remote
-            or life.inflight[island] >= life.max_inflight
-            or (exe.collectives and life.collectives_inflight[island] >= life.max_collectives[island])
-        ):
+        if exe.compile_first or st.host_callbacks or st.remote:
             return False
         c = self.controller
         gate = c.runahead
