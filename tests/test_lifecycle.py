@@ -19,7 +19,10 @@ from pw_kernel.runtime.core.records import Emit, Finish, Reject, Resolve, RunRec
 
 
 def make_plan(n_steps: int, *, island: int = 0, peak: dict[int, int] | None = None, n_inputs: int = 0) -> Plan:
-    """A chain of ``n_steps`` steps over slots 0..n (slot 0 the input), publishing the last slot."""
+    """A chain of ``n_steps`` steps over slots 0..n (slot 0 the input), publishing the last slot.
+
+    One step on one input is a plan its caller may run whole at submit (`Plan.lone_args`).
+    """
     steps = [
         Step(
             name=f"s{k}", kind="compute", call=None, ins=(k,), outs=(k + 1,), frees=(),
@@ -31,6 +34,7 @@ def make_plan(n_steps: int, *, island: int = 0, peak: dict[int, int] | None = No
     return Plan(
         mode="chained", steps=steps, n_slots=n_steps + 1, input_slots=tuple(range(n_inputs)), const_slots={},
         output_slots=(n_steps,), output_step=(n_steps - 1,), peak_bytes=dict(peak or {}),
+        lone_args=(0,) if n_steps == 1 and n_inputs == 1 else None,
     )
 
 
@@ -105,6 +109,42 @@ def test_ran_is_dispatched_then_completed_in_one_transition():
     assert (fused.inflight, fused.dispatched, fused.completed) == (stepwise.inflight, stepwise.dispatched,
                                                                    stepwise.completed) == ([0], [1], [1])
     assert a.state == "done" and a.events == ["event"] and not fused.queue
+
+
+def test_a_lone_call_run_whole_at_submit_is_queued_running_and_done_in_one_transition():
+    # A lone one-step call its caller ran before reporting anything: `ran` from "queued". The same
+    # record, events, outputs and counts as starting it, then reporting `ran` from "running".
+    fused, stepwise = (Lifecycle(max_inflight=8, n_islands=1, validate=True) for _ in range(2))
+    a, b = (record(0, make_plan(1, n_inputs=1), inputs=["x"], now=1.0) for _ in range(2))
+    assert fused.lone_args(a) == ["x"] and a.state == "queued" and not fused.queue  # asking changes nothing
+    cell, step_cell = a.cells[0], b.cells[0]  # what its future holds, for runs that read it later
+    effects = fused.handle(a, "ran", 2.0, 1, ((0, 1, 0, 0),), [(0, "y")], ["event"])
+    _, step_effects = stepwise.submit_lone(b, 1.0)
+    step_effects += stepwise.handle(b, "ran", 2.0, 1, ((0, 1, 0, 0),), [(0, "y")], ["event"])
+    assert kinds(effects) == kinds(step_effects) == ["Emit", "Emit", "Emit", "Resolve", "Finish"]
+    assert [e.state for e in effects[:3]] == [e.state for e in step_effects[:3]] == ["queued", "running", "done"]
+    assert effects[3].outputs == step_effects[3].outputs == ((0, "y"),)
+    same = [k for k in RunRecord.__slots__ if k not in ("plan", "cells")]
+    assert {k: getattr(a, k) for k in same} == {k: getattr(b, k) for k in same}
+    assert (fused.inflight, fused.dispatched, fused.completed, fused.reserved) == (
+        stepwise.inflight, stepwise.dispatched, stepwise.completed, stepwise.reserved) == ([0], [1], [1], {})
+    assert cell.value == step_cell.value == "y"
+    assert effects[3].rec is a and a.started_at == 1.0 and a.finished_at == 2.0 and not fused.queue
+
+
+def test_only_a_lone_one_step_call_on_ready_inputs_is_run_whole_at_submit():
+    life = Lifecycle(max_inflight=1, n_islands=1, capacity={0: 100}, validate=True)
+    assert life.lone_args(record(0, make_plan(2, n_inputs=1), inputs=["x"])) is None  # two steps
+    assert life.lone_args(record(0, make_plan(1, n_inputs=1, peak={0: 200}), inputs=["x"])) is None  # no memory
+    producer = record(1, make_plan(1))
+    life.submit_lone(producer, 0.0)
+    reader = record(2, make_plan(1, n_inputs=1), inputs=[producer.cells[0]])
+    assert life.lone_args(reader) is None  # not alone, and its input's run is not done
+    life.handle(producer, "dispatched", 1.0, 1, ((0, 1, 0, 0),), [(0, "x")])
+    assert life.lone_args(record(3, make_plan(1, n_inputs=1), inputs=["x"])) is None  # not alone, no credit
+    life.handle(producer, "completed", 2.0, ((0, 1, 0, 0),), [(0, "x")], None)
+    assert producer.state == "done" and life.lone_args(reader) == ["x"]  # a finished run's output is an array
+    assert reader.state == "queued" and not life.queue
 
 
 def test_a_lone_run_that_cannot_start_is_only_queued():

@@ -21,6 +21,8 @@ from fresh_python import run_python
 def test_transition_table_is_the_documented_state_machine():
     assert set(TRANSITIONS) == {
         ("queued", "start"),
+        # a lone call run whole by its caller at submit: started, dispatched and completed at once
+        ("queued", "ran"),
         ("queued", "input_failed"),
         ("queued", "cancel"),
         ("queued", "shutdown"),

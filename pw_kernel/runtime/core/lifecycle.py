@@ -171,6 +171,13 @@ class Lifecycle:
         steps = rec.plan.steps
         if self.queue or (steps and self.out_of_credit(steps[0])) or self._blocker(rec) is not None:
             return None, self.submit(rec)
+        effects = self.start_lone(rec, now)
+        if rec.state != "running" or rec.cursor >= len(steps):
+            return None, effects  # finished at start (nothing to dispatch)
+        return Work(self.policy.pick((rec,)), self.policy.quantum, True), effects  # (inline)
+
+    def start_lone(self, rec: RunRecord, now: float) -> list:
+        """Submit and start ``rec``, which may start (`submit_lone` found so, or `lone_args`): queued, then running."""
         self.queue[rec.id] = rec
         self.dispatchable[rec.id] = rec
         self.credit_wanted = self.blocked = False  # nothing else is queued: nobody waits for either
@@ -178,9 +185,32 @@ class Lifecycle:
         if self.validate:
             assert rec.state in TARGETS[("queued", "start")], f"lone start led to {rec.state!r}"
             self.check(rec)
-        if rec.state != "running" or rec.cursor >= len(steps):
-            return None, effects  # finished at start (nothing to dispatch)
-        return Work(self.policy.pick((rec,)), self.policy.quantum, True), effects  # (inline)
+        return effects
+
+    def lone_args(self, rec: RunRecord) -> list[Any] | None:
+        """The arguments of a new run's only step, if its submitting thread may run the run whole now.
+
+        So it may when the queue is empty, the plan is one step that reads only the run's
+        inputs and makes all its outputs (`Plan.lone_args`), its island has credit, its memory
+        fits, and its inputs are arrays or outputs of finished runs. The caller then calls the
+        step and reports ``ran`` from "queued" (queued, running and done in one transition),
+        or, if the step is still computing or failed, starts the run (`start_lone`) and reports
+        the usual way. None: submit it the usual way (nothing changed).
+        """
+        plan = rec.plan
+        feed = plan.lone_args
+        if feed is None or self.queue or self.out_of_credit(plan.steps[0]):
+            return None
+        ins = rec.inputs
+        args = [ins[k] for k in feed]
+        for i, x in enumerate(args):
+            if type(x) is OutputCell:
+                if x.producer.state != "done":
+                    return None  # read before its producer is done: it must wait for it (`upstream`)
+                args[i] = x.value
+        if plan.peak_bytes and self.capacity and not self._fits(plan.peak_bytes):
+            return None
+        return args
 
     def add_islands(self, n: int, max_collectives: int | None = None) -> None:
         grow = n - len(self.inflight)
@@ -285,12 +315,18 @@ class Lifecycle:
                     return "failed"
                 if x.value is None:
                     return "input"  # its producer has not dispatched it yet
+        if rec.plan.peak_bytes and self.capacity and not self._fits(rec.plan.peak_bytes):
+            return "memory"  # back-pressure: waits until running runs give memory back
+        return None
+
+    def _fits(self, need: dict[int, int]) -> bool:
+        """Whether ``need`` (bytes per device) fits beside what running runs reserve."""
         cap, reserved = self.capacity, self.reserved
-        for d, n in rec.plan.peak_bytes.items():
+        for d, n in need.items():
             c = cap.get(d)
             if c is not None and reserved.get(d, 0) + n > c:
-                return "memory"  # back-pressure: waits until running runs give memory back
-        return None
+                return False
+        return True
 
     def _resolve(self, rec: RunRecord, outputs: Sequence[tuple[int, Any]]) -> Resolve | None:
         """The effect that sets outputs ``(j, value)`` of ``rec`` not yet resolved (each is, once)."""
@@ -565,6 +601,41 @@ def _ran(
     (a lone call's step that computed inside its call): `dispatched` followed by `completed`, in one transition."""
     _dispatched(life, rec, now, cursor, per_island, published)
     return _completed(life, rec, now, per_island, published, None, events)
+
+
+@_on(("queued", "ran"), to=("done",))
+def _ran_lone(
+    life: Lifecycle,
+    rec: RunRecord,
+    now: float,
+    cursor: int,
+    per_island: Sequence[tuple[int, int, int, int]],
+    published: Sequence[tuple[int, Any]],
+    events: Sequence[Any],
+) -> list:
+    """A new run its caller ran whole at submit (`Lifecycle.lone_args`): queued, running and done in one transition.
+
+    `start` then `ran` for the commonest interactive call, a one-step run that computed inside
+    its call: the same states, counts and effects, without the value slots or a memory
+    reservation (it fit, and would be given back in this same transition).
+    """
+    for island, k, _, _ in per_island:  # in flight and out again: only the totals move
+        life.dispatched[island] += k
+        life.completed[island] += k
+    life.credit_wanted = life.blocked = False  # the queue was empty: nobody waits for either
+    rec.dispatched = rec.done = rec.cursor = cursor
+    rec.events.extend(events)
+    rec.state = "done"
+    rec.started_at = rec.submitted_at
+    rec.finished_at = now
+    rec.inputs = ()
+    cells = rec.cells
+    rec.cells = ()
+    resolved = rec.resolved
+    for j, value in published:  # (every output: `Plan.lone_args`)
+        cells[j].value = value
+        resolved[j] = 1
+    return [Emit(rec, "queued"), Emit(rec, "running"), Emit(rec, "done"), Resolve(rec, tuple(published)), Finish(rec)]
 
 
 @_on(("running", "upstream_done"), to=("running", "done"))

@@ -82,6 +82,9 @@ class Plan:
     output_step: tuple[int, ...]
     #: estimated peak bytes the run allocates per device id (for memory-aware admission)
     peak_bytes: dict[int, int] = dataclasses.field(default_factory=dict)
+    #: a one-step plan whose step reads only the run's inputs and makes every output: the input
+    #: positions of its arguments (its caller may run it whole at submit, `Lifecycle.lone_args`)
+    lone_args: tuple[int, ...] | None = None
 
 
 _EXPORT_KEYS: dict[int, tuple[Any, str]] = {}
@@ -191,7 +194,22 @@ def _finish(mode: ExecMode, graph: ProgramGraph, fields: list[dict], outputs: tu
         output_slots=outputs,
         output_step=output_step,
         peak_bytes=_peak_bytes(graph, steps, outputs),
+        lone_args=_lone_args(steps, graph.inputs, outputs),
     )
+
+
+def _lone_args(steps: list[Step], input_slots: tuple[int, ...], outputs: tuple[int, ...]) -> tuple[int, ...] | None:
+    """Where a one-step plan's step finds its arguments among the run's inputs (None: not such a plan).
+
+    Such a run needs no value slots: its caller passes the inputs straight to the step.
+    """
+    if len(steps) != 1:
+        return None
+    st = steps[0]
+    position = {slot: k for k, slot in enumerate(input_slots)}
+    if len(st.publishes) != len(outputs) or any(i not in position for i in st.ins):
+        return None
+    return tuple(position[i] for i in st.ins)
 
 
 def shard_bytes(value) -> dict[int, int]:

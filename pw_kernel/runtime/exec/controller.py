@@ -233,6 +233,10 @@ class Controller:
             # Its events in order (queued, then running if this thread starts it); the dispatcher
             # thread is woken only if this thread does not dispatch the run itself (it would contend).
             if may_inline and self.dispatcher.can_inline():
+                # Alone in the queue, one step on arrays: run here whole, reported in one transition.
+                args = self.lifecycle.lone_args(rec)
+                if args is not None and self.dispatcher.run_lone(rec, args):
+                    return run
                 # Alone in the queue: submitted and started in one transition, dispatched here.
                 work, effects = self.lifecycle.submit_lone(rec, rec.submitted_at)
                 self._apply(effects)
@@ -368,6 +372,10 @@ class Controller:
             self._apply(effects)
         if cost:
             self.lifecycle.policy.charge(rec, cost)
+
+    def start_lone(self, rec: RunRecord) -> None:
+        """The submitting thread called a new run's step and must report it the usual way: start it first (lock held)."""
+        self._apply(self.lifecycle.start_lone(rec, rec.submitted_at))
 
     def on_compiling(self, rec: RunRecord, step_name: str | None, event=None) -> None:
         """The dispatcher compiles ``step_name`` for ``rec`` (None: done), with its compile event once timed."""

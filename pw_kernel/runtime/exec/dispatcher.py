@@ -139,7 +139,8 @@ class Dispatcher:
         with interrupts_deferred:
             try:
                 rec = work.rec
-                if not (work.inline and rec.total == 1 and self._dispatch_one(rec, rec.plan.steps[0])):
+                st = rec.plan.steps[0] if work.inline and rec.total == 1 else None
+                if st is None or not self._dispatch_one(rec, st, [rec.slots[i] for i in st.ins]):
                     self._dispatch(rec, work.quantum, inline=True)
             except Exception as e:  # a bug of ours: fail the run, keep the controller alive
                 self.controller.on_step_failed(work.rec, None, e)
@@ -250,16 +251,17 @@ class Dispatcher:
             with self.lock:
                 c.on_step_failed(rec, *failed)
 
-    def _dispatch_one(self, rec: RunRecord, st) -> bool:
+    def _dispatch_one(self, rec: RunRecord, st, args) -> bool:
         """A lone run's only step, on its submitting thread (lock held): call it, then complete it or hand it over.
 
         What `_dispatch` does for the commonest interactive call (one compiled function on
-        arrays), without its loop's set-up (5-7 µs of a ~40 µs waited call). False (nothing done)
-        where the step needs the loop: a first call (compiled first), host callbacks or a remote
-        island. Its credit is not asked again: `Lifecycle.submit_lone` found it in this lock hold.
+        arrays), without its loop's set-up. False (nothing done) where the step needs the
+        loop: a first call (compiled first), host callbacks, a remote island, or its devices'
+        run-ahead bound. Its credit is not asked again: the lifecycle found it in this lock
+        hold. A run still "queued" (`Lifecycle.lone_args`) that computed inside its call is
+        reported ``ran`` from there; one that did not is started first, then handed over.
         """
         exe = st.exe
-        island = st.island
         if exe.compile_first or st.host_callbacks or st.remote:
             return False
         c = self.controller
@@ -267,23 +269,39 @@ class Dispatcher:
         ns = gate.take(st) if gate.on else 0
         if ns < 0:
             return False
-        slots = rec.slots
         t = time.perf_counter_ns() - c.events.epoch
-        ins = st.ins
         try:
-            outs = st.call(slots[ins[0]]) if len(ins) == 1 else st.call(*[slots[i] for i in ins])
+            outs = st.call(*args)
         except Exception as e:
             if ns:
                 gate.untake(st, ns)
+            if rec.state == "queued":
+                c.start_lone(rec)
             c.on_step_failed(rec, st, e)
             return True
         self.seq += 1
         published = [(j, outs[pos]) for j, pos in st.publishes]
         item = (rec, st, self.seq, t, outs)
-        per_island = ((island, 1, exe.collectives, 0),)
+        per_island = ((st.island, 1, exe.collectives, 0),)
         if not self.completion.complete_one(item, per_island, published, exe.cost):
+            if rec.state == "queued":
+                c.start_lone(rec)  # the usual way from here: running, dispatched, completed when it computed
             self._report(rec, 1, per_island, published, exe.cost, [item], lone=True)
         return True
+
+    def run_lone(self, rec: RunRecord, args: list) -> bool:
+        """Run a new, still queued run whole on its submitting thread (lock held; `Lifecycle.lone_args`).
+
+        False (nothing done, the run still queued) where its step needs the dispatch loop.
+        """
+        with interrupts_deferred:  # a Ctrl-C between the call and its report would lose the step
+            try:
+                return self._dispatch_one(rec, rec.plan.steps[0], args)
+            except Exception as e:  # a bug of ours: fail the run, keep the controller alive
+                if rec.state == "queued":
+                    self.controller.start_lone(rec)
+                self.controller.on_step_failed(rec, None, e)
+                return True
 
     def _compile(self, rec: RunRecord, st, args: list) -> None:
         """Compile a step's executable before its first call, as a "compile" event on the host lane.
