@@ -603,6 +603,9 @@ def _ran(
     return _completed(life, rec, now, per_island, published, None, events)
 
 
+_LONE_STATES = ("queued", "running", "done")  # the events of a lone call run whole: entered at once
+
+
 @_on(("queued", "ran"), to=("done",))
 def _ran_lone(
     life: Lifecycle,
@@ -635,7 +638,7 @@ def _ran_lone(
     for j, value in published:  # (every output: `Plan.lone_args`)
         cells[j].value = value
         resolved[j] = 1
-    return [Emit(rec, "queued"), Emit(rec, "running"), Emit(rec, "done"), Resolve(rec, tuple(published)), Finish(rec)]
+    return [Emit(rec, _LONE_STATES), Resolve(rec, tuple(published)), Finish(rec)]
 
 
 @_on(("running", "upstream_done"), to=("running", "done"))

@@ -137,10 +137,10 @@ class RunRecord:
 # Effects are named tuples: a run makes about six of them, and a tuple is made several times
 # faster than a frozen dataclass (whose __init__ goes through object.__setattr__ per field).
 class Emit(NamedTuple):
-    """Emit a run event: ``rec`` entered ``state``."""
+    """Emit a run event: ``rec`` entered ``state`` (a tuple: each of these states, in order, at once)."""
 
     rec: RunRecord
-    state: str
+    state: str | tuple[str, ...]
     error: BaseException | None = None
 
 

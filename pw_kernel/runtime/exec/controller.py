@@ -414,7 +414,7 @@ class Controller:
         """Carry out what the lifecycle decided: the one place futures are set and run events emitted."""
         for e in effects:
             kind = type(e)
-            if kind is Emit:  # (the commonest first: three per run)
+            if kind is Emit:  # (the commonest first: one to three per run)
                 rec = e.rec
                 msg = None if e.error is None else f"{type(e.error).__name__}: {e.error}"
                 self.events.emit_run(rec.id, rec.name, rec.tenant, e.state, msg)

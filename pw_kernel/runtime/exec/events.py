@@ -250,14 +250,24 @@ class EventLog:
         make = RunEvent._make
         return [make(row) for row in list(self._run_rows)]
 
-    def emit_run(self, run_id: int, program: str, tenant: str, state: str, error: str | None = None) -> None:
-        """Record that run ``run_id`` entered ``state`` now; subscribers get a RunEvent."""
-        row = (run_id, program, tenant, state, time.perf_counter_ns() - self.epoch, error)
-        self._run_rows.append(row)
+    def emit_run(self, run_id: int, program: str, tenant: str, state: str | tuple[str, ...], error: str | None = None) -> None:
+        """Record that run ``run_id`` entered ``state`` now; subscribers get a RunEvent.
+
+        A tuple of states: it went through each of them, in order, in one transition (a lone
+        call is queued, running and done at once): one event each, at the same time.
+        """
+        t = time.perf_counter_ns() - self.epoch
+        if type(state) is tuple:
+            rows = [(run_id, program, tenant, s, t, error) for s in state]
+            self._run_rows.extend(rows)
+        else:
+            rows = ((run_id, program, tenant, state, t, error),)
+            self._run_rows.append(rows[0])
         if self._subscribers:
-            ev = RunEvent._make(row)
-            for cb in self._subscribers:
-                self._call(cb, ev)
+            for row in rows:
+                ev = RunEvent._make(row)
+                for cb in self._subscribers:
+                    self._call(cb, ev)
 
     def _call(self, cb: Subscriber, ev: Any) -> None:
         try:
