@@ -20,9 +20,6 @@ if TYPE_CHECKING:
     from .trace.graph import ProgramGraph
 
 
-_ONE_LEAF = jax.tree_util.tree_structure(0)
-
-
 def _from_record(path: str, doc: str) -> property:
     """A `Run` attribute that reads ``path`` of its `RunRecord` (e.g. ``"plan.mode"``)."""
     return property(operator.attrgetter("_rec." + path), doc=doc)
@@ -154,10 +151,10 @@ class Run:
                     f"any more (the controller keeps only the last {self._owner.config.keep_outputs} runs' "
                     f"outputs). Keep the futures the call returned, e.g. `y = step(x)`."
                 )
-        tree = self.graph.out_tree
-        if tree == _ONE_LEAF:  # a function returning one array (most calls): no unflattening
+        graph = self.graph
+        if graph.one_leaf:  # a function returning one array (most calls): no unflattening
             return futures[0]
-        return jax.tree_util.tree_unflatten(tree, futures)
+        return jax.tree_util.tree_unflatten(graph.out_tree, futures)
 
     def _alive(self) -> list:
         """The output futures through their weak references (None where one was collected)."""

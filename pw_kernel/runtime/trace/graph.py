@@ -217,6 +217,11 @@ class ProgramGraph:
         return tuple(self.values[v] for v in self.outputs)
 
     @functools.cached_property
+    def one_leaf(self) -> bool:
+        """Whether the program returns one array, not a tree (most calls): its output is its one future."""
+        return self.out_tree == jax.tree_util.tree_structure(0)
+
+    @functools.cached_property
     def donated_inputs(self) -> dict[int, str]:
         """Program input position -> the node that donates it (`pw.compiled(donate_argnums=...)`)."""
         pos = {vid: i for i, vid in enumerate(self.inputs)}
