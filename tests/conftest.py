@@ -40,6 +40,19 @@ def ctl2():
     pw.shutdown()
 
 
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """One local Ray cluster for every test with remote islands: starting one takes ~9 s.
+
+    Each test kills the island actors it made (`remote_islands.kill_islands`), so the next one finds the
+    cluster's CPUs free.
+    """
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
 # ------------------------------------------------- the suite leaves the checkout as it found it
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

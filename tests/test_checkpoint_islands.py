@@ -15,6 +15,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import pw_kernel as pw
+from remote_islands import kill_islands
 from fresh_python import run_python
 
 ray = pytest.importorskip("ray")
@@ -39,13 +40,11 @@ def batch(step):
 
 
 @pytest.fixture
-def island():
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    pw.init(pw.Config(validate=True))
+def island(ray_cluster):
+    c = pw.init(pw.Config(validate=True))
     (remote,) = pw.add_ray_islands(count=1, devices_per_island=4)
     yield remote
-    pw.shutdown()
-    ray.shutdown()
+    kill_islands(ray, c)
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import pw_kernel as pw
+from remote_islands import kill_islands
 
 ray = pytest.importorskip("ray")
 pytest.importorskip("orbax.checkpoint")
@@ -32,12 +33,10 @@ def batch(step):
 
 
 @pytest.fixture
-def cluster():
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    pw.init(pw.Config(validate=True))
+def cluster(ray_cluster):
+    c = pw.init(pw.Config(validate=True))
     yield
-    pw.shutdown()
-    ray.shutdown()
+    kill_islands(ray, c)
 
 
 def test_losing_an_island_mid_training_goes_on_from_the_last_checkpoint(cluster, tmp_path):

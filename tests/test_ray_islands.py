@@ -17,28 +17,20 @@ import numpy as np
 import pytest
 
 import pw_kernel as pw
+from remote_islands import kill_islands
 from test_paper_example import make_abc
 
 ray = pytest.importorskip("ray")
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
 @pytest.fixture
-def remote(cluster):
+def remote(ray_cluster):
     """A fresh controller (keeping no finished outputs) with two remote islands of 4 devices."""
-    pw.init(pw.Config(keep_outputs=0, validate=True))
+    c = pw.init(pw.Config(keep_outputs=0, validate=True))
     islands = pw.add_ray_islands(count=2, devices_per_island=4)
     yield islands
-    pw.shutdown()
-    for isl in islands:
-        ray.kill(isl.remote.actor)
+    kill_islands(ray, c)
 
 
 def buffers(island) -> int:
