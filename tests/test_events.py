@@ -72,6 +72,27 @@ def test_subscribers_see_nodes_and_run_transitions(ctl2):
     assert len([e for e in seen if isinstance(e, pw.NodeEvent)]) == len(nodes)  # unsubscribed
 
 
+def test_a_lone_call_is_queued_running_and_done_for_readers_and_subscribers(ctl):
+    # A warm lone call runs whole at submit and is reported in one transition: it still reads as
+    # three run events, after its node event, in the log and to subscribers alike.
+    s = pw.slice(1)
+    f = pw.compiled(lambda x: x + 1, slice=s, name="inc")
+    x = jnp.ones(4)
+    f(x).result()  # compiles (on the dispatcher thread)
+    seen = []
+    unsubscribe = ctl.events.subscribe(seen.append)
+    y = f(x)
+    unsubscribe()
+    rid = y.run.id
+    assert y.run.state == "done" and y.done()  # ran inside the call
+    logged = [(e.state, e.time) for e in ctl.events.runs if e.run_id == rid]
+    told = [e.state if isinstance(e, pw.RunEvent) else "node" for e in seen if e.run_id == rid]
+    assert [state for state, _ in logged] == ["queued", "running", "done"]
+    assert told == ["node", "queued", "running", "done"]
+    (node,) = y.run.events
+    assert logged[0][1] >= node.end >= node.start >= node.dispatch  # stamped when reported
+
+
 def test_a_broken_subscriber_is_dropped_and_the_controller_goes_on(ctl, caplog):
     calls = []
 

@@ -183,6 +183,15 @@ class RunEvent(NamedTuple):
 
 
 Subscriber = Callable[[Any], None]
+
+
+def _run_events(row: tuple) -> list[RunEvent]:
+    """The RunEvents of one kept row: one per state it entered."""
+    state = row[3]
+    if type(state) is tuple:
+        run_id, program, tenant, _, t, error = row
+        return [RunEvent(run_id, program, tenant, s, t, error) for s in state]
+    return [RunEvent._make(row)]
 _log = logging.getLogger("pw_kernel")
 
 
@@ -201,7 +210,8 @@ class EventLog:
         self.epoch = time.perf_counter_ns()
         self.nodes: collections.deque[NodeEvent] = collections.deque(maxlen=max_events)
         # Run events as plain tuples, RunEvent's fields in order: the garbage collector stops walking a
-        # tuple of strings and numbers (three are kept per run); RunEvents are made for readers.
+        # tuple of strings and numbers; RunEvents are made for readers. A row whose state is a tuple
+        # of states is a run that entered them at once (a lone call: queued, running, done), one row.
         self._run_rows: collections.deque[tuple] = collections.deque(maxlen=max_events)
         self._subscribers: list[Subscriber] = []
         self._lock = threading.Lock()
@@ -247,25 +257,18 @@ class EventLog:
 
             [(e.run_id, e.state) for e in pw.controller().events.runs][-3:]
         """
-        make = RunEvent._make
-        return [make(row) for row in list(self._run_rows)]
+        return [ev for row in list(self._run_rows) for ev in _run_events(row)]
 
     def emit_run(self, run_id: int, program: str, tenant: str, state: str | tuple[str, ...], error: str | None = None) -> None:
         """Record that run ``run_id`` entered ``state`` now; subscribers get a RunEvent.
 
         A tuple of states: it went through each of them, in order, in one transition (a lone
-        call is queued, running and done at once): one event each, at the same time.
+        call is queued, running and done at once): one row, read as one event per state.
         """
-        t = time.perf_counter_ns() - self.epoch
-        if type(state) is tuple:
-            rows = [(run_id, program, tenant, s, t, error) for s in state]
-            self._run_rows.extend(rows)
-        else:
-            rows = ((run_id, program, tenant, state, t, error),)
-            self._run_rows.append(rows[0])
+        row = (run_id, program, tenant, state, time.perf_counter_ns() - self.epoch, error)
+        self._run_rows.append(row)
         if self._subscribers:
-            for row in rows:
-                ev = RunEvent._make(row)
+            for ev in _run_events(row):
                 for cb in self._subscribers:
                     self._call(cb, ev)
 
