@@ -157,6 +157,50 @@ def test_a_run_says_which_step_it_is_compiling(ctl):
     assert "compiling" not in display.progress_line(run)
 
 
+_XLA_COMPILES: list[float] | None = None
+
+
+def xla_compiles() -> list[float]:
+    """Every XLA compile from now on (JAX reports each one's duration), in a list."""
+    global _XLA_COMPILES
+    if _XLA_COMPILES is None:
+        _XLA_COMPILES = []
+        jax.monitoring.register_event_duration_secs_listener(
+            lambda name, secs, **_: _XLA_COMPILES.append(secs) if name == "/jax/core/compile/backend_compile_duration" else None
+        )
+    return _XLA_COMPILES
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_first_run_compiles_each_executable_once_ahead_of_its_call(threads):
+    # Three functions, one of them called twice on the same kind of argument: three compiles, each
+    # its own event, before the steps run (several at once with threads), none again inside a call.
+    c = pw.init(pw.Config(validate=True, compile_threads=threads))
+    try:
+        s = pw.slice(2, mesh={"d": 2}, name="s")
+        f, g, h = (pw.compiled(lambda x, k=k: deep(x) * k, slice=s, in_specs=P("d"), out_specs=P("d"), name=n)
+                   for k, n in ((1.0, "f"), (2.0, "g"), (3.0, "h")))
+
+        @pw.program(name="three")
+        def three(x):
+            return h(g(f(f(x))))
+
+        x = jax.device_put(jnp.arange(8.0), s.sharding("d"))
+        seen = xla_compiles()
+        before = len(seen)
+        run = three.submit(x, mode="chained").wait()
+        compiles = sorted(e.node for e in run.events if e.kind == "compile")
+        assert compiles == ["compile f", "compile g", "compile h"] and len(seen) - before == 3
+        took = [e.end - e.dispatch for e in run.events if e.kind == "compile"]
+        assert max(took) <= round(run.compile_time * 1e9) <= sum(took)  # the wall time: compiles may overlap
+        want = h(g(f(f(x)))).result()  # (one-node programs of their own: compiled by tracing, not here)
+        np.testing.assert_allclose(run.outputs.result(), want, rtol=1e-6)
+        again = three.submit(x, mode="chained").wait()
+        assert not [e for e in again.events if e.kind == "compile"] and again.compile_time == 0
+    finally:
+        pw.shutdown()
+
+
 def test_futures_feed_later_runs_without_waiting(ctl):
     s1 = pw.slice(1, name="s1")
     s2 = pw.slice(1, name="s2")

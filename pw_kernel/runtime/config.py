@@ -42,6 +42,10 @@ class Config:
     #: call on those devices waits at most about this plus one node. 0: one node at a time per device.
     #: None: no bound but ``max_inflight`` (a cancelled run's dispatched nodes all still run).
     run_ahead_s: float | None = 0.02
+    #: Threads that compile a run's executables before their first calls, several at once (XLA
+    #: compiles without holding the GIL: a pipeline's first step has tens to compile). None: the
+    #: machine's CPU count, at most 4. 1: one after the other, each as its step comes up.
+    compile_threads: int | None = None
     #: Check state-machine invariants on every transition (on in tests).
     validate: bool = dataclasses.field(default_factory=lambda: _env_flag("PW_VALIDATE"))
     #: Completed node events kept, in the event log and in the runs of `controller().runs` alike

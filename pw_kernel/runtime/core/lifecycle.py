@@ -420,16 +420,17 @@ class Lifecycle:
             reader.upstream.remove(cell)
             self.recommend(reader, event, now, cell)
 
-    def compiling(self, rec: RunRecord, step_name: str | None, event: Any = None) -> None:
-        """The dispatcher started (``step_name``) or finished (None, with its compile ``event``) compiling for ``rec``.
+    def compiling(self, rec: RunRecord, step_name: str | None, events: Sequence[Any] = (), ns: int = 0) -> None:
+        """The dispatcher compiles ``step_name`` for ``rec`` (None: done); ``events``: its compile events once timed,
+        ``ns`` the wall time they took (several compile at once).
 
         Bookkeeping, not a change of state: progress views show what compiles, and a run's
         compile time and its compile events are what `Run.compile_time` and `Run.events` read.
         """
         rec.compiling = step_name
-        if event is not None:
-            rec.compile_ns += event.end - event.dispatch
-            rec.events.append(event)
+        if events:
+            rec.compile_ns += ns
+            rec.events.extend(events)
 
     @staticmethod
     def input_error(rec: RunRecord, cell: OutputCell) -> InputFailedError:

@@ -14,7 +14,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from ..devices import remote_device_id
 from ..errors import ArgumentError, FusedModeError
-from ..trace.graph import Node, ProgramGraph, nbytes_of
+from ..trace.graph import Node, ProgramGraph, Value, nbytes_of
 from ..remote.client import RemoteCall, RemoteTransfer
 from ..trace.executables import jit_of, sub_jaxprs
 
@@ -63,6 +63,8 @@ class Step:
     donates: tuple[int, ...] = ()  # slots whose buffers its outputs may reuse (donated arguments)
     outs_donated: bool = False  # a later step donates one of its outputs: completion must not wait on them
     exe: Executable = dataclasses.field(default_factory=Executable)
+    #: what its arguments will be (shape, dtype, sharding), for compiling it before they exist
+    in_values: tuple[Value, ...] = ()
 
     @property
     def collectives(self) -> bool:
@@ -155,6 +157,7 @@ def _step_for(node: Node, graph: ProgramGraph, call, ins, outs, devices: dict, n
         host_callbacks=node.host_callbacks,
         donates=tuple(ins[i] for i in node.donated) if remote is None else (),
         exe=Executable(compile_first=hasattr(call, "lower")),
+        in_values=tuple(vals[i] for i in ins),
     )
 
 

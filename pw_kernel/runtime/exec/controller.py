@@ -377,10 +377,10 @@ class Controller:
         """The submitting thread called a new run's step and must report it the usual way: start it first (lock held)."""
         self._apply(self.lifecycle.start_lone(rec, rec.submitted_at))
 
-    def on_compiling(self, rec: RunRecord, step_name: str | None, event=None) -> None:
-        """The dispatcher compiles ``step_name`` for ``rec`` (None: done), with its compile event once timed."""
+    def on_compiling(self, rec: RunRecord, step_name: str | None, events=(), ns: int = 0) -> None:
+        """The dispatcher compiles ``step_name`` for ``rec`` (None: done), with its compile events once timed."""
         with self.lock:
-            self.lifecycle.compiling(rec, step_name, event)
+            self.lifecycle.compiling(rec, step_name, events, ns)
 
     def on_completed(self, rec: RunRecord, per_island, published, failure, events) -> None:
         """The watcher saw steps of ``rec`` finish (``failure``: the first that raised, with its error)."""

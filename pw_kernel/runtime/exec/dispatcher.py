@@ -10,9 +10,13 @@ waits). It hands what it sent to `Completion`, which waits for it.
 
 from __future__ import annotations
 
+import concurrent.futures
+import os
 import threading
 import time
 from typing import TYPE_CHECKING
+
+import jax
 
 from ..core.records import FINAL, Work
 from ..trace.compiled import has_collectives
@@ -30,6 +34,24 @@ if TYPE_CHECKING:
 _INLINE_STEPS = 64
 _NONE_SENT = (0, 0, 0)  # an island with nothing sent yet in this burst: [steps, with collectives, with callbacks]
 _FLUSH_NS = 1_000_000  # or sooner: no node waits more than 1 ms to be watched (the timeline's resolution)
+
+
+def _compile_key(st) -> tuple | None:
+    """What makes two steps' executables one: the function and the kind of each argument (None: not known ahead)."""
+    vals = st.in_values
+    if not vals or any(v.sharding is None for v in vals):
+        return None
+    return (st.call, *((v.shape, v.dtype, v.sharding) for v in vals))
+
+
+def _lower_and_compile(call, args, log) -> tuple[int, int, object]:
+    """(start, end, the compiled executable or None if it failed) of compiling ``call`` for ``args``."""
+    start = log.now()
+    try:
+        compiled = call.lower(*args).compile()
+    except Exception:
+        compiled = None
+    return start, log.now(), compiled
 
 
 class Dispatcher:
@@ -56,6 +78,9 @@ class Dispatcher:
         # buffers on the watcher thread while the dispatcher dispatches slows dispatch ~2x.
         self.graveyard: list = []
         self.thread = threading.Thread(target=self._dispatch_loop, name="pw-dispatcher", daemon=True)
+        threads = controller.config.compile_threads
+        self.compile_threads = max(1, threads if threads is not None else min(4, os.cpu_count() or 1))
+        self._compilers: concurrent.futures.ThreadPoolExecutor | None = None  # made at the first compile of several
 
     def start(self) -> None:
         self.thread.start()
@@ -68,6 +93,8 @@ class Dispatcher:
         with self.cond:
             self._stopping = True
             self.cond.notify_all()
+        if self._compilers is not None:
+            self._compilers.shutdown(wait=False, cancel_futures=True)
 
     def _bury(self, batches: list) -> None:
         """Completed batches whose buffers this thread frees between its bursts (lock held)."""
@@ -200,7 +227,7 @@ class Dispatcher:
                 if batch:  # let the watcher time what is in flight while this thread compiles
                     self._hand_over(rec, k, sent_on, published, cost, batch)
                     batch, sent_on, published, cost, sent = [], {}, [], 0, _NONE_SENT
-                self._compile(rec, st, [slots[i] for i in st.ins])
+                self._compile(rec, k, [slots[i] for i in st.ins])
             if exe.collectives and coll_inflight[island] + sent[1] >= coll_limits[island]:
                 break  # credit comes back as earlier collective steps finish
             if st.host_callbacks and cb_inflight[island] + sent[2]:
@@ -303,34 +330,71 @@ class Dispatcher:
                 self.controller.on_step_failed(rec, None, e)
                 return True
 
-    def _compile(self, rec: RunRecord, st, args: list) -> None:
-        """Compile a step's executable before its first call, as a "compile" event on the host lane.
+    def _compile(self, rec: RunRecord, k: int, args: list) -> None:
+        """Compile step ``k``'s executable before its first call, with the run's later ones: a "compile" event each.
 
         Otherwise XLA compiles inside the first call, and its time (often 100x a
         later call) shows up as that node's device time, or inside a transfer.
-        Later calls (of any step sharing the executable) hit JAX's cache.
+        Later calls (of any step sharing the executable) hit JAX's cache. A pipeline's
+        first step has tens of executables to compile: those of the later steps are
+        compiled from what their arguments will be (`Step.in_values`), on
+        `Config.compile_threads` threads at once, and steps that call one function
+        on arguments of the same kind share its compile.
         """
         c = self.controller
-        exe = st.exe
-        exe.compile_first = False
         log = c.events
-        t0 = log.now()
-        c.on_compiling(rec, st.name)  # progress views say so: a first call can compile for minutes
-        try:
-            compiled = st.call.lower(*args).compile()
-        except Exception:
-            c.on_compiling(rec, None)
-            return  # the call itself will raise it, attributed to the node
-        exe.collectives = has_collectives(compiled)
-        self.seq += 1
-        ev = NodeEvent(
-            self.seq, rec.id, rec.name, rec.tenant, f"compile {st.name}", "compile", (), st.island, None, t0, 0,
-            st.shapes,
-        )
-        ev.end = log.now()
-        c.on_compiling(rec, st.name, ev)  # on the run before it is emitted: a view reading the run on it sees it
-        log.emit_node(ev)
-        c.on_compiling(rec, None)  # after its event: the run says what it compiled until that event is out
+        steps = rec.plan.steps
+        st = steps[k]
+        first = _compile_key(st)
+        jobs: dict = {first: (st, args, [st])}  # key -> (step, arguments, the steps it compiles)
+        ahead = self.compile_threads > 1  # else only the steps that share this one's executable
+        for later in steps[k + 1:] if first is not None else ():
+            if not later.exe.compile_first or later.host_callbacks:
+                continue
+            key = _compile_key(later)
+            if key is None:
+                continue  # host values among its arguments: compiled on its first call's arguments
+            job = jobs.get(key)
+            if job is not None:
+                job[2].append(later)
+            elif ahead:
+                specs = [jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=v.sharding) for v in later.in_values]
+                jobs[key] = (later, specs, [later])
+        todo = list(jobs.values())
+        st.exe.compile_first = False
+        # Progress views say so: a first call can compile for minutes.
+        c.on_compiling(rec, st.name if len(todo) == 1 else f"{st.name} and {len(todo) - 1} more")
+        if len(todo) == 1:
+            results = [_lower_and_compile(st.call, args, log)]
+        else:
+            results = list(self._compile_pool().map(lambda job: _lower_and_compile(job[0].call, job[1], log), todo))
+        events = []
+        for (step, _, sharing), (start, end, compiled) in zip(todo, results):
+            if compiled is None:
+                continue  # its call raises it, attributed to the node (a later step: when it comes up)
+            collectives = has_collectives(compiled)
+            for s in sharing:
+                s.exe.compile_first = False
+                s.exe.collectives = collectives
+            self.seq += 1
+            ev = NodeEvent(
+                self.seq, rec.id, rec.name, rec.tenant, f"compile {step.name}", "compile", (), step.island, None,
+                start, 0, step.shapes,
+            )
+            ev.end = end
+            events.append(ev)
+        if events:
+            # On the run before they are emitted: a view reading the run on one sees them.
+            span = max(e.end for e in events) - min(e.dispatch for e in events)  # (they overlap)
+            c.on_compiling(rec, rec.compiling, events, span)
+            for ev in events:
+                log.emit_node(ev)
+        c.on_compiling(rec, None)  # after its events: the run says what it compiled until they are out
+
+    def _compile_pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self._compilers is None:
+            self._compilers = concurrent.futures.ThreadPoolExecutor(self.compile_threads, "pw-compile")
+        return self._compilers
 
     def _hand_over(
         self, rec: RunRecord, cursor: int, sent_on: dict, published: list, cost: int, batch: list, lone: bool = False
