@@ -186,9 +186,15 @@ def test_a_first_run_compiles_each_executable_once_ahead_of_its_call(threads):
             return h(g(f(f(x))))
 
         x = jax.device_put(jnp.arange(8.0), s.sharding("d"))
+        said = []  # what the run says it compiles when each compile event comes out (a progress view)
+        unsubscribe = c.events.subscribe(
+            lambda ev: said.append(c.run(ev.run_id).compiling) if getattr(ev, "kind", None) == "compile" else None
+        )
         seen = xla_compiles()
         before = len(seen)
         run = three.submit(x, mode="chained").wait()
+        unsubscribe()
+        assert said == (["f", "g", "h"] if threads == 1 else ["f, g, h"] * 3)
         compiles = sorted(e.node for e in run.events if e.kind == "compile")
         assert compiles == ["compile f", "compile g", "compile h"] and len(seen) - before == 3
         took = [e.end - e.dispatch for e in run.events if e.kind == "compile"]

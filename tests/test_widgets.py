@@ -467,7 +467,9 @@ def test_run_widget_says_what_it_is_compiling(ctl2):
             x = jnp.sin(x) * 1.001 + i
         return x
 
-    pw.init(pw.Config(max_inflight=1))  # one step in flight: `deep` is not even compiled while `held` runs
+    # One step in flight, and each executable compiled as its step comes up (not ahead, with
+    # `held`'s): `deep` is not even compiled while `held` runs.
+    pw.init(pw.Config(max_inflight=1, compile_threads=1))
     c = pw.controller()
     shown = []  # what the widget shows once its ticker looks while the compile event is out
 

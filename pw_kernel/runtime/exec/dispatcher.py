@@ -363,7 +363,8 @@ class Dispatcher:
         todo = list(jobs.values())
         st.exe.compile_first = False
         # Progress views say so: a first call can compile for minutes.
-        c.on_compiling(rec, st.name if len(todo) == 1 else f"{st.name} and {len(todo) - 1} more")
+        names = [job[0].name for job in todo]
+        c.on_compiling(rec, ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else ""))
         if len(todo) == 1:
             results = [_lower_and_compile(st.call, args, log)]
         else:
