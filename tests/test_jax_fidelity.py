@@ -462,6 +462,37 @@ def test_thousands_of_calls_on_one_array_without_waiting_then_a_donation(ctl):
         np.testing.assert_array_equal(np.asarray(y.result()), np.arange(4.0) + 1)
 
 
+def test_a_training_loop_that_donates_its_state_and_never_waits_trains_as_jax_does(ctl):
+    # A user's optax-style loop: each step donates the state the last one returned, and nothing waits.
+    # A step is often dispatched (taking its input's buffers) before the one before it is completed:
+    # completion then finds that run's outputs donated, as jax.jit leaves them, which is no failure.
+    s = pw.slice(1, name="train")
+
+    def step(w, m, x):
+        g = jnp.tanh(x @ w) @ w.T - x
+        m = 0.9 * m + (x.T @ g) / x.shape[0]
+        return w - 0.01 * m, m, jnp.mean(g * g)
+
+    train = pw.compiled(step, slice=s, donate_argnums=(0, 1), name="train")
+    plain = jax.jit(step, donate_argnums=(0, 1))
+    rng = np.random.default_rng(0)
+    w0 = rng.normal(size=(128, 128)).astype(np.float32) / 12
+    xs = [rng.normal(size=(64, 128)).astype(np.float32) for _ in range(8)]
+    w, m = jnp.asarray(w0), jnp.zeros((128, 128))
+    pw_losses = []
+    for i in range(120):
+        w, m, loss = train(w, m, xs[i % 8])
+        pw_losses.append(loss)
+    jw, jm = jnp.asarray(w0), jnp.zeros((128, 128))
+    jax_losses = []
+    for i in range(120):
+        jw, jm, loss = plain(jw, jm, xs[i % 8])
+        jax_losses.append(loss)
+    np.testing.assert_allclose([float(v) for v in pw.get(pw_losses)], [float(v) for v in jax_losses], rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(w.result()), np.asarray(jw), rtol=1e-6)
+    assert {r.state for r in pw.controller().runs} == {"done"}
+
+
 def test_readers_noted_on_one_value_are_pruned_in_linear_time():
     # what pw still reads of a value is asked of each reader; asking all of them at every new one was
     # quadratic (a loop of 3,000 unwaited calls on one array spent 245 µs per call doing it)

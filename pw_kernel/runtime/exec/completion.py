@@ -72,6 +72,18 @@ def wait_ready(value: Any, done: Callable[[], bool], spin_ns: int = _SPIN_NS) ->
         delay = min(delay * 2, 1e-3)
 
 
+def _donated(a: Any) -> bool:
+    """Whether output ``a`` was donated since (a later run gave it to its computation, which XLA runs after
+    this one): there is nothing of it to wait for, and it did not fail."""
+    is_deleted = getattr(a, "is_deleted", None)
+    return is_deleted is not None and is_deleted()
+
+
+def _undonated(outs) -> list:
+    """The outputs of a node that no later run donated (those are what waiting for it can ask)."""
+    return [a for a in outs if not _donated(a)]
+
+
 def _computed(batch: tuple) -> bool:
     """Whether every node of ``batch`` has computed (so completing it will not wait).
 
@@ -405,7 +417,8 @@ class Completion:
                 except AttributeError:
                     pass  # not a device array (a numpy float0 gradient of an integer input): ready
                 except Exception:
-                    raised = True  # found and attributed below
+                    if not _donated(a):
+                        raised = True  # found and attributed below
             end = clock() - epoch
             start = dispatch
             if st.remote:  # ran on a remote island: its own clock, corrected
@@ -448,13 +461,13 @@ class Completion:
         failed: dict[int, BaseException] = {}  # batch index -> error of the first failing node of a run
         try:
             if raised:
-                jax.block_until_ready([item[4] for item in items if not item[1].outs_donated])
+                jax.block_until_ready([_undonated(item[4]) for item in items if not item[1].outs_donated])
         except Exception:  # an asynchronous failure: find the first failing node of each run
             seen: set[int] = set()
             for i, (rec, st, _, _, outs) in enumerate(items):
                 if rec.id not in seen and not st.outs_donated:
                     try:
-                        jax.block_until_ready(outs)
+                        jax.block_until_ready(_undonated(outs))
                     except Exception as e:
                         failed[i] = e
                         seen.add(rec.id)
