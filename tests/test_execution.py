@@ -157,6 +157,14 @@ def test_a_run_says_which_step_it_is_compiling(ctl):
     assert "compiling" not in display.progress_line(run)
 
 
+def test_compile_threads_must_be_a_positive_count():
+    for bad in (0, -2, 1.5, "4"):
+        with pytest.raises(pw.ArgumentError, match=r"compile_threads=\.\.\.\)` must be a positive int .*got " + re.escape(repr(bad))):
+            pw.init(pw.Config(compile_threads=bad))
+    assert pw.init(pw.Config(compile_threads=3)).dispatcher.compile_threads == 3
+    pw.shutdown()
+
+
 _XLA_COMPILES: list[float] | None = None
 
 

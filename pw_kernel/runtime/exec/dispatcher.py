@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import jax
 
 from ..core.records import FINAL, Work
+from ..errors import ArgumentError
 from ..trace.compiled import has_collectives
 from .completion import BATCH, Completion
 from .events import NodeEvent
@@ -79,7 +80,12 @@ class Dispatcher:
         self.graveyard: list = []
         self.thread = threading.Thread(target=self._dispatch_loop, name="pw-dispatcher", daemon=True)
         threads = controller.config.compile_threads
-        self.compile_threads = max(1, threads if threads is not None else min(4, os.cpu_count() or 1))
+        if threads is not None and (type(threads) is not int or threads < 1):
+            raise ArgumentError(
+                f"`pw.Config(compile_threads=...)` must be a positive int (1: compile one executable at a "
+                f"time) or None (the CPU count, at most 4); got {threads!r}."
+            )
+        self.compile_threads = threads if threads is not None else max(1, min(4, os.cpu_count() or 1))
         self._compilers: concurrent.futures.ThreadPoolExecutor | None = None  # made at the first compile of several
 
     def start(self) -> None:
