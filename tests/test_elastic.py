@@ -60,7 +60,10 @@ def test_losing_an_island_mid_training_goes_on_from_the_last_checkpoint(cluster,
             if step % 5 == 0:
                 ckpt.save(step, {"state": state})
             if step == 12 and not retries:
-                ray.kill(remote.remote.actor)  # the island dies while the loop runs
+                # The island dies while the loop runs, once step 10's checkpoint is written (it is
+                # written from futures in the background: killed sooner, the retry starts from 5).
+                ckpt.wait_until_finished()
+                ray.kill(remote.remote.actor)
             losses[step] = float(loss.result(timeout=120))
         ckpt.wait_until_finished()
 
