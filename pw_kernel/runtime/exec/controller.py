@@ -374,8 +374,10 @@ class Controller:
             self.lifecycle.policy.charge(rec, cost)
 
     def start_lone(self, rec: RunRecord) -> None:
-        """The submitting thread called a new run's step and must report it the usual way: start it first (lock held)."""
-        self._apply(self.lifecycle.start_lone(rec, rec.submitted_at))
+        """The submitting thread called a new run's step and must report it the usual way: start it first
+        if it is still queued (`Lifecycle.lone_args`; lock held)."""
+        if rec.state == "queued":
+            self._apply(self.lifecycle.start_lone(rec, rec.submitted_at))
 
     def on_compiling(self, rec: RunRecord, step_name: str | None, events=(), ns: int = 0) -> None:
         """The dispatcher compiles ``step_name`` for ``rec`` (None: done), with its compile events once timed."""

@@ -308,8 +308,7 @@ class Dispatcher:
         except Exception as e:
             if ns:
                 gate.untake(st, ns)
-            if rec.state == "queued":
-                c.start_lone(rec)
+            c.start_lone(rec)
             c.on_step_failed(rec, st, e)
             return True
         self.seq += 1
@@ -317,8 +316,7 @@ class Dispatcher:
         item = (rec, st, self.seq, t, outs)
         per_island = ((st.island, 1, exe.collectives, 0),)
         if not self.completion.complete_one(item, per_island, published, exe.cost):
-            if rec.state == "queued":
-                c.start_lone(rec)  # the usual way from here: running, dispatched, completed when it computed
+            c.start_lone(rec)  # the usual way from here: running, dispatched, completed when it computed
             self._report(rec, 1, per_island, published, exe.cost, [item], lone=True)
         return True
 
@@ -331,8 +329,7 @@ class Dispatcher:
             try:
                 return self._dispatch_one(rec, rec.plan.steps[0], args)
             except Exception as e:  # a bug of ours: fail the run, keep the controller alive
-                if rec.state == "queued":
-                    self.controller.start_lone(rec)
+                self.controller.start_lone(rec)
                 self.controller.on_step_failed(rec, None, e)
                 return True
 

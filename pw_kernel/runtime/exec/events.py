@@ -183,6 +183,7 @@ class RunEvent(NamedTuple):
 
 
 Subscriber = Callable[[Any], None]
+_log = logging.getLogger("pw_kernel")
 
 
 def _run_events(row: tuple) -> list[RunEvent]:
@@ -192,7 +193,6 @@ def _run_events(row: tuple) -> list[RunEvent]:
         run_id, program, tenant, _, t, error = row
         return [RunEvent(run_id, program, tenant, s, t, error) for s in state]
     return [RunEvent._make(row)]
-_log = logging.getLogger("pw_kernel")
 
 
 class EventLog:
