@@ -393,13 +393,15 @@ class Lifecycle:
         rec.cells = ()
         # The event first, then the futures: whoever wakes on an output sees the run done.
         effects: list = [Emit(rec, "done")]
-        fresh = rec.held
-        if published:
-            fresh = {**fresh, **dict(published)} if fresh else dict(published)
+        held = rec.held
         rec.held = NOTHING
-        res = self._resolve(
-            rec, [(j, fresh[j] if j in fresh else slots[out_slots[j]]) for j, r in enumerate(rec.resolved) if not r]
-        )
+        resolved = rec.resolved
+        if held or len(published) < len(resolved):  # some outputs are among those held, or in the slots
+            fresh = {**held, **dict(published)}
+            outs = [(j, fresh[j] if j in fresh else slots[out_slots[j]]) for j, r in enumerate(resolved) if not r]
+        else:
+            outs = published  # every output, just made (each is published once): a lone call, a fused run
+        res = self._resolve(rec, outs)
         if res is not None:
             effects.append(res)
         effects.append(Finish(rec))
@@ -621,7 +623,8 @@ def _ran_lone(
 
     `start` then `ran` for the commonest interactive call, a one-step run that computed inside
     its call: the same states, counts and effects, without the value slots or a memory
-    reservation (it fit, and would be given back in this same transition).
+    reservation (it fit, and would be given back in this same transition). Done is decided,
+    and the outputs resolved, where every run's are (`_finish_if_complete`).
     """
     for island, k, _, _ in per_island:  # in flight and out again: only the totals move
         life.dispatched[island] += k
@@ -629,17 +632,15 @@ def _ran_lone(
     life.credit_wanted = life.blocked = False  # the queue was empty: nobody waits for either
     rec.dispatched = rec.done = rec.cursor = cursor
     rec.events.extend(events)
-    rec.state = "done"
+    rec.state = "running"
     rec.started_at = rec.submitted_at
-    rec.finished_at = now
     rec.inputs = ()
     cells = rec.cells
-    rec.cells = ()
-    resolved = rec.resolved
     for j, value in published:  # (every output: `Plan.lone_args`)
         cells[j].value = value
-        resolved[j] = 1
-    return [Emit(rec, _LONE_STATES), Resolve(rec, tuple(published)), Finish(rec)]
+    effects = life._finish_if_complete(rec, now, published)
+    effects[0] = Emit(rec, _LONE_STATES)  # its done event (the first), with the states it went through before
+    return effects
 
 
 @_on(("running", "upstream_done"), to=("running", "done"))
