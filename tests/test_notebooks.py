@@ -196,7 +196,8 @@ def test_multi_tenancy_notebook_measures_shares(kernel_dir, tmp_path):
 def test_checkpoint_notebook_resumes_on_another_layout_and_outlives_a_lost_island(kernel_dir, tmp_path):
     text = "\n".join(by_first_line(execute(NOTEBOOKS / "07_checkpoint_resume.ipynb", kernel_dir, tmp_path)).values())
     assert "checkpoints kept: [25, 30, 35]" in text and "restore will start at step 35" in text
-    assert "restored step 35 | stage 3's params: P(None, 'model') on devices [4, 5, 6, 7]" in text
+    restored = "restored step 35 | stage 3's params: P(None, 'model') on devices [4, 5, 6, 7]"
+    assert restored in text, [t for t in text.splitlines() if t.startswith(("restored", "its AdamW", "restore will"))]
     diff = re.search(r"steps 36-39 after the restart: largest relative difference from the uninterrupted run (\S+)",
                      text)
     assert diff is not None and float(diff.group(1)) < 1e-5, text[-600:]
@@ -218,6 +219,7 @@ def test_checkpoint_notebook_resumes_in_a_fresh_kernel(kernel_dir, tmp_path):
     path = tmp_path / "07_after_restart.ipynb"
     nbformat.write(nb, path)
     text = "\n".join(by_first_line(_execute(path, kernel_dir, tmp_path)).values())
-    assert "restored step 35 | stage 3's params: P(None, 'model') on devices [4, 5, 6, 7]" in text
+    restored = "restored step 35 | stage 3's params: P(None, 'model') on devices [4, 5, 6, 7]"
+    assert restored in text, [t for t in text.splitlines() if t.startswith(("restored", "its AdamW", "restore will"))]
     diff = re.search(r"largest relative difference from the uninterrupted run (\S+)", text)
     assert diff is not None and float(diff.group(1)) < 1e-5, text[-600:]
