@@ -14,7 +14,7 @@ import pytest
 import pw_kernel as pw
 from pw_kernel.runtime import FIFO, FairShare, InputFailedError, NodeError, Priority
 from pw_kernel.runtime.core.lifecycle import Lifecycle
-from pw_kernel.runtime.core.plan import Plan, Step, plan_for
+from pw_kernel.runtime.exec.plan import Plan, Step, plan_for
 from pw_kernel.runtime.core.records import Emit, Finish, Reject, Resolve, RunRecord, Wake
 
 
@@ -84,7 +84,7 @@ def test_a_lone_run_is_submitted_and_started_in_one_step_as_the_table_would():
     assert work.rec is a and step_work.rec is b and work.quantum == step_work.quantum and work.inline
     for x, y in ((a, b), (fused, stepwise)):
         fields = [k for k in vars(y) if not k.startswith("_")] if hasattr(y, "__dict__") else RunRecord.__slots__
-        same = {k for k in fields if k not in ("plan", "cells", "queue", "dispatchable", "policy")}
+        same = {k for k in fields if k not in ("plan", "cells", "queue", "dispatchable", "policy", "log")}
         assert {k: getattr(x, k) for k in same} == {k: getattr(y, k) for k in same}
     assert list(fused.queue) == list(stepwise.queue) == [0] and list(fused.dispatchable) == [0]
     dispatch_all(fused, a)
@@ -99,7 +99,7 @@ def test_ran_is_dispatched_then_completed_in_one_transition():
     a, b = record(0, make_plan(1), now=1.0), record(0, make_plan(1), now=1.0)
     fused.submit_lone(a, 1.0)
     stepwise.submit_lone(b, 1.0)
-    effects = fused.handle(a, "ran", 2.0, 1, ((0, 1, 0, 0),), [(0, "y")], ["event"])
+    effects = fused.handle(a, "ran", 2.0, 1, ((0, 1, 0, 0),), [(0, "y")], 0, ["event"])
     step_effects = stepwise.handle(b, "dispatched", 2.0, 1, ((0, 1, 0, 0),), [(0, "y")])
     step_effects += stepwise.handle(b, "completed", 2.0, ((0, 1, 0, 0),), [(0, "y")], None, ["event"])
     assert kinds(effects) == kinds(step_effects) == ["Emit", "Resolve", "Finish"]
@@ -116,11 +116,11 @@ def test_a_lone_call_run_whole_at_submit_is_queued_running_and_done_in_one_trans
     # record, events, outputs and counts as starting it, then reporting `ran` from "running".
     fused, stepwise = (Lifecycle(max_inflight=8, n_islands=1, validate=True) for _ in range(2))
     a, b = (record(0, make_plan(1, n_inputs=1), inputs=["x"], now=1.0) for _ in range(2))
-    assert fused.lone_args(a) == ["x"] and a.state == "queued" and not fused.queue  # asking changes nothing
+    assert fused.lone_args(a) == ["x"] and a.state == "new" and not fused.queue  # asking changes nothing
     cell, step_cell = a.cells[0], b.cells[0]  # what its future holds, for runs that read it later
-    effects = fused.handle(a, "ran", 2.0, 1, ((0, 1, 0, 0),), [(0, "y")], ["event"])
+    effects = fused.handle(a, "ran", 2.0, 1, ((0, 1, 0, 0),), [(0, "y")], 0, ["event"])
     _, step_effects = stepwise.submit_lone(b, 1.0)
-    step_effects += stepwise.handle(b, "ran", 2.0, 1, ((0, 1, 0, 0),), [(0, "y")], ["event"])
+    step_effects += stepwise.handle(b, "ran", 2.0, 1, ((0, 1, 0, 0),), [(0, "y")], 0, ["event"])
     # Its three run events entered at once are one effect: one timestamp, one append.
     assert kinds(effects) == ["Emit", "Resolve", "Finish"] and effects[0].state == ("queued", "running", "done")
     assert kinds(step_effects) == ["Emit", "Emit", "Emit", "Resolve", "Finish"]
@@ -146,7 +146,7 @@ def test_only_a_lone_one_step_call_on_ready_inputs_is_run_whole_at_submit():
     assert life.lone_args(record(3, make_plan(1, n_inputs=1), inputs=["x"])) is None  # not alone, no credit
     life.handle(producer, "completed", 2.0, ((0, 1, 0, 0),), [(0, "x")], None)
     assert producer.state == "done" and life.lone_args(reader) == ["x"]  # a finished run's output is an array
-    assert reader.state == "queued" and not life.queue
+    assert reader.state == "new" and not life.queue
 
 
 def test_a_lone_run_that_cannot_start_is_only_queued():

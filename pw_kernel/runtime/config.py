@@ -64,6 +64,9 @@ class Config:
     keep_outputs: int = 16
     #: Runs kept in `controller().runs` (the oldest finished ones are forgotten first).
     keep_runs: int = 10_000
+    #: Transitions kept in the lifecycle's log, which `Run.story()` reads (the oldest go first; a run
+    #: makes a few, a chained run a few per dispatch burst).
+    story_length: int = 100_000
 
 
 def backends_started() -> bool:

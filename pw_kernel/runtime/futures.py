@@ -7,7 +7,8 @@ import concurrent.futures
 import math
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 import jax
 import numpy as np
@@ -19,7 +20,21 @@ from .trace.graph import as_dtype, describe_sharding
 
 if TYPE_CHECKING:
     from .core.records import OutputCell
-    from .run import Run
+
+
+class Producer(Protocol):
+    """What a future asks of the run that makes it (a `Run`; this module does not import it)."""
+
+    id: int
+    name: str
+    state: str
+    nodes_done: int
+    nodes_total: int
+    error_seen: bool
+
+    def cancel(self) -> bool: ...
+
+    def complete_here(self, value: Any, done: Callable[[], bool]) -> None: ...
 
 
 def check_timeout(timeout: float | None, api: str) -> float | None:
@@ -64,7 +79,7 @@ class Future(concurrent.futures.Future):
     __slots__ = ("run", "index", "slice", "shape", "dtype", "sharding", "_cell", "_state", "_result", "_exception")
 
     def __init__(
-        self, run: Run, index: int, shape, dtype, sharding: Sharding | None, slice, cell: OutputCell  # noqa: A002
+        self, run: Producer, index: int, shape, dtype, sharding: Sharding | None, slice, cell: OutputCell  # noqa: A002
     ):
         self.run = run
         self.index = index

@@ -149,10 +149,39 @@ class Program:
         weight: float = 1.0,
         priority: int = 0,
         source_map: dict[str, str] | None = None,
-        _claim: bool = False,
+        on_error=None,
         **kwargs,
     ) -> Run:
-        """Trace (or reuse the trace) and submit; returns the Run (its futures are ``run.outputs``)."""
+        """Trace (or reuse the trace) and submit; returns the Run (its futures are ``run.outputs``).
+
+        ``on_error`` is called with the run's error if it fails, before any future raises it.
+
+        Example::
+
+            run = step.submit(x, tenant="B", priority=10)
+            run.wait(); run.outputs
+        """
+        options = dict(name=name, mode=mode, tenant=tenant, weight=weight, priority=priority,
+                       source_map=source_map, on_error=on_error)
+        return self._submit(args, kwargs, options)[0]
+
+    def call_run(
+        self, *args, name: str | None = None, mode: str | None = None, tenant: str | None = None,
+        weight: float = 1.0, priority: int = 0, source_map: dict[str, str] | None = None, on_error=None, **kwargs,
+    ) -> tuple[Run, Any]:
+        """`submit`, returning the run and its outputs, held from before it started (a run that ends inside
+        this call keeps none of its futures itself once final).
+
+        Example::
+
+            run, (y, z) = f.call_run(v, name="first")
+        """
+        options = dict(name=name, mode=mode, tenant=tenant, weight=weight, priority=priority,
+                       source_map=source_map, on_error=on_error)
+        run, futures = self._submit(args, kwargs, options)
+        return run, run.tree(futures)
+
+    def _submit(self, args: tuple, kwargs: dict, options: dict) -> tuple[Run, list]:
         if in_program_trace():
             raise ArgumentError(
                 f"`{self.name}.submit` was called while another program is being traced (a `@pw.program` or a "
@@ -164,19 +193,12 @@ class Program:
         keep = self._inputs_still_read(traced, graph.donated_inputs)
         if keep:  # traced again with those inputs kept (once per signature and mask, then cached)
             graph, _ = self._trace(args, kwargs, keep)
-        run = self._controller().submit(
-            graph,
-            traced,
-            name=name or self.name,
-            mode=mode or self.mode,
-            tenant=tenant or self.tenant,
-            weight=weight,
-            priority=priority,
-            source_map=source_map,
-            claim=_claim,
-        )
+        options["name"] = options.get("name") or self.name
+        options["mode"] = options.get("mode") or self.mode
+        options["tenant"] = options.get("tenant") or self.tenant
+        run, futures = self._controller().call(graph, traced, **options)
         self._note_reads(graph, traced, run)
-        return run
+        return run, futures
 
     def call_arrays(self, args: tuple, key: tuple, arrays: tuple):
         """Call on ``args``, whose `array_signature` is (``key``, ``arrays``); returns the output futures.
@@ -191,9 +213,9 @@ class Program:
             return self(*args)
         traced = list(arrays)
         self._inputs_still_read(traced, NOTHING)
-        run = c.submit(graph, traced, name=self.name, mode=self.mode, tenant=self.tenant, claim=True)
+        run, futures = c.call(graph, traced, name=self.name, mode=self.mode, tenant=self.tenant)
         self._note_reads(graph, traced, run)
-        return run.outputs
+        return run.tree(futures)
 
     def _inputs_still_read(self, traced: list, donated: dict[int, str]) -> tuple[int, ...]:
         """Refuse inputs an earlier run was given (donated); of those this one donates, the ones pw still reads."""
@@ -240,7 +262,8 @@ class Program:
             # Like a jax.jit called inside a jax.jit: its compiled functions and glue become nodes of
             # the program being traced (one run, one graph), with this program's own options unused.
             return self.fn(*args, **kwargs)
-        return self.submit(*args, _claim=True, **kwargs).outputs
+        run, futures = self._submit(args, kwargs, {})
+        return run.tree(futures)
 
     @property
     def cache_size(self) -> int:

@@ -6,17 +6,17 @@ import operator
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 
+from .core.records import FINAL, RunRecord
+from .core.story import Story
 from .errors import PathwaysError, TimeoutError
 from .futures import Future, check_timeout, get
-from .core.records import FINAL, RunRecord, RunState
 
 if TYPE_CHECKING:
-    from .exec.controller import Controller
-    from .exec.events import NodeEvent
     from .trace.graph import ProgramGraph
 
 
@@ -25,6 +25,15 @@ def _from_record(path: str, doc: str) -> property:
     return property(operator.attrgetter("_rec." + path), doc=doc)
 #: Orders the threads that start waiting on runs (rare: one lock for all, none made per call).
 _WAITERS = threading.Lock()
+
+
+class RunLink(NamedTuple):
+    """What a `Run` may ask of the controller that made it: one per controller, shared by its runs."""
+
+    cancel: Callable[[Run], bool]  # cancel a run (a transition, under the controller's lock)
+    complete_here: Callable[[Any, Callable[[], bool]], None]  # wait for a dispatched value, completing here
+    story: Callable[[int], Story]  # the run's transitions, from the lifecycle's log
+    keep_outputs: int  # how many finished runs' outputs the controller keeps (for an error message)
 
 
 class Run:
@@ -40,13 +49,10 @@ class Run:
 
     # Slots: the controller remembers thousands of finished runs (Config.keep_runs), and every object
     # a remembered run keeps is walked by each full garbage collection.
-    __slots__ = (
-        "_owner", "_rec", "graph", "_retired", "error_seen", "_final", "_futures", "_unclaimed", "_weak",
-        "__weakref__",
-    )
+    __slots__ = ("_link", "_rec", "graph", "_retired", "error_seen", "_final", "_futures", "_weak", "__weakref__")
 
-    def __init__(self, owner: Controller, rec: RunRecord, graph: ProgramGraph):
-        self._owner = owner
+    def __init__(self, link: RunLink, rec: RunRecord, graph: ProgramGraph):
+        self._link = link
         self._rec = rec  # (id, name, plan, tenant... are read from it: one is made per call)
         self.graph = graph
         self._retired = False  # final, futures set and event emitted (see `retire`)
@@ -62,7 +68,6 @@ class Run:
         # hold) live as long as the user keeps them, or the controller keeps the run among its
         # most recent (Config.keep_outputs).
         self._futures: list[Future] | None = futures
-        self._unclaimed: list[Future] | None = None  # see Controller.submit(claim=True)
         # (one output: its reference alone, not a list of one: a remembered run keeps one object fewer)
         self._weak = weakref.ref(futures[0]) if len(futures) == 1 else [weakref.ref(f) for f in futures]
 
@@ -141,20 +146,35 @@ class Run:
         Raises PathwaysError once the run is final and its futures were released (nothing held
         them and the run is no longer among the controller's most recent).
         """
-        unclaimed, self._unclaimed = self._unclaimed, None  # taken: the caller holds them from now on
-        futures = self._futures if self._futures is not None else unclaimed
+        futures = self._futures
         if futures is None:
             futures = self._alive()
             if any(f is None for f in futures):
                 raise PathwaysError(
                     f"run {self.id} ({self.name!r}): its outputs were released because nothing referenced them "
-                    f"any more (the controller keeps only the last {self._owner.config.keep_outputs} runs' "
+                    f"any more (the controller keeps only the last {self._link.keep_outputs} runs' "
                     f"outputs). Keep the futures the call returned, e.g. `y = step(x)`."
                 )
+        return self.tree(futures)
+
+    def tree(self, futures: list[Future]):
+        """``futures`` (this run's, flat) in the tree the program returned."""
         graph = self.graph
         if graph.one_leaf:  # a function returning one array (most calls): no unflattening
             return futures[0]
         return jax.tree_util.tree_unflatten(graph.out_tree, futures)
+
+    def story(self) -> Story:
+        """The run's transitions in order: time, from -> to, the event, its stimulus and thread.
+
+        Example::
+
+            run = f.submit(x); run.wait()
+            print(run.story())           # queued -> running (start), ..., running -> done (completed)
+            run.story().states()         # ['new', 'queued', 'running', 'done'] (as far as the log keeps)
+        """
+        story = self._link.story(self._rec.id)
+        return Story(story, self._rec.id, self._rec.name)
 
     def _alive(self) -> list:
         """The output futures through their weak references (None where one was collected)."""
@@ -198,14 +218,10 @@ class Run:
             with _WAITERS:  # between waiters; `retire` takes no lock (it is on every call's path)
                 if self._final is None:
                     self._final = threading.Event()
-            # Set the event, then read the flag: `retire` sets the flag, then reads the event. One of the
+            # Set the event, then read the flag: `wake` sets the flag, then reads the event. One of the
             # two sees the other's write, so a waiter never sleeps on an event nobody will set.
             if not self._retired and not self._final.wait(timeout):
                 return False
-        # The thread that made the run final may still be in the controller's lock, holding the
-        # last batch's arrays until it leaves (see `Completion._finish`): wait until it has.
-        with self._owner.lock:
-            pass
         return True
 
     def result(self, timeout: float | None = None) -> Any:
@@ -215,13 +231,9 @@ class Run:
 
     def complete_here(self, value: Any, done) -> None:
         """Wait for a dispatched output ``value`` on this thread, completing pending steps here meanwhile."""
-        self._owner.completion.wait_here(value, done)
+        self._link.complete_here(value, done)
 
     # ------------------------------------------- effects the controller applies (its lock held)
-    def claim(self) -> None:
-        """Hold the futures until ``outputs`` is first read, even if the run ends before that."""
-        self._unclaimed = self._futures
-
     def resolve(self, outputs) -> None:
         """Set the futures of outputs ``(j, value)``."""
         futures = self._futures
@@ -239,13 +251,16 @@ class Run:
                 fut.set_exception(error)
 
     def retire(self) -> list[Future]:
-        """The run is final: let go of the futures (returned), wake whoever waits on the run."""
+        """The run is final: let go of the futures (returned); whoever waits on the run is woken by `wake`."""
         futures, self._futures = self._futures, None
+        return futures
+
+    def wake(self) -> None:
+        """Wake whoever waits on the run (once the thread that made it final holds none of its arrays)."""
         self._retired = True  # after its event and its futures: whoever `wait()`s sees it all
         final = self._final
         if final is not None:
             final.set()
-        return futures
 
     @property
     def retired(self) -> bool:
@@ -254,7 +269,7 @@ class Run:
 
     def cancel(self) -> bool:
         """Cancel: nodes not yet dispatched are dropped, futures raise CancelledError. False if already final."""
-        return self._owner.cancel(self)
+        return self._link.cancel(self)
 
     def __repr__(self) -> str:
         err = f", error={type(self.error).__name__}" if self.error is not None else ""

@@ -3,7 +3,7 @@
 It owns the run lifecycle (`lifecycle.py`: one transition table keyed by (state,
 event), pure handlers that update a run's record and return effects, a work
 list for cascades, validation of the invariants), the records and effects
-those transitions exchange (`records.py`), plans (`plan.py`: a program graph
-turned into immutable steps over value slots, with peak memory per device)
-and the scheduling policies that pick the next run (`scheduler.py`).
+those transitions exchange (`records.py`), the transition log that answers a
+run's story (`story.py`) and the scheduling policies that pick the next run
+(`scheduler.py`). Plans, which hold the executables, are execution's (`exec/plan.py`).
 """

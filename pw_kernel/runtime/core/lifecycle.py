@@ -3,7 +3,7 @@
 One `Lifecycle` per controller holds each run's state, cursor, value slots and
 memory reservation, the per-island in-flight counts and the runnable queue.
 Every change goes through `Lifecycle.handle(rec, event, ...)`, which looks the
-handler up in `TRANSITIONS` by (state, event), lets it update the state, and
+handler up in the table (`table.py`) by (state, event), lets it update the state, and
 returns the *effects* the caller must apply: resolve or reject futures, emit a
 run event, finish a run, wake the dispatcher. As in dask.distributed's
 ``SchedulerState._transition``, nothing here acts: no locks, threads, futures
@@ -19,48 +19,21 @@ queue (`_leave`), an output is resolved (`_resolve`, exactly once each).
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Sequence
+import itertools
+import threading
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..errors import (
-    CancelledError,
-    ControllerShutdownError,
-    InputFailedError,
-    InvalidTransition,
-    NodeError,
-    describe_cause,
-)
-from .records import FINAL, NOTHING, WAKE, Emit, OutputCell, Resolve, Reject, Finish, RunRecord, RunState, Work
+from ..errors import CancelledError, ControllerShutdownError, InvalidTransition
+from .failures import input_error, node_error
+from .records import NOTHING, WAKE, Emit, OutputCell, Resolve, Reject, Finish, RunRecord, RunState, Work
 from .scheduler import FIFO, Policy
+from .story import Row, Story, transition
+from .table import TARGETS, TRANSITIONS, on, transition_edges
+from .validation import check_events, check_invariants, check_row
 
 if TYPE_CHECKING:
-    from .plan import Step
-
-
-# --------------------------------------------------------------- the table
-Handler = Callable[..., list]
-
-#: (state, event) -> handler. An event a state does not accept is a bug: `InvalidTransition`.
-TRANSITIONS: dict[tuple[str, str], Handler] = {}
-#: (state, event) -> the states the handler may leave the run in (checked when validating).
-TARGETS: dict[tuple[str, str], tuple[str, ...]] = {}
-
-
-def _on(*keys: tuple[str, str], to: tuple[str, ...] = ()) -> Callable[[Handler], Handler]:
-    """Register a handler for (state, event) keys; ``to``: where it may lead (empty: the state stays)."""
-
-    def register(fn: Handler) -> Handler:
-        for key in keys:
-            TRANSITIONS[key] = fn
-            TARGETS[key] = to or (key[0],)
-        return fn
-
-    return register
-
-
-def transition_edges() -> list[tuple[str, str, str]]:
-    """The table as (from state, event, to state) triples, for drawing it."""
-    return [(state, event, to) for (state, event) in TRANSITIONS for to in TARGETS[(state, event)]]
+    from ..exec.plan import Step
 
 
 class Lifecycle:
@@ -83,6 +56,7 @@ class Lifecycle:
         validate: bool = False,
         max_collectives: Sequence[int] | None = None,
         gate: Any = None,
+        story_length: int = 100_000,
     ):
         self.max_inflight = max_inflight
         # The run-ahead bound (`exec/runahead.py`): ``gate.full(step, inflight)`` says a step's devices
@@ -117,12 +91,25 @@ class Lifecycle:
         # so a cascade through 10,000 chained runs is a loop, not 10,000 nested calls.
         self._later: collections.deque = collections.deque()
         self._cascading = False
+        #: The transition log (`story`): one row per transition, the last ``story_length`` kept.
+        self.log: collections.deque[Row] = collections.deque(maxlen=story_length)
+        self._stimuli = itertools.count(1)
+        self._stimulus: tuple[str, int, str] = ("", 0, "")  # the one being handled: kind, number, thread
+        self._last_state: dict[int, str] = {}  # validation: each run's state after its last logged transition
 
     # ---------------------------------------------------------------- events
-    def handle(self, rec: RunRecord, event: str, now: float, *args: Any) -> list:
-        """Apply ``event`` to ``rec`` through the table, then every transition it recommends; returns the effects."""
+    def handle(self, rec: RunRecord, event: str, now: float, *args: Any, stimulus: tuple | None = None) -> list:
+        """Apply ``event`` to ``rec`` through the table, then every transition it recommends; returns the effects.
+
+        The outermost call is one stimulus (a report, a call): it gets the next number, and every
+        transition it causes is logged with it (`story`). ``stimulus``: one already begun
+        (`begin`), which several calls share (one pick of the next work starts several runs).
+        """
+        if self._cascading:  # (a handler handling another run: part of the same stimulus)
+            return self._transition(rec, event, now, args)
+        self._stimulus = stimulus or (event, next(self._stimuli), threading.current_thread().name)
         effects = self._transition(rec, event, now, args)
-        if self._cascading or not self._later:
+        if not self._later:
             return effects
         self._cascading = True
         try:
@@ -135,57 +122,58 @@ class Lifecycle:
             self._later.clear()
         return effects
 
+    def begin(self, kind: str) -> tuple[str, int, str]:
+        """A new stimulus of ``kind`` that several `handle` calls share (pass it as ``stimulus=``)."""
+        return (kind, next(self._stimuli), threading.current_thread().name)
+
     def recommend(self, rec: RunRecord, event: str, now: float, *args: Any) -> None:
         """Queue a transition for after the current one (only inside a handler)."""
         self._later.append((rec, event, now, args))
 
     def _transition(self, rec: RunRecord, event: str, now: float, args: tuple) -> list:
-        key = (rec.state, event)
+        start = rec.state
+        key = (start, event)
         fn = TRANSITIONS.get(key)
         if fn is None:
-            raise InvalidTransition(f"run {rec.id}: no transition for event {event!r} in state {rec.state!r}")
+            raise InvalidTransition(f"run {rec.id}: no transition for event {event!r} in state {start!r}")
         effects = fn(self, rec, now, *args)
+        kind, n, thread = self._stimulus
+        row = (now, rec.id, start, rec.state, event, kind, n, thread)
+        self.log.append(row)
         if self.validate:
             assert rec.state in TARGETS[key], f"{key} led to {rec.state!r}, not one of {TARGETS[key]}"
+            check_row(self._last_state, row)
             self.check(rec)
         return effects
 
-    def submit(self, rec: RunRecord) -> list:
-        """A new run joins the queue (it is born queued)."""
-        self.queue[rec.id] = rec
-        self.dispatchable[rec.id] = rec
-        if self.validate:
-            self.check(rec)
-        return [Emit(rec, "queued"), WAKE]
+    def story(self, run_id: int) -> Story:
+        """Run ``run_id``'s transitions in order, as far as the log still keeps them.
+
+        Example::
+
+            print(life.story(3))     # time, from -> to, event, stimulus, thread
+        """
+        return Story([transition(r) for r in list(self.log) if r[1] == run_id], run_id)
+
+    def submit(self, rec: RunRecord, now: float = 0.0) -> list:
+        """A new run joins the queue: the table's ``("new", "submit")``."""
+        return self.handle(rec, "submit", now)
 
     def submit_lone(self, rec: RunRecord, now: float) -> tuple[Work | None, list]:
-        """A new run that finds the queue empty: submit and start it in one step (a lone interactive call).
+        """A new run: queued and started in one transition if it finds the queue empty (a lone interactive call).
 
-        The fused form of `submit` followed by the `next_work` that would pick it: the same
-        handler (``("queued", "start")`` of the table) does the start, so the run goes through
-        the same states and emits the same events, without the queue scan. Returns the work for
-        the submitting thread (None if the run cannot start now: it was submitted the
-        step-by-step way and waits in the queue, with a WAKE among the effects). In validation
-        mode the result is checked against the table's declared targets and the invariants.
+        The fused form of ``submit`` followed by the `next_work` that would pick it: the table's
+        ``("new", "start")`` does both, through the same states and events, without the queue
+        scan. Returns the work for the submitting thread (None if the run cannot start now: it
+        was submitted, ``("new", "submit")``, and waits in the queue, with a WAKE among the effects).
         """
         steps = rec.plan.steps
         if self.queue or (steps and self.out_of_credit(steps[0])) or self._blocker(rec) is not None:
-            return None, self.submit(rec)
-        effects = self.start_lone(rec, now)
+            return None, self.handle(rec, "submit", now)
+        effects = self.handle(rec, "start", now)
         if rec.state != "running" or rec.cursor >= len(steps):
             return None, effects  # finished at start (nothing to dispatch)
-        return Work(self.policy.pick((rec,)), self.policy.quantum, True), effects  # (inline)
-
-    def start_lone(self, rec: RunRecord, now: float) -> list:
-        """Submit and start ``rec``, which may start (`submit_lone` found so, or `lone_args`): queued, then running."""
-        self.queue[rec.id] = rec
-        self.dispatchable[rec.id] = rec
-        self.credit_wanted = self.blocked = False  # nothing else is queued: nobody waits for either
-        effects = [Emit(rec, "queued"), *_start(self, rec, now)]
-        if self.validate:
-            assert rec.state in TARGETS[("queued", "start")], f"lone start led to {rec.state!r}"
-            self.check(rec)
-        return effects
+        return Work(self.policy.pick((rec,)), self.policy.quantum, rec.slots, True), effects  # (inline)
 
     def lone_args(self, rec: RunRecord) -> list[Any] | None:
         """The arguments of a new run's only step, if its submitting thread may run the run whole now.
@@ -218,15 +206,21 @@ class Lifecycle:
             counts.extend([0] * grow)
         self.max_collectives.extend([max_collectives or self.max_inflight] * grow)
 
-    def out_of_credit(self, step: Step) -> bool:
-        """Whether ``step``'s island has no room for it: too many steps, or too many with collectives, queued,
-        a step with host callbacks already in flight, or its devices' run-ahead bound reached."""
+    def no_room(self, step: Step, sent: Sequence[int] = (0, 0, 0)) -> bool:
+        """Whether ``step``'s island has no room for it beside ``sent`` (steps, with collectives, with host
+        callbacks, sent and not yet reported): too many steps, or too many with collectives, queued, or a
+        step with host callbacks already in flight. The one place credit is decided (the dispatcher asks it
+        for each step of a burst; `out_of_credit` for the first)."""
         island = step.island
-        if self.inflight[island] >= self.max_inflight:
+        if self.inflight[island] + sent[0] >= self.max_inflight:
             return True
-        if step.host_callbacks and self.callbacks_inflight[island]:
+        if step.host_callbacks and self.callbacks_inflight[island] + sent[2]:
             return True
-        if step.exe.collectives and self.collectives_inflight[island] >= self.max_collectives[island]:
+        return step.exe.collectives and self.collectives_inflight[island] + sent[1] >= self.max_collectives[island]
+
+    def out_of_credit(self, step: Step) -> bool:
+        """Whether ``step`` cannot go now: `no_room`, or its devices' run-ahead bound reached."""
+        if self.no_room(step):
             return True
         return self.gate is not None and self.gate.full(step, self.inflight)
 
@@ -237,33 +231,44 @@ class Lifecycle:
         first_wins = self.policy.first_runnable_wins
         self.credit_wanted = False
         self.blocked = False
+        stimulus = None  # one for the whole pick, begun when a transition needs it
         for rec in list(self.dispatchable.values()):
             steps = rec.plan.steps
             if rec.cursor < len(steps) and self.out_of_credit(steps[rec.cursor]):
-                rec.waiting_for = "credit"
                 self.credit_wanted = True
+                if rec.waiting_for != "credit":
+                    stimulus = stimulus or self.begin("pick")
+                    effects += self.handle(rec, "wait", now, "credit", stimulus=stimulus)
                 continue
             if rec.state == "queued":
                 blocked = self._blocker(rec)
-                if blocked == "failed":
-                    effects += self.handle(rec, "input_failed", now)
-                    continue
                 if blocked is not None:
-                    rec.waiting_for = blocked
-                    self.blocked = True
+                    if blocked != "failed":
+                        self.blocked = True
+                        if rec.waiting_for == blocked:
+                            continue
+                    stimulus = stimulus or self.begin("pick")
+                    if blocked == "failed":
+                        effects += self.handle(rec, "input_failed", now, stimulus=stimulus)
+                    else:
+                        effects += self.handle(rec, "wait", now, blocked, stimulus=stimulus)
                     continue
-                effects += self.handle(rec, "start", now)
+                stimulus = stimulus or self.begin("pick")
+                effects += self.handle(rec, "start", now, stimulus=stimulus)
                 if rec.state != "running" or rec.cursor >= len(steps):
                     continue  # finished at start (nothing to dispatch)
             elif rec.cursor >= len(steps):
                 continue  # everything dispatched: waits for completions
-            rec.waiting_for = None
+            elif rec.waiting_for is not None:
+                stimulus = stimulus or self.begin("pick")
+                effects += self.handle(rec, "wait", now, None, stimulus=stimulus)
             runnable.append(rec)
             if first_wins:
                 break
         if not runnable:
             return None, effects
-        return Work(self.policy.pick(runnable), self.policy.quantum), effects
+        rec = self.policy.pick(runnable)
+        return Work(rec, self.policy.quantum, rec.slots), effects
 
     def has_work(self) -> bool:
         """Whether some run is queued or has steps left to dispatch (what `next_work` might pick)."""
@@ -271,40 +276,11 @@ class Lifecycle:
 
     def check_events(self, events: Sequence[Any]) -> None:
         """Validation: node events of one device never overlap (end >= start >= dispatch)."""
-        last = self._last_end
-        for ev in events:
-            assert ev.end >= ev.start >= ev.dispatch, ev
-            for d in ev.devices:
-                assert ev.start >= last.get(d, 0), f"{ev} overlaps the previous node on device {d}"
-                last[d] = ev.end
+        check_events(self._last_end, events)
 
-    # ------------------------------------------------------------ invariants
     def check(self, rec: RunRecord | None = None) -> None:
         """Assert the invariants (after every transition when ``validate`` is on, as in the tests)."""
-        for i, n in enumerate(self.inflight):
-            assert n == self.dispatched[i] - self.completed[i] >= 0, (i, n, self.dispatched[i], self.completed[i])
-            assert 0 <= self.collectives_inflight[i] <= n, (i, self.collectives_inflight[i], n)
-            assert 0 <= self.callbacks_inflight[i] <= min(n, 1), (i, self.callbacks_inflight[i], n)
-        for d, n in self.reserved.items():
-            assert n >= 0, (d, n)
-        for r in [rec] if rec is not None else list(self.queue.values()):
-            assert 0 <= r.done <= r.dispatched <= r.cursor <= r.total, r
-            if r.state == "queued":
-                assert r.dispatched == 0 and r.started_at is None and r.slots is None, r
-            if r.state in FINAL:
-                assert r.id not in self.queue and not r.reserved, f"final {r} still queued or holds memory"
-                assert r.slots is None and r.finished_at is not None, r
-                assert all(r.resolved), f"final {r}: outputs {r.resolved} not all resolved"
-            else:
-                assert r.id in self.queue, f"{r} is not final but left the queue"
-                want = r.state == "queued" or r.cursor < r.total
-                assert (r.id in self.dispatchable) == want, f"{r}: dispatchable should be {want}"
-            if r.state == "done":
-                assert r.done == r.total and r.error is None and not r.upstream, r
-            for cell in r.upstream:
-                assert cell.producer.state not in FINAL and r in cell.producer.downstream, (r, cell.producer)
-            if r.state in ("failed", "cancelled"):
-                assert r.error is not None, r
+        check_invariants(self, rec)
 
     # --------------------------------------------------------------- helpers
     def _blocker(self, rec: RunRecord) -> str | None:
@@ -372,7 +348,9 @@ class Lifecycle:
     def _finish_if_complete(self, rec: RunRecord, now: float, published: Sequence[tuple[int, Any]] = ()) -> list:
         """The one place that decides a run is done: every step dispatched and completed.
 
-        Outputs not yet resolved get the values the last steps ``published``, else their slots.
+        Outputs not yet resolved get the values the last steps ``published``, else what their cells hold
+        (an output that is an input or a constant: set at start). The value slots are never read here:
+        they are the dispatcher's, lent through `Work`.
         """
         if rec.done < rec.total or rec.cursor < rec.total:
             return []
@@ -387,7 +365,7 @@ class Lifecycle:
         for d, n in rec.reserved.items():
             reserved[d] -= n
         rec.reserved = NOTHING
-        slots, out_slots = rec.slots, rec.plan.output_slots
+        cells = rec.cells
         rec.slots = None
         rec.inputs = ()
         rec.cells = ()
@@ -396,9 +374,9 @@ class Lifecycle:
         held = rec.held
         rec.held = NOTHING
         resolved = rec.resolved
-        if held or len(published) < len(resolved):  # some outputs are among those held, or in the slots
+        if held or len(published) < len(resolved):  # some outputs are among those held, or inputs (set at start)
             fresh = {**held, **dict(published)}
-            outs = [(j, fresh[j] if j in fresh else slots[out_slots[j]]) for j, r in enumerate(resolved) if not r]
+            outs = [(j, fresh[j] if j in fresh else cells[j].value) for j, r in enumerate(resolved) if not r]
         else:
             outs = published  # every output, just made (each is published once): a lone call, a fused run
         res = self._resolve(rec, outs)
@@ -422,62 +400,49 @@ class Lifecycle:
             reader.upstream.remove(cell)
             self.recommend(reader, event, now, cell)
 
-    def compiling(self, rec: RunRecord, step_name: str | None, events: Sequence[Any] = (), ns: int = 0) -> None:
-        """The dispatcher compiles ``step_name`` for ``rec`` (None: done); ``events``: its compile events once timed,
-        ``ns`` the wall time they took (several compile at once).
-
-        Bookkeeping, not a change of state: progress views show what compiles, and a run's
-        compile time and its compile events are what `Run.compile_time` and `Run.events` read.
-        """
-        rec.compiling = step_name
-        if events:
-            rec.compile_ns += ns
-            rec.events.extend(events)
-
-    @staticmethod
-    def input_error(rec: RunRecord, cell: OutputCell) -> InputFailedError:
-        """The error of a run that reads ``cell`` of a run that failed or was cancelled."""
-        src = cell.producer
-        # Down a chain of runs the first failure is what matters: quoting each producer's message in
-        # full would make the 10,000th reader's message 10,000 messages long.
-        root = getattr(src.error, "root", None) or src.error
-        if src.state == "cancelled":
-            why = "was cancelled"
-        elif root is not src.error:
-            why = f"failed because an input of its failed first: {type(root).__name__}: {root}"
-        else:
-            why = f"failed: {src.error}"
-        err = InputFailedError(
-            f"run {rec.id} ({rec.name!r}) reads output {cell.index} of run {src.id} ({src.name!r}), "
-            f"which {why}. Recompute that input, then submit again."
-        )
-        err.root = root  # the first failure of the chain
-        return err
-
-    def node_error(self, rec: RunRecord, step: Step | None, exc: BaseException) -> NodeError:
-        """The error a run fails with when ``step`` raised ``exc``: names the node and where it came from."""
-        where = None
-        if step is not None:
-            where = rec.source_map.get(step.name)
-            node = step.node
-            # A fused step stands for many nodes: only the source map can say where it came from.
-            if where is None and node is not None and node.name == step.name and node.source is not None:
-                where = f"{node.source[0]}, line {node.source[1]}"
-        src = f"\n  at {where}" if where else ""
-        step_name = step.name if step is not None else "<dispatcher>"
-        err = NodeError(
-            f"node {step_name!r} of program {rec.program!r} (run {rec.id}, {rec.name!r}) failed: "
-            f"{describe_cause(exc)}{src}",
-            run_id=rec.id,
-            program=rec.program,
-            node=step_name,
-        )
-        err.__cause__ = exc
-        return err
-
 
 # ---------------------------------------------------------------- handlers
-@_on(("queued", "start"), to=("running", "done"))
+@on(("new", "submit"), to=("queued",))
+def _submit(life: Lifecycle, rec: RunRecord, now: float) -> list:
+    """A new run joins the queue."""
+    rec.state = "queued"
+    life.queue[rec.id] = rec
+    life.dispatchable[rec.id] = rec
+    return [Emit(rec, "queued"), WAKE]
+
+
+@on(("new", "start"), to=("running", "done"))
+def _submit_start(life: Lifecycle, rec: RunRecord, now: float) -> list:
+    """A new run that may start at once (`Lifecycle.submit_lone`, or its step was called at submit): queued, then
+    started, in one transition. The queue was empty, so nobody waits for credit or memory."""
+    rec.state = "queued"
+    life.queue[rec.id] = rec
+    life.dispatchable[rec.id] = rec
+    life.credit_wanted = life.blocked = False
+    return [Emit(rec, "queued"), *_start(life, rec, now)]
+
+
+@on(("queued", "wait"), ("running", "wait"))
+def _wait(life: Lifecycle, rec: RunRecord, now: float, reason: str | None) -> list:
+    """What the run waits for before it can dispatch ('credit', 'memory', 'input'), or None: it is picked."""
+    rec.waiting_for = reason
+    return []
+
+
+@on(("running", "compiling"), ("failed", "compiling"), ("cancelled", "compiling"))
+def _compiling(life: Lifecycle, rec: RunRecord, now: float, step_name: str | None, events: Sequence[Any] = (),
+               ns: int = 0) -> list:
+    """The dispatcher compiles ``step_name`` for ``rec`` (None: done); ``events``: its compile events once timed,
+    ``ns`` the wall time they took (several compile at once). Progress views show what compiles; `Run.compile_time`
+    and `Run.events` read the rest."""
+    rec.compiling = step_name
+    if events:
+        rec.compile_ns += ns
+        rec.events.extend(events)
+    return []
+
+
+@on(("queued", "start"), to=("running", "done"))
 def _start(life: Lifecycle, rec: RunRecord, now: float) -> list:
     """Inputs are dispatched and memory fits: reserve it, fill the slots, run."""
     plan = rec.plan
@@ -510,15 +475,15 @@ def _start(life: Lifecycle, rec: RunRecord, now: float) -> list:
     return [Emit(rec, "running"), *life._finish_if_complete(rec, now)]  # nothing to run: done at once
 
 
-@_on(("queued", "input_failed"), to=("failed",))
+@on(("queued", "input_failed"), to=("failed",))
 def _input_failed(life: Lifecycle, rec: RunRecord, now: float) -> list:
     for x in rec.inputs:
         if isinstance(x, OutputCell) and x.producer.state in ("failed", "cancelled"):
-            return life._leave(rec, "failed", now, life.input_error(rec, x))
+            return life._leave(rec, "failed", now, input_error(rec, x))
     raise InvalidTransition(f"run {rec.id}: input_failed, but no input failed")
 
 
-@_on(("running", "dispatched"), ("failed", "dispatched"), ("cancelled", "dispatched"))
+@on(("running", "dispatched"), ("failed", "dispatched"), ("cancelled", "dispatched"))
 def _dispatched(
     life: Lifecycle,
     rec: RunRecord,
@@ -526,11 +491,15 @@ def _dispatched(
     cursor: int,
     per_island: Sequence[tuple[int, int, int, int]],
     published: Sequence[tuple[int, Any]],
+    cost: int = 0,
 ) -> list:
     """The dispatcher sent steps up to ``cursor`` (a run may have ended meanwhile: they still count).
 
-    ``per_island``: (island, steps, of which with collectives, of which with host callbacks).
+    ``per_island``: (island, steps, of which with collectives, of which with host callbacks);
+    ``cost``: their estimated device time, which the policy charges the run's tenant.
     """
+    if cost:
+        life.policy.charge(rec, cost)
     n = 0
     for island, k, kc, kh in per_island:
         life.inflight[island] += k
@@ -551,8 +520,8 @@ def _dispatched(
     return []
 
 
-@_on(("running", "completed"), to=("running", "failed", "done"))
-@_on(("failed", "completed"), ("cancelled", "completed"))
+@on(("running", "completed"), to=("running", "failed", "done"))
+@on(("failed", "completed"), ("cancelled", "completed"))
 def _completed(
     life: Lifecycle,
     rec: RunRecord,
@@ -578,7 +547,7 @@ def _completed(
     if rec.state != "running":
         return effects  # steps of a run that already failed or was cancelled, draining
     if failure is not None:
-        return effects + life._leave(rec, "failed", now, life.node_error(rec, *failure))
+        return effects + life._leave(rec, "failed", now, node_error(rec, *failure))
     if rec.done == rec.total and rec.cursor == rec.total:
         return effects + life._finish_if_complete(rec, now, published)  # resolves after the done event
     if published and rec.upstream:
@@ -590,7 +559,7 @@ def _completed(
     return effects
 
 
-@_on(("running", "ran"), to=("running", "failed", "done"))
+@on(("running", "ran"), to=("running", "failed", "done"))
 def _ran(
     life: Lifecycle,
     rec: RunRecord,
@@ -598,18 +567,19 @@ def _ran(
     cursor: int,
     per_island: Sequence[tuple[int, int, int, int]],
     published: Sequence[tuple[int, Any]],
+    cost: int,
     events: Sequence[Any],
 ) -> list:
     """Steps up to ``cursor`` were dispatched and have finished, reported at once by the thread that sent them
     (a lone call's step that computed inside its call): `dispatched` followed by `completed`, in one transition."""
-    _dispatched(life, rec, now, cursor, per_island, published)
+    _dispatched(life, rec, now, cursor, per_island, published, cost)
     return _completed(life, rec, now, per_island, published, None, events)
 
 
 _LONE_STATES = ("queued", "running", "done")  # the events of a lone call run whole: entered at once
 
 
-@_on(("queued", "ran"), to=("done",))
+@on(("new", "ran"), to=("done",))
 def _ran_lone(
     life: Lifecycle,
     rec: RunRecord,
@@ -617,6 +587,7 @@ def _ran_lone(
     cursor: int,
     per_island: Sequence[tuple[int, int, int, int]],
     published: Sequence[tuple[int, Any]],
+    cost: int,
     events: Sequence[Any],
 ) -> list:
     """A new run its caller ran whole at submit (`Lifecycle.lone_args`): queued, running and done in one transition.
@@ -626,6 +597,8 @@ def _ran_lone(
     reservation (it fit, and would be given back in this same transition). Done is decided,
     and the outputs resolved, where every run's are (`_finish_if_complete`).
     """
+    if cost:
+        life.policy.charge(rec, cost)
     for island, k, _, _ in per_island:  # in flight and out again: only the totals move
         life.dispatched[island] += k
         life.completed[island] += k
@@ -643,41 +616,41 @@ def _ran_lone(
     return effects
 
 
-@_on(("running", "upstream_done"), to=("running", "done"))
+@on(("running", "upstream_done"), to=("running", "done"))
 def _upstream_done(life: Lifecycle, rec: RunRecord, now: float, cell: OutputCell) -> list:
     """A run this one read from before it was done is done (its cell already detached): this one may be too."""
     return life._finish_if_complete(rec, now)
 
 
-@_on(("running", "upstream_failed"), to=("failed",))
+@on(("running", "upstream_failed"), to=("failed",))
 def _upstream_failed(life: Lifecycle, rec: RunRecord, now: float, cell: OutputCell) -> list:
     """A run this one read from failed after this one started on its (dispatched) output."""
-    return life._leave(rec, "failed", now, life.input_error(rec, cell))
+    return life._leave(rec, "failed", now, input_error(rec, cell))
 
 
-@_on(("failed", "upstream_done"), ("cancelled", "upstream_done"), ("failed", "upstream_failed"),
+@on(("failed", "upstream_done"), ("cancelled", "upstream_done"), ("failed", "upstream_failed"),
      ("cancelled", "upstream_failed"))
 def _upstream_late(life: Lifecycle, rec: RunRecord, now: float, cell: OutputCell) -> list:
     return []  # recommended before this run ended by another way in the same cascade
 
 
-@_on(("running", "step_failed"), to=("failed",))
+@on(("running", "step_failed"), to=("failed",))
 def _step_failed(life: Lifecycle, rec: RunRecord, now: float, step: Step | None, exc: BaseException) -> list:
     """A step raised while being dispatched (or the dispatcher itself did): the run fails, others go on."""
-    return life._leave(rec, "failed", now, life.node_error(rec, step, exc))
+    return life._leave(rec, "failed", now, node_error(rec, step, exc))
 
 
-@_on(("failed", "step_failed"), ("cancelled", "step_failed"))
+@on(("failed", "step_failed"), ("cancelled", "step_failed"))
 def _step_failed_late(life: Lifecycle, rec: RunRecord, now: float, step: Step | None, exc: BaseException) -> list:
     return []  # the run ended first; its first error stands
 
 
-@_on(("queued", "cancel"), ("running", "cancel"), to=("cancelled",))
+@on(("queued", "cancel"), ("running", "cancel"), to=("cancelled",))
 def _cancel(life: Lifecycle, rec: RunRecord, now: float) -> list:
     return life._leave(rec, "cancelled", now, CancelledError(f"run {rec.id} ({rec.name!r}) was cancelled."))
 
 
-@_on(("queued", "shutdown"), ("running", "shutdown"), to=("failed",))
+@on(("queued", "shutdown"), ("running", "shutdown"), to=("failed",))
 def _shutdown(life: Lifecycle, rec: RunRecord, now: float) -> list:
     err = ControllerShutdownError(f"run {rec.id} ({rec.name!r}) was still {rec.state} when the controller shut down.")
     return life._leave(rec, "failed", now, err)

@@ -7,18 +7,19 @@ applies, in one place (`Controller._apply`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 if TYPE_CHECKING:
-    from .plan import Plan
+    from ..exec.plan import Plan
 
 #: What a record holds where it holds nothing: one shared, read-only mapping (a run makes and keeps
 #: no empty containers of its own; a finished run is what the controller remembers 10,000 of).
 NOTHING: Mapping[Any, Any] = MappingProxyType({})
 
-RunState = Literal["queued", "running", "done", "failed", "cancelled"]
+#: "new" only inside the controller's lock, between a record's making and its first transition.
+RunState = Literal["new", "queued", "running", "done", "failed", "cancelled"]
 FINAL: frozenset[str] = frozenset({"done", "failed", "cancelled"})
 WaitingFor = Literal["input", "memory", "credit"]
 
@@ -42,9 +43,8 @@ class OutputCell:
 class RunRecord:
     """What the lifecycle knows of one run. Read freely; changed only by transitions.
 
-    ``slots`` are the run's value slots: set at start, written by the dispatcher
-    while it holds the run (between `next_work` and the `dispatched` report),
-    dropped when the run becomes final.
+    ``slots`` are the run's value slots: made at start and lent to the dispatcher
+    through `Work` (whose thread alone writes them), dropped when the run becomes final.
     """
 
     __slots__ = (
@@ -57,6 +57,7 @@ class RunRecord:
         "priority",
         "inputs",
         "source_map",
+        "on_error",
         "state",
         "error",
         "cursor",
@@ -91,6 +92,7 @@ class RunRecord:
         priority: int = 0,
         source_map: dict[str, str] | None = None,
         now: float = 0.0,
+        on_error: Callable[[BaseException], Any] | None = None,
     ):
         self.id = run_id
         self.name = name
@@ -101,7 +103,10 @@ class RunRecord:
         self.priority = priority
         self.inputs: list[Any] = list(inputs)  # arrays, or OutputCells of other runs
         self.source_map: Mapping[str, str] = dict(source_map) if source_map else NOTHING
-        self.state: RunState = "queued"
+        #: called with the run's error when it fails, before any future raises it (the notebook front makes
+        #: the error show the user's cell lines); part of applying the failing transition's effects
+        self.on_error = on_error
+        self.state: RunState = "new"
         self.error: BaseException | None = None
         self.cursor = 0  # index of the next step to dispatch
         self.dispatched = 0
@@ -175,10 +180,15 @@ WAKE = Wake()
 
 
 class Work(NamedTuple):
-    """What the dispatcher may do next: up to ``quantum`` steps of ``rec`` from its cursor."""
+    """What the dispatcher may do next: up to ``quantum`` steps of ``rec`` from its cursor, in ``slots``.
+
+    The value slots are lent to the dispatcher: made at the run's start, written only by the thread
+    dispatching it (one at a time), never read by the lifecycle; the record lets go of them when final.
+    """
 
     rec: RunRecord
     quantum: int
+    slots: list[Any]
     inline: bool = False  # dispatched by the submitting thread (which must never block on a step)
 
 

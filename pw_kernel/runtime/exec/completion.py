@@ -20,11 +20,12 @@ from typing import TYPE_CHECKING, Any
 import jax
 
 from ..errors import HostCallbackError
-from .events import NodeEvent
+from .events import EventLog, NodeEvent
 from .interrupts import interrupts_deferred
+from .port import Port
 
 if TYPE_CHECKING:
-    from .controller import Controller
+    from .runahead import RunAhead
 
 BATCH = 256  # nodes per hand-off to the watcher
 _POLL_S = 0.001  # a watcher with recent work looks for new batches this often (the timeline's resolution)
@@ -113,10 +114,12 @@ class Completion:
     one fails.
     """
 
-    def __init__(self, controller: Controller, lock: threading.RLock):
-        self.controller = controller
-        self.lock = lock  # the controller's
-        self._watch = threading.Condition(lock)
+    def __init__(self, port: Port, log: EventLog, gate: RunAhead):
+        self.port = port
+        self.lock = port.lock  # the controller's
+        self.log = log
+        self.gate = gate  # the run-ahead bound, told each node's measured time (`RunAhead.finished`)
+        self._watch = threading.Condition(port.lock)
         self._pending: collections.deque = collections.deque()  # batches in dispatch order (under the lock)
         self._regular = 0  # ... of which the dispatcher thread's: the watcher takes those at once
         self._lone_since = 0  # when the oldest lone batch pending came (time.monotonic_ns)
@@ -142,7 +145,7 @@ class Completion:
         ``lone``: a lone call's, dispatched on its caller's thread, which completes it when it
         waits; the watcher leaves it alone for _LONE_S.
         """
-        if lone and not self.controller.lifecycle.credit_wanted:
+        if lone and not self.port.credit_wanted:
             if not self._pending:
                 self._lone_since = time.monotonic_ns()
             self._pending.append(batch)
@@ -154,7 +157,7 @@ class Completion:
         # A watcher polling at _POLL_S finds the batch in time; waking it per batch would make it
         # fight the submitting thread for the GIL. One asleep, or polling slowly (lone calls only,
         # lately), is woken.
-        if not self._fast_poll or len(batch[0]) >= BATCH or self.controller.lifecycle.credit_wanted:
+        if not self._fast_poll or len(batch[0]) >= BATCH or self.port.credit_wanted:
             self._watch.notify()
 
     def claimable(self) -> bool:
@@ -188,15 +191,15 @@ class Completion:
             self._complete(batch, reports)
         except BaseException as e:  # a bug of ours: the run fails, the controller goes on
             reports += self._segments(batch[0], {0: e}, first_only=True)
-        c = self.controller
+        port = self.port
         if len(reports) == 1 and reports[0][3] is None:
             rec, per_island, published, _, events = reports[0]
-            c.on_ran(rec, cursor, per_island, published, cost, events)
+            port.ran(rec, cursor, per_island, published, cost, events)
             return True
         items, per_island, published = batch  # a node failed: counted sent first, then its failure
-        c.on_dispatched(items[0][0], cursor, per_island, published, cost)
+        port.dispatched(items[0][0], cursor, per_island, published, cost)
         for report in reports:
-            c.on_completed(*report)
+            port.completed(*report)
         return True
 
     def complete_one(self, item: tuple, per_island: tuple, published: list, cost: int) -> bool:
@@ -216,8 +219,7 @@ class Completion:
                 a.block_until_ready()  # ready: raises only if it failed (`_complete` names the node)
         except Exception:  # failed, or not a device array (a float0 gradient): the batch's way
             return False
-        c = self.controller
-        log = c.events
+        log = self.log
         end = time.perf_counter_ns() - log.epoch
         start = dispatch
         last_end = self.last_end
@@ -236,13 +238,9 @@ class Completion:
         )
         ev.start = start
         ev.end = end
-        exe = st.exe
-        exe.cost += (end - start - exe.cost) >> 2
-        gate = c.runahead
-        if gate.on:
-            gate.finished(st, end - start)
+        self.gate.finished(st, end - start)
         log.emit_node(ev)
-        c.on_ran(rec, 1, per_island, published, cost, (ev,))
+        self.port.ran(rec, 1, per_island, published, cost, (ev,))
         return True
 
     def wait_here(self, value: Any, done: Callable[[], bool]) -> None:
@@ -313,9 +311,9 @@ class Completion:
                 reports += self._segments(batch[0], {0: e}, first_only=True)
         with self.lock:
             try:
-                on_completed = self.controller.on_completed
+                completed = self.port.completed
                 for report in reports:
-                    on_completed(*report)
+                    completed(*report)
             finally:
                 report = batch = None  # the loops' last items too
                 reports.clear()
@@ -330,9 +328,9 @@ class Completion:
         from ``i`` on went back to the watcher."""
         with self.lock:
             try:
-                on_completed = self.controller.on_completed
+                completed = self.port.completed
                 for report in reports:
-                    on_completed(*report)
+                    completed(*report)
             except BaseException:
                 self._pending.extendleft(reversed(batches[i:]))
                 self._completing = False
@@ -357,7 +355,7 @@ class Completion:
                     if self._stopping and not self._pending:
                         return
                     if self._pending and not self._completing:
-                        if self._regular or self.controller.lifecycle.credit_wanted:
+                        if self._regular or self.port.credit_wanted:
                             recent_regular = True
                             break
                         # Only lone batches: their callers complete them, unless they wait too long.
@@ -393,14 +391,11 @@ class Completion:
         counts reported as they are unless a node failed.
         """
         items, per_island, published = batch
-        c = self.controller
-        log = c.events
+        log = self.log
         clock = time.perf_counter_ns
         epoch = log.epoch
         last_end = self.last_end
-        gate = c.runahead
-        gated = gate.on
-        finished = gate.finished
+        finished = self.gate.finished
         events: list[NodeEvent] = []
         guarded = []  # nodes whose host callbacks may have recorded an exception
         raised = False  # an output raised while waited for: the whole batch is checked below
@@ -451,10 +446,7 @@ class Completion:
             ev.start = start
             ev.end = end
             events.append(ev)
-            exe = st.exe
-            exe.cost += (end - start - exe.cost) >> 2  # running mean of device time, for fair share
-            if gated and not st.remote:  # node by node: a dispatcher waiting for room goes on before the batch ends
-                finished(st, end - start)
+            finished(st, end - start)  # node by node: a dispatcher waiting for room goes on before the batch ends
         if prev_devs is not None:
             for d in prev_devs:
                 last_end[d] = prev_end

@@ -13,22 +13,24 @@ from typing import Any, NamedTuple
 
 import jax
 
-from .callback_logs import quiet_while
 from ..config import Config, configure_cpu_devices, device_flags_ignored
+from ..core.lifecycle import Lifecycle
+from ..core.records import FINAL, Emit, Finish, Reject, Resolve, RunRecord, Wake
+from ..core.scheduler import Policy
+from ..core.story import Story
 from ..devices import Island, ResourceManager, VirtualSlice, build_islands
+from ..errors import AdmissionError, ArgumentError, ControllerShutdownError, PathwaysError
+from ..futures import Future
+from ..remote.client import Bursts, stand_in_devices
+from ..run import Run, RunLink, describe_state
+from ..trace.graph import ProgramGraph
+from .callback_logs import quiet_while
 from .completion import Completion
 from .dispatcher import Dispatcher
-from .runahead import RunAhead
-from ..errors import AdmissionError, ArgumentError, ControllerShutdownError, PathwaysError
 from .events import EventLog
-from ..futures import Future
-from ..trace.graph import ProgramGraph
-from ..core.lifecycle import Lifecycle
-from ..core.records import FINAL, Emit, Finish, Reject, Resolve, RunRecord, Wake, Work
-from ..core.plan import plan_for
-from ..remote.client import Bursts, stand_in_devices
-from ..run import Run, describe_state
-from ..core.scheduler import Policy
+from .plan import plan_for
+from .port import Port, ReportLock
+from .runahead import RunAhead
 
 
 class RunSummary(NamedTuple):
@@ -99,7 +101,8 @@ class Controller:
     Every change to a run goes through the lifecycle (`lifecycle.py`): the
     controller calls one transition at a time under ``lock`` and applies the
     effects it returns in `_apply`, the one place futures are resolved, run
-    events emitted and the dispatcher woken.
+    events emitted and the dispatcher woken. The dispatcher and completion
+    report through a `Port` it hands them, and know nothing of it.
 
     Example::
 
@@ -121,7 +124,7 @@ class Controller:
             self.events.island_names[isl.id] = f"island {isl.id} ({isl.platform})"
             for d in isl.devices:
                 self.events.device_names[d.id] = f"{d.platform}:{d.id}"
-        self.lock = threading.RLock()
+        self.lock = ReportLock()  # re-entrant; wakes a run's waiters once its holder lets go (`_retire`)
         n_islands = max((i.id for i in self.islands), default=-1) + 1
         by_id = {i.id: i for i in self.islands}
         self.runahead = RunAhead(self.config.run_ahead_s, wake=self._wake_dispatcher)
@@ -132,6 +135,7 @@ class Controller:
             validate=self.config.validate,
             max_collectives=[self._collective_limit(by_id.get(k)) for k in range(n_islands)],
             gate=self.runahead,
+            story_length=self.config.story_length,
         )
         self._recent: collections.deque = collections.deque(maxlen=self.config.keep_outputs)
         self.runs: list[Run] = []
@@ -140,13 +144,17 @@ class Controller:
         self._ids = itertools.count()
         self._closed = False
         self.bursts = Bursts()  # remote islands with ops buffered by the dispatch burst under way
-        self.completion = Completion(self, self.lock)
-        self.dispatcher = Dispatcher(self, self.lock, self.completion)
+        port = Port(self.lock, self.lifecycle, self._apply)
+        self.completion = Completion(port, self.events, self.runahead)
+        self.dispatcher = Dispatcher(
+            port, self.completion, self.events, self.runahead, self.bursts, self.config.compile_threads
+        )
+        self._link = RunLink(self.cancel, self.completion.wait_here, self.lifecycle.story, self.config.keep_outputs)
         self.threads: tuple[threading.Thread, ...] = (self.dispatcher.thread, self.completion.thread)
         self.dispatcher.start()
         self.completion.start()
-        #: the idents of its own threads, which never dispatch inline (asked on every submit)
-        self.thread_ids: frozenset[int] = frozenset(t.ident for t in self.threads)
+        # Its own threads never dispatch inline (asked on every submit).
+        self.dispatcher.thread_ids = frozenset(t.ident for t in self.threads)
         # A failing host callback fails its node, reported once; JAX's log line would repeat it, raw.
         self._unquiet = quiet_while(lambda: bool(self._live))
 
@@ -182,15 +190,26 @@ class Controller:
         weight: float = 1.0,
         priority: int = 0,
         source_map: dict[str, str] | None = None,
-        claim: bool = False,
+        on_error=None,
     ) -> Run:
         """Queue a traced program with its flat inputs (arrays or futures); returns its Run at once.
 
         ``source_map`` maps node (or step) names to where they come from, for error
-        messages (the notebook front passes cell lines). With ``claim`` the run holds its
-        futures until ``run.outputs`` is first read, even if it ends before that (a caller
-        that reads them at once, as a program call does).
+        messages (the notebook front passes cell lines); ``on_error`` is called with the
+        run's error if it fails, before any future raises it.
         """
+        return self._submit(graph, inputs, name, mode, tenant, weight, priority, source_map, on_error)[0]
+
+    def call(
+        self, graph: ProgramGraph, inputs: list[Any], *, name: str | None = None, mode: str | None = None,
+        tenant: str = "default", weight: float = 1.0, priority: int = 0, source_map: dict[str, str] | None = None,
+        on_error=None,
+    ) -> tuple[Run, list[Future]]:
+        """`submit`, returning the run and its output futures (flat), held from before it starts: a program call
+        reads them, and a run that ends within this call has let go of its own by the time it returns."""
+        return self._submit(graph, inputs, name, mode, tenant, weight, priority, source_map, on_error)
+
+    def _submit(self, graph, inputs, name, mode, tenant, weight, priority, source_map, on_error):
         if self._closed:
             self._check_open("submit")
         for s in graph.slices:
@@ -223,32 +242,30 @@ class Controller:
                 self._check_open("submit")
             rec = RunRecord(
                 next(self._ids), name or graph.name, graph.name, plan, ins, tenant, weight, priority, source_map,
-                time.time(),
+                time.time(), on_error,
             )
-            run = Run(self, rec, graph)
+            run = Run(self._link, rec, graph)
+            futures = run._futures
             self.runs.append(run)
             self._live[rec.id] = run
-            if claim:  # the caller takes the outputs next: they must outlive a run that ends before that
-                run.claim()
             # Its events in order (queued, then running if this thread starts it); the dispatcher
             # thread is woken only if this thread does not dispatch the run itself (it would contend).
             if may_inline and self.dispatcher.can_inline():
                 # Alone in the queue, one step on arrays: run here whole, reported in one transition.
                 args = self.lifecycle.lone_args(rec)
                 if args is not None and self.dispatcher.run_lone(rec, args):
-                    return run
+                    return run, futures
                 # Alone in the queue: submitted and started in one transition, dispatched here.
                 work, effects = self.lifecycle.submit_lone(rec, rec.submitted_at)
                 self._apply(effects)
                 if work is not None:
                     self.dispatcher.dispatch_inline(work)
-                elif rec.state == "queued":
-                    self.dispatcher.wake()
-                return run
-            self._apply([e for e in self.lifecycle.submit(rec) if type(e) is not Wake])
+                return run, futures
+            effects = self.lifecycle.handle(rec, "submit", rec.submitted_at)
+            self._apply([e for e in effects if type(e) is not Wake])
             if not (may_inline and self.dispatcher.dispatch_inline()):
                 self.dispatcher.wake()
-        return run
+        return run, futures
 
     def plan(self, graph: ProgramGraph, mode: str | None = None):
         """How ``graph`` would run here: its steps, slots and peak memory per device (cached per mode).
@@ -357,54 +374,10 @@ class Controller:
         state = "closed" if self._closed else "running"
         return f"<pw.Controller {state}: {len(self.devices)} devices, {len(self.islands)} islands, {len(self.runs)} runs>"
 
-    # ------------------------------------- reports from the dispatcher (lock held)
-    def next_work(self) -> Work | None:
-        """The dispatcher asks what to dispatch next (lock held)."""
-        work, effects = self.lifecycle.next_work(time.time())
-        if effects:
-            self._apply(effects)
-        return work
-
-    def on_dispatched(self, rec: RunRecord, cursor: int, per_island, published, cost: int) -> None:
-        """The dispatcher sent ``rec``'s steps up to ``cursor`` (lock held)."""
-        effects = self.lifecycle.handle(rec, "dispatched", 0.0, cursor, per_island, published)
-        if effects:
-            self._apply(effects)
-        if cost:
-            self.lifecycle.policy.charge(rec, cost)
-
-    def start_lone(self, rec: RunRecord) -> None:
-        """The submitting thread called a new run's step and must report it the usual way: start it first
-        if it is still queued (`Lifecycle.lone_args`; lock held)."""
-        if rec.state == "queued":
-            self._apply(self.lifecycle.start_lone(rec, rec.submitted_at))
-
-    def on_compiling(self, rec: RunRecord, step_name: str | None, events=(), ns: int = 0) -> None:
-        """The dispatcher compiles ``step_name`` for ``rec`` (None: done), with its compile events once timed."""
-        with self.lock:
-            self.lifecycle.compiling(rec, step_name, events, ns)
-
-    def on_completed(self, rec: RunRecord, per_island, published, failure, events) -> None:
-        """The watcher saw steps of ``rec`` finish (``failure``: the first that raised, with its error)."""
-        if self.lifecycle.validate:
-            self.lifecycle.check_events(events)
-        effects = self.lifecycle.handle(rec, "completed", time.time(), per_island, published, failure, events)
-        if effects:
-            self._apply(effects)
-
-    def on_ran(self, rec: RunRecord, cursor: int, per_island, published, cost: int, events) -> None:
-        """The dispatching thread sent ``rec``'s steps up to ``cursor`` and saw them finish (lock held)."""
-        if self.lifecycle.validate:
-            self.lifecycle.check_events(events)
-        effects = self.lifecycle.handle(rec, "ran", time.time(), cursor, per_island, published, events)
-        if effects:
-            self._apply(effects)
-        if cost:
-            self.lifecycle.policy.charge(rec, cost)
-
-    def on_step_failed(self, rec: RunRecord, step, exc: BaseException) -> None:
-        """A step raised while being dispatched, or the dispatcher had a bug (lock held)."""
-        self._apply(self.lifecycle.handle(rec, "step_failed", time.time(), step, exc))
+    def story(self, run_id: int) -> Story:
+        """Run ``run_id``'s transitions (`Run.story`), as far as the lifecycle's log keeps them."""
+        run = next((r for r in self.runs if r.id == run_id), None)
+        return Story(self.lifecycle.story(run_id), run_id, run.name if run is not None else "")
 
     def _wake_dispatcher(self) -> None:
         """A node finished and the dispatcher waits for run-ahead room (completing thread, no lock held)."""
@@ -418,8 +391,13 @@ class Controller:
             kind = type(e)
             if kind is Emit:  # (the commonest first: one to three per run)
                 rec = e.rec
-                msg = None if e.error is None else f"{type(e.error).__name__}: {e.error}"
-                self.events.emit_run(rec.id, rec.name, rec.tenant, e.state, msg)
+                err = e.error
+                if err is None:
+                    self.events.emit_run(rec.id, rec.name, rec.tenant, e.state, None)
+                    continue
+                if rec.on_error is not None:  # before any future raises it
+                    rec.on_error(err)
+                self.events.emit_run(rec.id, rec.name, rec.tenant, e.state, f"{type(err).__name__}: {err}")
             elif kind is Resolve:
                 self._live[e.rec.id].resolve(e.outputs)
             elif kind is Wake:
@@ -432,8 +410,10 @@ class Controller:
                 raise AssertionError(f"no applier for effect {e!r}")
 
     def _retire(self, run: Run) -> None:
-        """A run became final: wake its waiters, keep its outputs among the most recent, forget old runs."""
+        """A run became final: keep its outputs among the most recent, forget old runs, and wake its waiters
+        once this thread lets go of the lock (and of what it held of the run's arrays: `Completion._finish`)."""
         futures = run.retire()
+        self.lock.defer(run.wake)
         if self.lifecycle.validate:
             assert all(f.done() for f in futures), run
         if self.config.keep_outputs > 0:

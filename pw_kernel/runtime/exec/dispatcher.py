@@ -22,12 +22,14 @@ from ..core.records import FINAL, Work
 from ..errors import ArgumentError
 from ..trace.compiled import has_collectives
 from .completion import BATCH, Completion
-from .events import NodeEvent
+from .events import EventLog, NodeEvent
 from .interrupts import interrupts_deferred
+from .port import Port
 
 if TYPE_CHECKING:
     from ..core.records import RunRecord
-    from .controller import Controller
+    from ..remote.client import Bursts
+    from .runahead import RunAhead
 
 # A submitting thread dispatches this many steps itself, or for one flush interval if that is more,
 # before the dispatcher thread takes over: a run of tiny nodes dispatched whole inline is completed
@@ -58,19 +60,26 @@ def _lower_and_compile(call, args, log) -> tuple[int, int, object]:
 class Dispatcher:
     """Executes steps and reports what happened; decides nothing about runs (the lifecycle does).
 
-    Owns the dispatcher thread: it asks the controller for work, runs up to a
-    quantum of steps without the lock, reports them dispatched and hands them
-    to `Completion`. A submitting thread may dispatch a lone run itself
-    (`dispatch_inline`).
+    Owns the dispatcher thread: it asks the lifecycle for work through the
+    `Port`, runs up to a quantum of steps without the lock, reports them
+    dispatched and hands them to `Completion`. A submitting thread may dispatch
+    a lone run itself (`dispatch_inline`).
     """
 
-    def __init__(self, controller: Controller, lock: threading.RLock, completion: Completion):
-        self.controller = controller
-        self.lock = lock  # the controller's: plain `with self.lock` where nobody waits (cheaper than cond)
-        self.cond = threading.Condition(lock)
+    def __init__(
+        self, port: Port, completion: Completion, log: EventLog, gate: RunAhead, bursts: Bursts,
+        compile_threads: int | None = None,
+    ):
+        self.port = port
+        self.lock = port.lock  # the controller's: plain `with self.lock` where nobody waits (cheaper than cond)
+        self.cond = threading.Condition(port.lock)
         self.completion = completion
         completion.bury = self._bury
-        self.bursts = controller.bursts  # remote islands with ops buffered in the current burst
+        self.log = log
+        self.gate = gate  # the run-ahead bound: at most ~run_ahead_s of estimated work queued per device
+        self.bursts = bursts  # remote islands with ops buffered in the current burst
+        #: the idents of the controller's own threads, which never dispatch inline (set once they run)
+        self.thread_ids: frozenset[int] = frozenset()
         self.seq = 0
         self._stopping = False
         self.busy = False  # a thread (this one's dispatcher, or a submitter inline) is dispatching
@@ -79,7 +88,7 @@ class Dispatcher:
         # buffers on the watcher thread while the dispatcher dispatches slows dispatch ~2x.
         self.graveyard: list = []
         self.thread = threading.Thread(target=self._dispatch_loop, name="pw-dispatcher", daemon=True)
-        threads = controller.config.compile_threads
+        threads = compile_threads
         if threads is not None and (type(threads) is not int or threads < 1):
             raise ArgumentError(
                 f"`pw.Config(compile_threads=...)` must be a positive int (1: compile one executable at a "
@@ -106,25 +115,25 @@ class Dispatcher:
         """Completed batches whose buffers this thread frees between its bursts (lock held)."""
         # Freeing device buffers on the watcher thread while we dispatch slows dispatch ~2x; with
         # no run left in flight there is nothing to slow down, and nothing should outlive its run.
-        if not self._idle and self.controller.lifecycle.queue:
+        if not self._idle and self.port.queued():
             self.graveyard.extend(batches)
 
     # ------------------------------------------------------------ dispatcher
     def _dispatch_loop(self) -> None:
-        c = self.controller
+        port = self.port
         while True:
             with self.cond:
-                work = None if self.busy else c.next_work()
+                work = None if self.busy else port.next_work()
                 while work is None:
                     if self._stopping:
                         return
-                    if c.lifecycle.credit_wanted and self.completion.claimable():
+                    if port.credit_wanted and self.completion.claimable():
                         break  # nothing can go until steps in flight finish: complete them here
                     self._idle = True
                     self.graveyard.clear()
                     self.cond.wait()
                     self._idle = False
-                    work = None if self.busy else c.next_work()
+                    work = None if self.busy else port.next_work()
                 else:
                     self.busy = True
                     dead, self.graveyard = self.graveyard, []
@@ -145,7 +154,7 @@ class Dispatcher:
 
     def can_inline(self) -> bool:
         """Whether the submitting thread (lock held) may dispatch here: no thread is dispatching."""
-        return not (self.busy or self._stopping or threading.get_ident() in self.controller.thread_ids)
+        return not (self.busy or self._stopping or threading.get_ident() in self.thread_ids)
 
     def dispatch_inline(self, work: Work | None = None) -> bool:
         """On a submitting thread, holding the lock: dispatch ``work`` (or the next work) here if no thread is dispatching.
@@ -160,12 +169,12 @@ class Dispatcher:
         if work is None:
             if not self.can_inline():
                 return False
-            if len(self.controller.lifecycle.queue) > 1:
+            if self.port.queued() > 1:
                 # Other runs are in flight (a stream of calls, each fed the last one's future): the
                 # dispatcher thread then overlaps dispatch with the caller's next submit, which pays
                 # more than the hand-off saves. Inline is for the lone interactive call.
                 return False
-            work = self.controller.next_work()
+            work = self.port.next_work()
             if work is None:
                 return False
         # A Ctrl-C in the middle would leave steps dispatched but unreported: it waits until they are.
@@ -173,44 +182,37 @@ class Dispatcher:
             try:
                 rec = work.rec
                 st = rec.plan.steps[0] if work.inline and rec.total == 1 else None
-                if st is None or not self._dispatch_one(rec, st, [rec.slots[i] for i in st.ins]):
-                    self._dispatch(rec, work.quantum, inline=True)
+                if st is None or not self._dispatch_one(rec, st, [work.slots[i] for i in st.ins]):
+                    self._dispatch(work, inline=True)
             except Exception as e:  # a bug of ours: fail the run, keep the controller alive
-                self.controller.on_step_failed(work.rec, None, e)
-        if self.controller.lifecycle.has_work():
+                self.port.failed(work.rec, None, e)
+        if self.port.has_work():
             self.cond.notify()  # what the inline dispatch left is the dispatcher thread's
         return True
 
     def execute(self, work: Work) -> None:
         """The dispatcher thread: dispatch ``work`` without the lock (``busy`` is ours), then give it back."""
         try:
-            self._dispatch(work.rec, work.quantum)
+            self._dispatch(work)
         except BaseException as e:  # a bug of ours: fail the run, keep the controller alive
             with self.lock:
-                self.controller.on_step_failed(work.rec, None, e)
+                self.port.failed(work.rec, None, e)
         finally:
             with self.lock:
                 self.busy = False
 
-    def _dispatch(self, rec: RunRecord, quantum: int, inline: bool = False) -> None:
-        """Dispatch up to ``quantum`` of ``rec``'s next steps; no lock held around JAX calls."""
-        c = self.controller
-        life = c.lifecycle
+    def _dispatch(self, work: Work, inline: bool = False) -> None:
+        """Dispatch up to ``work.quantum`` of its run's next steps; no lock held around JAX calls."""
+        port = self.port
+        rec, quantum, slots = work.rec, work.quantum, work.slots
         steps = rec.plan.steps
-        slots = rec.slots
-        if slots is None:  # cancelled or failed between pick and here
-            return
-        log = c.events
-        clock, epoch = time.perf_counter_ns, log.epoch
+        clock, epoch = time.perf_counter_ns, self.log.epoch
         # Hand work to the watcher in batches: one wake-up per batch instead of per node keeps
         # the two threads from trading the GIL on every tiny node.
         batch: list = []
         flush_at = inline_until = clock() - epoch + _FLUSH_NS
-        inflight = life.inflight  # read without the lock: only completions lower them meanwhile
-        coll_inflight, coll_limits = life.collectives_inflight, life.max_collectives
-        cb_inflight = life.callbacks_inflight
-        limit = life.max_inflight
-        gate = c.runahead  # the run-ahead bound: at most ~run_ahead_s of estimated work queued per device
+        no_room = port.no_room  # (reads counts without the lock: only completions lower them meanwhile)
+        gate = self.gate
         gated = gate.on
         sent_on: dict[int, list[int]] = {}  # island -> [steps, with collectives] sent in this burst, not yet reported
         published: list = []
@@ -223,7 +225,7 @@ class Dispatcher:
             exe = st.exe
             island = st.island
             sent = sent_on.get(island, _NONE_SENT)
-            if inflight[island] + sent[0] >= limit or rec.state in FINAL:
+            if rec.state in FINAL:
                 break
             if inline and (st.host_callbacks or exe.compile_first):
                 # A callback could hold the submitting thread until it returns, a compile for
@@ -234,10 +236,8 @@ class Dispatcher:
                     self._hand_over(rec, k, sent_on, published, cost, batch)
                     batch, sent_on, published, cost, sent = [], {}, [], 0, _NONE_SENT
                 self._compile(rec, k, [slots[i] for i in st.ins])
-            if exe.collectives and coll_inflight[island] + sent[1] >= coll_limits[island]:
-                break  # credit comes back as earlier collective steps finish
-            if st.host_callbacks and cb_inflight[island] + sent[2]:
-                break  # one at a time: what a guarded callback raised belongs to the one in flight
+            if no_room(st, sent):
+                break  # credit comes back as earlier steps finish (the lifecycle decides: `Lifecycle.no_room`)
             ns = gate.take(st) if gated and not st.remote else 0
             if ns < 0:
                 break  # its devices have the bound queued: a node finishing wakes this thread
@@ -282,7 +282,7 @@ class Dispatcher:
             self.bursts.flush()  # a failed first step may have buffered its executable's load
         if failed is not None:
             with self.lock:
-                c.on_step_failed(rec, *failed)
+                port.failed(rec, *failed)
 
     def _dispatch_one(self, rec: RunRecord, st, args) -> bool:
         """A lone run's only step, on its submitting thread (lock held): call it, then complete it or hand it over.
@@ -297,26 +297,26 @@ class Dispatcher:
         exe = st.exe
         if exe.compile_first or st.host_callbacks or st.remote:
             return False
-        c = self.controller
-        gate = c.runahead
+        port = self.port
+        gate = self.gate
         ns = gate.take(st) if gate.on else 0
         if ns < 0:
             return False
-        t = time.perf_counter_ns() - c.events.epoch
+        t = time.perf_counter_ns() - self.log.epoch
         try:
             outs = st.call(*args)
         except Exception as e:
             if ns:
                 gate.untake(st, ns)
-            c.start_lone(rec)
-            c.on_step_failed(rec, st, e)
+            port.start(rec)
+            port.failed(rec, st, e)
             return True
         self.seq += 1
         published = [(j, outs[pos]) for j, pos in st.publishes]
         item = (rec, st, self.seq, t, outs)
         per_island = ((st.island, 1, exe.collectives, 0),)
         if not self.completion.complete_one(item, per_island, published, exe.cost):
-            c.start_lone(rec)  # the usual way from here: running, dispatched, completed when it computed
+            port.start(rec)  # the usual way from here: running, dispatched, completed when it computed
             self._report(rec, 1, per_island, published, exe.cost, [item], lone=True)
         return True
 
@@ -329,8 +329,8 @@ class Dispatcher:
             try:
                 return self._dispatch_one(rec, rec.plan.steps[0], args)
             except Exception as e:  # a bug of ours: fail the run, keep the controller alive
-                self.controller.start_lone(rec)
-                self.controller.on_step_failed(rec, None, e)
+                self.port.start(rec)
+                self.port.failed(rec, None, e)
                 return True
 
     def _compile(self, rec: RunRecord, k: int, args: list) -> None:
@@ -344,8 +344,8 @@ class Dispatcher:
         `Config.compile_threads` threads at once, and steps that call one function
         on arguments of the same kind share its compile.
         """
-        c = self.controller
-        log = c.events
+        port = self.port
+        log = self.log
         steps = rec.plan.steps
         st = steps[k]
         first = _compile_key(st)
@@ -367,7 +367,7 @@ class Dispatcher:
         st.exe.compile_first = False
         # Progress views say so: a first call can compile for minutes.
         names = [job[0].name for job in todo]
-        c.on_compiling(rec, ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else ""))
+        port.compiling(rec, ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else ""))
         if len(todo) == 1:
             results = [_lower_and_compile(st.call, args, log)]
         else:
@@ -390,10 +390,10 @@ class Dispatcher:
         if events:
             # On the run before they are emitted: a view reading the run on one sees them.
             span = max(e.end for e in events) - min(e.dispatch for e in events)  # (they overlap)
-            c.on_compiling(rec, rec.compiling, events, span)
+            port.compiling(rec, rec.compiling, events, span)
             for ev in events:
                 log.emit_node(ev)
-        c.on_compiling(rec, None)  # after its events: the run says what it compiled until they are out
+        port.compiling(rec, None)  # after its events: the run says what it compiled until they are out
 
     def _compile_pool(self) -> concurrent.futures.ThreadPoolExecutor:
         if self._compilers is None:
@@ -420,7 +420,7 @@ class Dispatcher:
     def _report(self, rec: RunRecord, cursor: int, per_island: tuple, published: list, cost: int, batch: list,
                 lone: bool = False) -> None:
         """Report steps dispatched up to ``cursor`` (lock held), then give their ``batch`` to completion."""
-        self.controller.on_dispatched(rec, cursor, per_island, published, cost)
+        self.port.dispatched(rec, cursor, per_island, published, cost)
         if batch:
             # What completion reports of them is what was counted here, unless one fails.
             self.completion.add((batch, per_island, published), lone)

@@ -178,8 +178,16 @@ class RunAhead:
         return -1
 
     def finished(self, step, device_ns: int) -> None:
-        """The completing thread saw ``step``'s node finish after ``device_ns`` on its devices."""
-        track = self._tracks.get(step.exe) or self._track(step)
+        """The completing thread saw ``step``'s node finish after ``device_ns`` on its devices.
+
+        The one writer of what execution learns of a step's time: its executable's running mean
+        (``Executable.cost``, which fair share charges) and, on a gated island, its estimate here.
+        """
+        exe = step.exe
+        exe.cost += (device_ns - exe.cost) >> 2
+        if not self.on or step.remote:
+            return
+        track = self._tracks.get(exe) or self._track(step)
         est = track.est
         old = est.ns
         if device_ns < _MIN_NS:

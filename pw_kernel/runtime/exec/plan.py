@@ -25,9 +25,10 @@ class Executable:
     """What execution learns about a step's executable as it runs: compiled yet, collectives, device time.
 
     A plan is cached and shared by every run of its graph, so its steps never
-    change once planned; what the dispatcher and the completion watcher find
-    out (a first call compiled it, its compiled code holds collectives, how long
-    it takes on its devices) lives here, the one mutable part a step points at.
+    change once planned; what execution finds out lives here, the one mutable
+    part a step points at, each field with one writer: the dispatcher's compile
+    (compiled yet, collectives) and `RunAhead.finished` on the completing thread
+    (device time).
     """
 
     __slots__ = ("compile_first", "collectives", "cost")
@@ -35,7 +36,7 @@ class Executable:
     def __init__(self, compile_first: bool = False):
         self.compile_first = compile_first  # a jax.jit not yet run by this step: compile it ahead (its own event)
         self.collectives = False  # its compiled executable holds collectives (known once compiled)
-        self.cost = 1000  # ns of device time, a running mean updated by the watcher (fair share charges it)
+        self.cost = 1000  # ns of device time, a running mean (`RunAhead.finished`; fair share charges it)
 
     def __repr__(self) -> str:
         return f"Executable(compile_first={self.compile_first}, collectives={self.collectives}, cost={self.cost})"
