@@ -54,6 +54,20 @@ def test_a_rerun_of_an_unchanged_cell_reuses_its_trace_and_its_results_go_on(nb)
     assert pw.controller().runs[-1].name != pw.controller().runs[-2].name  # each run named after its own cell
 
 
+@pytest.mark.parametrize(
+    ("args", "value"),
+    [("w, x", 1.0), ("fut, x", 2.0), ("n, x", 2.0), ("t['a'], t['b']", 1.0)],
+    ids=["arrays", "future", "numpy", "tree"],
+)
+def test_a_cell_is_traced_once_on_its_first_run(nb, args, value):
+    """The cell's body runs once: the trace that finds its graph is the trace its run is submitted with."""
+    nb.run("fut = step(w, x)\nn = np.ones(4, np.float32)\nt = {'a': w, 'b': fut}")
+    for options in ("", " --block"):
+        first = nb.run(f'%%pathways{options}\nprint("tracing")\nz = step({args})\n')
+        assert first.stdout.count("tracing") == 1, first.stdout
+    np.testing.assert_allclose(nb.ns["z"], [value] * 4)
+
+
 def test_a_changed_global_read_by_a_helper_function_traces_again(nb):
     nb.run(LOOP)
     nb.run("lr = 2.0")  # read by `scaled`, not by the cell: baked into the trace as a constant

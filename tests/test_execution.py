@@ -135,7 +135,7 @@ def deep(x):
 
 
 def test_a_run_says_which_step_it_is_compiling(ctl):
-    from pw_kernel.magics import display
+    from pw_kernel import widgets
 
     c = pw.controller()
     seen = []  # what a progress view reads of the run when its compile event arrives
@@ -143,7 +143,7 @@ def test_a_run_says_which_step_it_is_compiling(ctl):
     def on_event(ev):
         if getattr(ev, "kind", None) == "compile":
             run = c.run(ev.run_id)
-            seen.append((ev.node, run.compiling, display.progress_line(run)))
+            seen.append((ev.node, run.compiling, widgets.progress_line(run)))
 
     unsubscribe = c.events.subscribe(on_event)
     # declared out_specs: the dispatcher compiles it before its first call (else tracing compiles it)
@@ -154,7 +154,7 @@ def test_a_run_says_which_step_it_is_compiling(ctl):
     assert node == "compile deep" and compiling == "deep"
     assert re.search(r"nodes, [\d.]+ s, compiling 'deep'$", line), line
     assert run.compiling is None and run.compile_time > 0
-    assert "compiling" not in display.progress_line(run)
+    assert "compiling" not in widgets.progress_line(run)
 
 
 def test_compile_threads_must_be_a_positive_count():

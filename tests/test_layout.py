@@ -1,18 +1,22 @@
 """The layout shows the architecture: counted from the project's own imports and definitions.
 
 Each rule is what a newcomer relies on when reading the tree: no import circle,
-a runtime that draws nothing, one public face for everything above it, small
-files and functions, errors in errors modules.
+a runtime that draws nothing, two public faces for everything above it (the
+users' and `extend`, the layers'), a package whose `dir` is its documented API,
+small files and functions, errors in errors modules.
 """
 
 from __future__ import annotations
 
 import ast
 import pathlib
+import re
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PKG = ROOT / "pw_kernel"
 RUNTIME = PKG / "runtime"
+#: The runtime's public faces: its users' names, and `extend` with the names only the layers above need.
+FACES = ("pw_kernel.runtime", "pw_kernel.runtime.extend")
 
 
 def _module(path: pathlib.Path) -> str:
@@ -21,6 +25,19 @@ def _module(path: pathlib.Path) -> str:
 
 
 MODULES = {_module(p): p for p in PKG.rglob("*.py")}
+
+
+def _rebound(package: str) -> set[str]:
+    """Names a package's ``__init__`` binds to something imported from elsewhere (``runtime.devices`` is
+    the function from ``api``, not the ``devices`` module): ``from package import name`` gets that."""
+    path = MODULES.get(package)
+    if path is None or path.name != "__init__.py":
+        return set()
+    return {
+        a.asname or a.name
+        for n in ast.parse(path.read_text()).body if isinstance(n, ast.ImportFrom) and n.module
+        for a in n.names
+    }
 
 
 def _type_only(tree: ast.AST) -> set[int]:
@@ -32,11 +49,11 @@ def _type_only(tree: ast.AST) -> set[int]:
     }
 
 
-def _imports(mod: str) -> set[str]:
-    """The pw_kernel modules ``mod`` imports anywhere (function bodies too), type-only imports excepted."""
+def _imports(mod: str, type_only: bool = False) -> set[str]:
+    """The pw_kernel modules ``mod`` imports anywhere (function bodies too); type-only imports with ``type_only``."""
     path = MODULES[mod]
     tree = ast.parse(path.read_text())
-    skip = _type_only(tree)
+    skip = set() if type_only else _type_only(tree)
     here = mod.split(".") if path.name == "__init__.py" else mod.split(".")[:-1]
     out: set[str] = set()
     for node in ast.walk(tree):
@@ -50,7 +67,8 @@ def _imports(mod: str) -> set[str]:
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
-            targets = [target] + [f"{target}.{a.name}" for a in node.names]
+            rebound = _rebound(target)
+            targets = [target] + [f"{target}.{a.name}" for a in node.names if a.name not in rebound]
         elif isinstance(node, ast.Call) and ast.unparse(node.func).endswith("import_module") and node.args:
             # importlib.import_module(".magics", __name__): a lazy import is still an import
             arg = node.args[0]
@@ -78,8 +96,9 @@ def _imports(mod: str) -> set[str]:
 GRAPH = {m: _imports(m) for m in MODULES}
 
 
-def _circles() -> list[list[str]]:
-    """Strongly connected components of more than one module (Tarjan)."""
+def _circles(graph: dict[str, set[str]] | None = None) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan), of `GRAPH` unless ``graph`` is given."""
+    graph = GRAPH if graph is None else graph
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -90,7 +109,7 @@ def _circles() -> list[list[str]]:
         index[v] = low[v] = len(index)
         stack.append(v)
         on.add(v)
-        for w in sorted(GRAPH[v]):
+        for w in sorted(graph[v]):
             if w not in index:
                 visit(w)
                 low[v] = min(low[v], low[w])
@@ -107,7 +126,7 @@ def _circles() -> list[list[str]]:
             if len(comp) > 1:
                 found.append(sorted(comp))
 
-    for v in sorted(GRAPH):
+    for v in sorted(graph):
         if v not in index:
             visit(v)
     return found
@@ -116,6 +135,27 @@ def _circles() -> list[list[str]]:
 def test_no_import_circle_anywhere_in_the_package():
     circles = _circles()
     assert not circles, "\n".join(" <-> ".join(c) for c in circles)
+
+
+def test_no_import_circle_above_the_runtime_even_counting_type_only_imports():
+    """The views, the notebook front and the training layer have no circle even through `TYPE_CHECKING`
+    imports: a package's face names its modules for type checkers (and imports them lazily), so its
+    modules import each other directly, never their own package's face."""
+    above = {m for m in MODULES if m.startswith(("pw_kernel.widgets", "pw_kernel.magics", "pw_kernel.train"))}
+    circles = _circles({m: _imports(m, type_only=True) & above for m in above})
+    assert not circles, "\n".join(" <-> ".join(c) for c in circles)
+
+
+def test_the_notebook_front_uses_only_the_faces_of_the_views_and_the_training_layer():
+    """`pw_kernel.magics` draws nothing: it decides which view to show when, and imports the views and the
+    training layer through their faces (`pw_kernel.widgets`, `pw_kernel.train`), never one of their modules
+    and no private (``_``) module anywhere, type-only imports included."""
+    offenders = sorted(
+        f"{m} imports {t}" for m in MODULES if m.startswith("pw_kernel.magics")
+        for t in _imports(m, type_only=True)
+        if t.startswith(("pw_kernel.widgets.", "pw_kernel.train.")) or any(p.startswith("_") for p in t.split("."))
+    )
+    assert not offenders, "\n".join(offenders)
 
 
 def test_the_runtime_imports_no_view_and_no_layer_above_it():
@@ -127,29 +167,67 @@ def test_the_runtime_imports_no_view_and_no_layer_above_it():
     assert not offenders, "\n".join(offenders)
 
 
+def _implementation(target: str) -> bool:
+    return target.startswith("pw_kernel.runtime.") and not any(
+        target == face or target.startswith(face + ".") for face in FACES[1:]
+    )
+
+
 def test_only_the_runtime_imports_its_implementation_modules():
-    """The training layer, the notebook front, the views and the benchmarks use the face, `pw_kernel.runtime`."""
+    """The training layer, the notebook front, the views and the benchmarks use the faces:
+    `pw_kernel.runtime`, and `pw_kernel.runtime.extend` for what users do not need."""
     offenders = sorted(
         f"{m} imports {t}" for m, ts in GRAPH.items() if not m.startswith("pw_kernel.runtime")
-        for t in ts if t.startswith("pw_kernel.runtime.")
+        for t in ts if _implementation(t)
     )
     for path in [*(ROOT / "benchmarks").rglob("*.py"), *(ROOT / "scripts").rglob("*.py")]:
         for node in ast.walk(ast.parse(path.read_text())):
             name = node.module if isinstance(node, ast.ImportFrom) else None
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else [name or ""]
-            offenders += [f"{path.relative_to(ROOT)} imports {n}" for n in names if n.startswith("pw_kernel.runtime.")]
+            offenders += [f"{path.relative_to(ROOT)} imports {n}" for n in names if _implementation(n)]
     assert not offenders, "\n".join(offenders)
 
 
-def test_the_runtime_face_exports_at_most_60_names_and_defines_nothing():
-    import pw_kernel.runtime as rt
+def test_the_runtime_faces_export_at_most_60_names_and_define_nothing():
+    import importlib
 
-    assert len(rt.__all__) <= 60, len(rt.__all__)
-    tree = ast.parse((RUNTIME / "__init__.py").read_text())
-    defined = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))]
-    assert defined == [], "the face re-exports only"
-    public = {n for n in vars(rt) if not n.startswith("_") and not isinstance(getattr(rt, n), type(rt))}
-    assert public - {"annotations"} == set(rt.__all__)
+    for face, path in zip(FACES, (RUNTIME / "__init__.py", RUNTIME / "extend.py")):
+        mod = importlib.import_module(face)
+        assert len(mod.__all__) <= 60, (face, len(mod.__all__))
+        tree = ast.parse(path.read_text())
+        defined = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))]
+        assert defined == [], f"{face} re-exports only"
+        public = {n for n in vars(mod) if not n.startswith("_") and not isinstance(getattr(mod, n), type(mod))}
+        assert public - {"annotations"} == set(mod.__all__), face
+    import pw_kernel.runtime as rt
+    import pw_kernel.runtime.extend as ext
+
+    assert not set(rt.__all__) & set(ext.__all__), "a name is the users' or the layers', not both"
+
+
+def _readme_api() -> list[str]:
+    """The names the README's "API" section lists: each bullet starts with `pw.NAME`."""
+    text = (ROOT / "README.md").read_text()
+    section = re.search(r"^## API\n(.*?)(?=^## |\Z)", text, re.S | re.M)
+    assert section, "README.md needs a `## API` section"
+    return re.findall(r"^- `pw\.(\w+)", section.group(1), re.M)
+
+
+def test_dir_pw_is_the_documented_api():
+    """`dir(pw)` lists exactly the README's "API" section (at most 60 names): no helper, no submodule."""
+    import pw_kernel as pw
+
+    public = [n for n in dir(pw) if not n.startswith("_")]
+    listed = _readme_api()
+    assert len(listed) == len(set(listed)), "a name listed twice in the README's API section"
+    assert sorted(public) == sorted(pw.__all__)
+    assert len(public) <= 60, len(public)
+    unlisted, absent = sorted(set(public) - set(listed)), sorted(set(listed) - set(public))
+    assert not unlisted, f"in dir(pw), not in the README's API section: {unlisted}"
+    assert not absent, f"in the README's API section, not in dir(pw): {absent}"
+    for name in public:
+        getattr(pw, name)  # the lazy views too
+    assert callable(pw.load_ipython_extension) and callable(pw.unload_ipython_extension)  # IPython's entry points
 
 
 def test_no_function_over_100_lines_and_no_file_over_700():

@@ -61,19 +61,19 @@ def _raise_hostile(x):
 
 
 def test_every_text_html_rendering_escapes_user_strings(ctl):
-    from pw_kernel.magics import display
+    from pw_kernel import widgets
 
     good, failed = hostile_run(ctl)
     c = pw.controller()
     views = {
-        "run": display.run_view(failed, {HOSTILE: failed.futures}),
-        "run-ok": display.run_view(good),
-        "failure": display.failure_view(failed),
-        "timeline": display.timeline_view(c.events.query(), title=HOSTILE),
-        "status": display.status_view(c.status(), c.runs),
-        "devices": display.devices_view(c.islands, c.resources.slices),
-        "graph": display.graph_view(good.graph),
-        "message": display.message_view(HOSTILE),
+        "run": widgets.run_view(failed, {HOSTILE: failed.futures}),
+        "run-ok": widgets.run_view(good),
+        "failure": widgets.failure_view(failed),
+        "timeline": widgets.timeline_view(c.events.query(), title=HOSTILE),
+        "status": widgets.status_view(c.status(), c.runs),
+        "devices": widgets.devices_view(c.islands, c.resources.slices),
+        "graph": widgets.graph_view(good.graph),
+        "message": widgets.message_view(HOSTILE),
     }
     for name, view in views.items():
         html = view._repr_html_()

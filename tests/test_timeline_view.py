@@ -22,7 +22,7 @@ from timeline_events import chained_layers, node
 
 pytest.importorskip("anywidget")
 
-from pw_kernel.widgets import RunWidget, TimelineWidget, _html
+from pw_kernel.widgets import RunWidget, TimelineWidget, _html, static_timeline
 
 HOSTILE = "<img src=x onerror=alert(1)>"
 BLUE = _html.RUN_PALETTE[0]  # the first run's colour
@@ -171,14 +171,34 @@ def test_run_widget_static_picture_labels_its_mini_timeline(ctl2):
 
 
 def test_mini_timeline_names_only_the_ends_when_rows_are_thin():
-    from pw_kernel.widgets.run import mini_timeline_html
-
     names = [f"dev{k}" for k in range(32)] + [HOSTILE]
-    page = mini_timeline_html(names, [0, 0, 1e6, 0, 32, 5e5, 2e6, 2])
+    events = [node(0, "f", 0, 1_000_000, (0,)), node(1, "t", 500_000, 2_000_000, (32,), "transfer", src=0)]
+    page = static_timeline(events, mini=True, devices=[(k, name, 0) for k, name in enumerate(names)])
     labels = [html.unescape(t) for t in re.findall(r'<text class="pw-run-mini-label"[^>]*>([^<]*)</text>', page)]
     assert labels == ["dev0", HOSTILE] and HOSTILE not in page
     assert "transfer" in page and "glue" not in page  # the colour key lists what is drawn
-    assert mini_timeline_html([], []) == ""
+    scale = re.findall(r'<text class="pw-run-mini-scale"[^>]*>([^<]*)</text>', page)
+    assert scale == ["0 ns", "2 ms"]  # from the first node's start to the last one's end
+    assert static_timeline([], mini=True) == "" and static_timeline([], mini=True, devices=[(0, "cpu:0", 0)]) == ""
+
+
+def test_every_static_timeline_is_drawn_by_the_one_renderer(ctl2):
+    """The timeline widget, the run widget and the notebook's text views draw the same picture of one run."""
+    from pw_kernel.widgets import run_view, timeline_view
+
+    step, x = two_island_program()
+    run = step.submit(x, name=HOSTILE)
+    run.wait(30)
+    widget = pw.timeline(run, live=False).static_html()
+    view = timeline_view(run.events, title=f"timeline of run {run.id}", runs=[run])._repr_html_()
+    for page in (widget, view):
+        assert 'class="pw-legend"' in page and "island 0 → island 1" in page and "cpu:4" in page
+        assert f"run {run.id} {html.escape(HOSTILE)}" in page and HOSTILE not in page
+    assert axis_of(widget) == axis_of(view)
+    mini = RunWidget(run).static_html()
+    text_mini = run_view(run)._repr_html_()
+    for page in (mini, text_mini):
+        assert "pw-run-mini-caption" in page and 'class="pw-run-mini-label"' in page and "cpu:0" in page
 
 
 def test_a_checkpoint_save_is_a_bar_on_the_host_lane_with_its_bytes(ctl, tmp_path):

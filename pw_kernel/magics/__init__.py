@@ -7,8 +7,12 @@ works where no notebook stack is installed. What lives where:
 * ``cell_magic.py``: `%%pathways`, a cell as a program; ``cell.py``: what the cell reads and assigns.
 * ``line_magic.py``: the `%pathways` commands (status, devices, timeline, graph, wait, cancel, reset).
 * ``live.py``: run displays that follow their run, and blocking waits with progress (both on the views' ticker).
-* ``display.py``: the text/HTML views; ``tracebacks.py``: errors that point at cells, with only the user's frames.
+* ``tracebacks.py``: errors that point at cells, with only the user's frames.
 * ``reporting.py``: failures of runs the user moved on from; ``kernelspec.py``; ``errors.py``.
+
+It draws nothing: what a run, a timeline, the status or the graph look like is the views'
+(`pw_kernel.widgets`: live widgets, and text/HTML views where no widget can be); this package
+decides which to show when. It uses only the faces `pw_kernel.widgets` and `pw_kernel.train`.
 
 Example::
 
@@ -49,7 +53,7 @@ def load_ipython_extension(ip: Any) -> None:
     ip.register_magics(magics)
     magics.reporter.register()
     _loaded[ip] = magics
-    from ..runtime import backends_started
+    from ..runtime.extend import backends_started
 
     if backends_started():  # else leave JAX unstarted: a first cell may still choose the device count
         check_devices()

@@ -8,6 +8,7 @@ run (live in a kernel) and, with ``--block``, waits for it (`live.wait_for`).
 from __future__ import annotations
 
 import ast
+import functools
 import keyword
 import sys
 from typing import Any
@@ -17,9 +18,9 @@ import numpy as np
 from IPython.core.error import UsageError
 
 from ..runtime import Future, PathwaysError, Program, TracingError, VirtualSlice, controller, get
+from ..widgets import WithText, describe_outputs, graph_view, run_view, timeline_view
 from .cell import RESULT, analyze, build_function
 from .cell_cache import CellCache, CellTrace, fresh, rebindable
-from .display import WithText, describe_outputs, graph_view, run_view, timeline_view
 from .errors import CellError
 from .live import LiveDisplays, Progress, in_kernel, update_display, wait_for, widgets_here
 from .reporting import FailureReporter
@@ -98,8 +99,9 @@ class CellMagic:
         try:
             graph = prog.trace(*inputs)
             source_map = self.presenter.source_map(graph) | self.presenter.fused_source_map(graph, entry.filename, number)
-            run = prog.submit(*inputs, name=name, source_map=source_map, _claim=True)
-            self.presenter.present_run_errors(run)
+            # Its error, if it fails, shows this cell's lines, wherever it is raised later.
+            on_error = functools.partial(self.presenter.presentable, relabel=False)
+            run, tree = prog.call_run(*inputs, name=name, source_map=source_map, on_error=on_error)
         except PathwaysError as e:
             self.cache.put(line, cell, None)
             if isinstance(e, TracingError) and e.args and isinstance(e.args[0], str):
@@ -112,7 +114,7 @@ class CellMagic:
         self.cache.put(line, cell, entry if entry.key is not None else None)
 
         try:
-            outputs = dict(run.outputs)
+            outputs = dict(tree)
             side = {k: _unwrapped_name(v) for k, v in bound.items()}
             result = outputs.pop(RESULT, side.pop(RESULT, None))
             ns.update(side)
@@ -302,7 +304,7 @@ def _renders(run, leaves: dict[str, list[Any]], condense, widgets: bool, timelin
             return run_view(run, leaves, condense=condense)
 
         def render_timeline():
-            return timeline_view(run.events, title=f"run {run.id} {run.name!r}")
+            return timeline_view(run.events, title=f"run {run.id} {run.name!r}", runs=[run])
 
     return ([render_run, render_timeline] if timeline else [render_run]), run_widget
 

@@ -11,8 +11,8 @@ from typing import Any
 from IPython.core.error import UsageError
 
 from ..runtime import Future, PathwaysError, Program, ProgramGraph, Run, controller
-from ..train.checkpoint import checkpoint_lines
-from .display import devices_view, graph_view, message_view, run_view, status_view, timeline_view
+from ..train import checkpoint_lines
+from ..widgets import devices_view, graph_view, message_view, run_view, status_view, timeline_view
 from .live import Progress, in_kernel, wait_for, widgets_here
 from .reporting import FailureReporter
 from .tracebacks import Presenter
@@ -69,8 +69,8 @@ class LineCommands:
 
             return timeline(runs)
         if runs is not None:
-            return timeline_view([e for r in runs for e in r.events], title=f"runs {[r.id for r in runs]}")
-        return timeline_view(list(c.events.nodes), title="all runs")
+            return timeline_view([e for r in runs for e in r.events], title=f"runs {[r.id for r in runs]}", runs=runs)
+        return timeline_view(list(c.events.nodes), title="all runs", runs=list(c.runs))
 
     def graph(self, target):
         if target is None:

@@ -25,8 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..runtime import TimeoutError as WaitTimeoutError
-from ..widgets.ticker import ticker
-from .display import progress_line, run_view
+from ..widgets import progress_line, run_view, ticker
 
 #: Blocking waits show progress once they have lasted this long (seconds).
 PROGRESS_AFTER_S = 2.0

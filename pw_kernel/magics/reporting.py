@@ -7,8 +7,8 @@ import weakref
 from typing import Any
 
 from ..runtime import ControllerShutdownError, controller
-from ..train.checkpoint import take_failed_saves
-from .display import failure_view, message_view
+from ..train import take_failed_saves
+from ..widgets import failure_view, message_view
 
 MAX_REPORTS = 5
 

@@ -16,15 +16,15 @@ from __future__ import annotations
 
 import functools
 import linecache
+import re
 import sys
 import sysconfig
 import types
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import jax
-
-from .display import condense_frames, error_headline
 
 #: Files that are never the user's: the standard library, site-packages, pw_kernel itself and JAX.
 _LIB_DIRS = tuple(
@@ -38,6 +38,59 @@ _LIB_DIRS = tuple(
         if p
     }
 )
+
+_FRAME = re.compile(r'^(\s*)File "([^"]+)", line (\d+), in (.+)$')
+
+
+def condense_frames(
+    text: str, keep: Callable[[str], bool], label: Callable[[str], str | None] = lambda filename: None
+) -> str:
+    """Drop the frames of quoted tracebacks (``File "...", line N, in f``) whose file ``keep`` rejects.
+
+    Errors raised on a device (e.g. in a `jax.pure_callback`) quote the whole host
+    traceback in their message; the user's own frames are what they can act on.
+    ``label`` renames files (a cell's temporary file -> ``Cell In[N]``).
+    """
+    out: list[str] = []
+    hidden = 0
+    dropping_indent: int | None = None
+    for line in text.splitlines():
+        m = _FRAME.match(line)
+        if m is None and dropping_indent is not None and len(line) - len(line.lstrip()) > dropping_indent:
+            continue  # the source line (and ^^^ markers) of a dropped frame
+        dropping_indent = None
+        if m is not None:
+            indent, filename, lineno, func = m.groups()
+            if not keep(filename):
+                hidden += 1
+                dropping_indent = len(indent)
+                continue
+            name = label(filename)
+            if name is not None:
+                line = f"{indent}{name}, line {lineno}, in {func}"
+        out.append(line)
+    text = "\n".join(out)
+    if hidden:
+        note = f"Traceback ({hidden} frames of Python, JAX and pw_kernel hidden; most recent call last):"
+        text = text.replace("Traceback (most recent call last):", note)
+    return text
+
+
+def error_headline(text: str) -> str:
+    """The first line of an error, with a quoted traceback's own last line (its exception) as the cause.
+
+    Example::
+
+        error_headline("NodeError: node 'f' failed: a host callback raised: Traceback (...):\n  ...\nValueError: x")
+        # "NodeError: node 'f' failed: ValueError: x"
+    """
+    lines = text.splitlines()
+    head = lines[0] if lines else ""
+    cause = next((line for line in reversed(lines[1:]) if line and not line[0].isspace()), None)
+    m = re.match(r"(.*?failed: )(?:a host callback raised: )?Traceback \(", head)
+    if m is not None and cause is not None:
+        return m.group(1) + cause
+    return head
 
 
 class Presenter:
@@ -129,15 +182,6 @@ class Presenter:
             )
         return err
 
-    def present_run_errors(self, run) -> None:
-        """When ``run`` fails, make its error display without the runtime's frames (wherever it is raised)."""
-
-        def on_done(_fut, run=run):
-            if run.error is not None:
-                self.presentable(run.error, relabel=False)
-
-        for fut in run.futures:  # the first to fail carries the run's error; the others may succeed first
-            fut.add_done_callback(on_done)
 
 
 def _render_user_traceback(shell, err: BaseException, is_user, condense) -> list[str]:

@@ -18,7 +18,9 @@ futures, orbax underneath), `restore` (reading back onto any slice layout),
 island), `prefetch` (`pw.prefetch`: batches loaded on a thread and placed
 ahead of the step, checkpointable; input nodes inside traced programs),
 `targets` (where a batch goes: a slice's data axis, a sharding, a pipeline's
-stages) and `errors`.
+stages) and `errors`. For the notebook front (`pw_kernel.magics`), which uses
+this face only: `checkpoint_lines` (``%pathways status``) and
+`take_failed_saves` (failed saves reported after a cell).
 
 Example::
 
@@ -32,7 +34,7 @@ import functools
 from collections.abc import Callable, Sequence
 
 from ..runtime import VirtualSlice, controller
-from .checkpoint import CheckpointManager
+from .checkpoint import CheckpointManager, checkpoint_lines, take_failed_saves
 from .elastic import elastic_retry
 from .errors import CheckpointError, PipelineError, PrefetchError
 from .pipeline import Pipeline
@@ -67,4 +69,7 @@ __all__ = [
     "replay",
     "schedule_ops",
     "theory_bubble",
+    # for the notebook front: checkpoints in `%pathways status`, failed saves reported after a cell
+    "checkpoint_lines",
+    "take_failed_saves",
 ]

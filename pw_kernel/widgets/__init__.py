@@ -8,11 +8,19 @@
   graphviz ``dot`` (``graph.py``; what `ProgramGraph.to_dot` and its reprs return): a box per slice,
   pipelines as a slices x microbatches grid (`pipeline_rows`).
 * `GraphWidget` / `display_graph`: that picture in a notebook, with zoom, pan and search.
+* `static_timeline`: the one static timeline renderer (``timeline_html.py``): node events as SVG in
+  HTML, the full picture or a run's mini timeline; every static timeline of every view is its picture.
+* `run_view`, `timeline_view`, `status_view`, `devices_view`, `graph_view`, `failure_view`,
+  `message_view`, `progress_line` (``views.py``): what the notebook front shows where no widget can be,
+  as HTML with a plain-text fallback; `WithText` shows a widget with such a text.
+* `ticker`: the one refresh mechanism of every live view (``_ticker.py``); `describe_outputs`: a cell's
+  bound names as rows of type and sharding.
 
 The views consume only the runtime's public objects and its event stream. The
 front-ends share ``static/prelude.js`` (elements, colours, formatting, pan and
 zoom), which `esm.esm_source` puts in front of each widget's own files.
-Names resolve lazily: the graph's functions need neither anywidget nor ipywidgets.
+Names resolve lazily: the static pictures, the text views and the ticker need neither anywidget nor
+ipywidgets nor IPython. Submodules import each other directly, never this package.
 
 Example::
 
@@ -42,9 +50,24 @@ _EXPORTS = {
     "display_graph": ".graph_display",
     "pipeline_rows": ".dot",
     "GraphWidget": ".graph_widget",
+    "static_timeline": ".timeline_html",
+    "View": ".views",
+    "WithText": ".views",
+    "devices_view": ".views",
+    "failure_view": ".views",
+    "graph_view": ".views",
+    "message_view": ".views",
+    "progress_line": ".views",
+    "run_view": ".views",
+    "status_view": ".views",
+    "timeline_view": ".views",
+    "describe_outputs": "._html",
+    "ticker": "._ticker",
 }
 
 if TYPE_CHECKING:
+    from ._html import describe_outputs
+    from ._ticker import ticker
     from .dot import graph_dot, pipeline_rows
     from .errors import GraphvizError
     from .graph import dot_to_svg, graph_html, graph_svg, repr_svg
@@ -53,7 +76,20 @@ if TYPE_CHECKING:
     from .mesh import MeshWidget, show_mesh
     from .pipeline import show_pipeline, stats_html
     from .run import RunWidget
+    from .timeline_html import static_timeline
     from .timeline_widget import TimelineWidget, timeline
+    from .views import (
+        View,
+        WithText,
+        devices_view,
+        failure_view,
+        graph_view,
+        message_view,
+        progress_line,
+        run_view,
+        status_view,
+        timeline_view,
+    )
 
 
 def __getattr__(name: str) -> Any:
@@ -75,15 +111,28 @@ __all__ = [
     "MeshWidget",
     "RunWidget",
     "TimelineWidget",
+    "View",
+    "WithText",
+    "describe_outputs",
+    "devices_view",
     "display_graph",
     "dot_to_svg",
+    "failure_view",
     "graph_dot",
     "graph_html",
     "graph_svg",
+    "graph_view",
+    "message_view",
     "pipeline_rows",
+    "progress_line",
     "repr_svg",
+    "run_view",
     "show_mesh",
     "show_pipeline",
+    "static_timeline",
     "stats_html",
+    "status_view",
+    "ticker",
     "timeline",
+    "timeline_view",
 ]

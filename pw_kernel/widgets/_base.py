@@ -15,7 +15,7 @@ import anywidget
 
 from ..runtime import controller
 from .esm import STATIC
-from .ticker import PERIOD, Ticker, ticker  # noqa: F401 - where the widgets have always found them
+from ._ticker import PERIOD, Ticker, ticker  # noqa: F401 - where the widgets have always found them
 
 
 def controller_of(run: Any) -> Any:

@@ -27,8 +27,8 @@ import itertools
 import re
 from typing import Any
 
-from ..runtime import describe_sharding
-from . import _html
+from ..runtime.extend import describe_sharding
+from ._html import CROSS_ISLAND, SLICE_PALETTE, fmt_bytes
 
 FONT_SIZE = 12  # points, at zoom 1; the views never shrink a graph below what keeps this readable
 
@@ -175,7 +175,7 @@ def write_dot(graph: Any, grid: PipelineRows | None, posts: bool, arcs: list[Arc
     which `graph.graph_svg` draws as arcs above the row instead of giving them to dot:
     routed by dot, they bend the rows out of line.
     """
-    palette = _html.SLICE_PALETTE
+    palette = SLICE_PALETTE
     d = _Dot(graph, grid, {id(s): palette[k % len(palette)] for k, s in enumerate(graph.slices)})
     out = _dot_header(graph.name, grid is not None)
     out += _input_nodes(d)
@@ -240,10 +240,10 @@ def _transfer_node(d: _Dot, n: Any) -> str:
         label = '"", width=0.22, height=0.22, fixedsize=true'
     nbytes = sum(d.graph.values[i].nbytes for i in n.outputs)
     tip = (
-        f"{n.name}: transfer{' across islands' if cross else ''}, {_html.fmt_bytes(nbytes)}\n"
+        f"{n.name}: transfer{' across islands' if cross else ''}, {fmt_bytes(nbytes)}\n"
         f"from {_slice_desc(n.src_slice)}\nto {_slice_desc(n.slice)}\n{ins} -> {outs}{where}"
     )
-    colour = _html.CROSS_ISLAND if cross else "#555555"
+    colour = CROSS_ISLAND if cross else "#555555"
     if d.grid and n.slice is not None:  # in the row it delivers to, so what reads it stays in that row
         d.home[f"n{n.id}"] = id(n.slice)
     return (

@@ -22,7 +22,7 @@ import shutil
 import threading
 from typing import Any
 
-from . import _html
+from ._html import esc, page
 from .dot import FONT_SIZE, Arc, pipeline_rows, write_dot
 from .errors import GraphvizError
 
@@ -195,7 +195,7 @@ def _draw_arcs(svg: str, arcs: list[Arc]) -> str:
         lift = min(12 + 0.06 * abs(x2 - x1), 2.2 * FONT_SIZE)  # longer reads arc higher, inside the row's box
         top = min(y1, y2) - lift
         colour = "#c0c0c0" if a.faint else "#8a8a8a"
-        tip = _html.esc(f"{a.src} -> {a.dst}: {a.tip}")
+        tip = esc(f"{a.src} -> {a.dst}: {a.tip}")
         parts.append(
             f'<g class="edge pw-arc"><title>{tip}</title>'
             f'<path fill="none" stroke="{colour}" d="M{x1:.1f},{y1:.1f}C{x1 + (x2 - x1) / 4:.1f},{top:.1f} '
@@ -243,23 +243,23 @@ def graph_html(graph: Any) -> str:
     in a box that scrolls both ways; no script, so nbconvert, GitHub and an
     untrusted notebook show it as it is. `GraphWidget` adds zoom, pan and search.
     """
-    head = f'<div style="margin-bottom:4px"><b>{_html.esc(graph_summary(graph))}</b></div>'
+    head = f'<div style="margin-bottom:4px"><b>{esc(graph_summary(graph))}</b></div>'
     try:
         svg = graph_svg(graph)
     except GraphvizError as e:
-        return _html.page(head + _missing_html(e), "pw-graph")
+        return page(head + _missing_html(e), "pw-graph")
     body = (
         '<div class="pw-graph-svg" style="overflow:auto;max-height:720px;max-width:100%;'
         f'border:1px solid #e0e0e0">{svg}</div>'
     )
-    return _html.page(head + body, "pw-graph")
+    return page(head + body, "pw-graph")
 
 
 def _missing_html(e: GraphvizError) -> str:
     msg = str(e).split(" Meanwhile,")[0].split("\nThe DOT source")[0]
     return (
-        f'<div style="color:#8a4b00">{_html.esc(msg)}</div>'
-        f'<details open><summary>DOT source</summary><pre style="font-size:11px">{_html.esc(e.dot)}</pre></details>'
+        f'<div style="color:#8a4b00">{esc(msg)}</div>'
+        f'<details open><summary>DOT source</summary><pre style="font-size:11px">{esc(e.dot)}</pre></details>'
     )
 
 

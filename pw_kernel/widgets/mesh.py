@@ -19,7 +19,7 @@ import numpy as np
 import traitlets as t
 
 from ..runtime import controller
-from . import _html
+from ._html import SLICE_PALETTE, device_colour, mesh_html
 from ._base import PwWidget
 from ._devices import DeviceRef, island_devices, local_device, slice_devices
 from .esm import esm_source
@@ -39,7 +39,7 @@ def _device_table(devs: Sequence[Any], coords: dict[int, str] | None = None) -> 
             "id": ref.id,
             "label": ref.label + (f" ({ref.device_kind})" if ref.device_kind else ""),
             "short": ref.platform,
-            "colour": _html.device_colour(k),
+            "colour": device_colour(k),
             "coords": coords.get(ref.id, ""),
         }
     return out
@@ -385,7 +385,7 @@ def _devices_model(obj: Any, state: dict[str, Any]) -> dict[str, Any]:
                 "mesh": " × ".join(f"{n}={v}" for n, v in s.mesh.shape.items()),
                 "devices": [d.id for d in slice_devices(s, names) if d.id in ids],
                 "island": int(getattr(s.island, "id", -1)),
-                "colour": _html.SLICE_PALETTE[k % len(_html.SLICE_PALETTE)],
+                "colour": SLICE_PALETTE[k % len(SLICE_PALETTE)],
             }
             for k, s in enumerate(slices)
         ],
@@ -437,7 +437,7 @@ class MeshWidget(PwWidget):
         return {k: getattr(self, k) for k in keys}
 
     def static_html(self) -> str:
-        return _html.mesh_html(self.state_dict())
+        return mesh_html(self.state_dict())
 
     def __repr__(self) -> str:
         if self.kind == "devices":

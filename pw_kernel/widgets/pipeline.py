@@ -14,12 +14,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from . import _html
+from ._html import esc, fmt_bytes, fmt_ns, page
 
 
 def stats_html(stats: Sequence[Any]) -> str:
     """One table: a row per schedule and slice, measured next to the ideal-device replay and the paper's bubble."""
-    esc = _html.esc
     head = (
         "<tr><th>step</th><th>slice</th><th>stages</th><th>bubble measured</th><th>bubble ideal</th>"
         "<th>bubble theory</th><th>live measured</th><th>live ideal</th><th>live activations</th>"
@@ -33,7 +32,7 @@ def stats_html(stats: Sequence[Any]) -> str:
         for k, s in enumerate(st.slices):
             first = (
                 f'<td rowspan="{len(st.slices)}"><b>{esc(name)}</b><br><span style="color:#666">{esc(desc)}</span><br>'
-                f"span {_html.fmt_ns(st.span_ns)}</td>"
+                f"span {fmt_ns(st.span_ns)}</td>"
                 if k == 0
                 else ""
             )
@@ -41,7 +40,7 @@ def stats_html(stats: Sequence[Any]) -> str:
             rows.append(
                 f"<tr>{first}<td>{esc(s.slice)}</td><td>{', '.join(map(str, s.stages))}</td>"
                 f"<td>{s.bubble:.3f}</td><td>{s.ideal_bubble:.3f}</td>{theory}<td>{s.live}</td><td>{s.ideal_live}</td>"
-                f"<td>{_html.fmt_bytes(s.live_bytes)}</td><td>{_html.fmt_bytes(s.reserved_bytes)}</td></tr>"
+                f"<td>{fmt_bytes(s.live_bytes)}</td><td>{fmt_bytes(s.reserved_bytes)}</td></tr>"
             )
     style = (
         "<style>.pw-pipe td,.pw-pipe th{padding:2px 8px;border-bottom:1px solid #ddd;text-align:right;"
@@ -52,7 +51,7 @@ def stats_html(stats: Sequence[Any]) -> str:
         "ops on devices that all run at once (forward 1, backward 2 per chunk); live: the most microbatches a "
         "slice holds for their backward; memory estimate: what the run reserved per device.</div>"
     )
-    return _html.page(f'{style}<table class="pw-pipe" style="border-collapse:collapse">{head}{"".join(rows)}</table>{note}', "pw-pipeline")
+    return page(f'{style}<table class="pw-pipe" style="border-collapse:collapse">{head}{"".join(rows)}</table>{note}', "pw-pipeline")
 
 
 def show_pipeline(stats: Any, title: str | None = None, **timeline_kwargs: Any) -> Any:
@@ -84,7 +83,7 @@ def show_pipeline(stats: Any, title: str | None = None, **timeline_kwargs: Any) 
     timelines = []
     for st in stats:
         name = st.run.name if st.run is not None else st.pipeline
-        label = f"{title} · {name}" if title else f"{name}: {st.schedule}, span {_html.fmt_ns(st.span_ns)}"
+        label = f"{title} · {name}" if title else f"{name}: {st.schedule}, span {fmt_ns(st.span_ns)}"
         if st.run is not None:
             timelines.append(TimelineWidget([st.run], live=False, title=label, **timeline_kwargs))
         else:

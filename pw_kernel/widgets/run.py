@@ -1,33 +1,30 @@
 """RunWidget: one run's name, state, nodes done / total, elapsed time, error and a mini timeline, live.
 
 The mini timeline is labelled: a caption with its colour key, a name per device row and a time scale
-(``static/run.js`` draws it live, `mini_timeline_html` for the static picture).
+(``static/run.js`` draws it live; the static picture is `timeline_html.static_timeline`'s, from the run's events).
 """
 
 from __future__ import annotations
 
 import collections
-import math
 import threading
 import time
 from typing import Any, Callable
 
 import traitlets as t
 
-from ..runtime import FINAL, short_error
-from . import _html
-from ._base import PwWidget, controller_of, ticker
+from ..runtime.extend import FINAL, short_error
+from ._base import PwWidget, controller_of
 from ._devices import slice_devices
+from ._html import describe_outputs, run_html
+from ._ticker import ticker
 from .esm import esm_source
+from .timeline_html import static_timeline
 
 MAX_MINI_BARS = 1500
 MINI_PERIOD = 0.25  # seconds between two updates of the mini timeline (the bar and counters go at ~10 Hz)
 #: Seconds between two looks at a running run with no events: a compile starts and ends without one.
 QUIET_PERIOD = 0.5
-#: The mini timeline's bar kinds (the ``bars`` trait's fourth field) as (name, colour); run.js's KIND.
-MINI_KINDS: tuple[tuple[str, str], ...] = (("compute", "#4e79a7"), ("glue", "#a0cbe8"), ("transfer", "#bbbbbb"))
-MINI_H = 80  # px the mini timeline's rows share at most
-LABEL_MIN = 8  # px a row needs for its own name; thinner rows name only the first and last device
 
 
 class RunWidget(PwWidget):
@@ -69,7 +66,7 @@ class RunWidget(PwWidget):
     ):
         self.run = run
         self._condense = condense  # shortens quoted tracebacks, as the notebook's other error views do
-        kwargs.setdefault("outputs", _html.describe_outputs(outputs))
+        kwargs.setdefault("outputs", describe_outputs(outputs))
         self._lock = threading.RLock()
         self._pending: collections.deque[Any] = collections.deque()
         self._dirty = False
@@ -189,8 +186,11 @@ class RunWidget(PwWidget):
         return {k: getattr(self, k) for k in keys}
 
     def static_html(self) -> str:
-        mini = mini_timeline_html(list(self.lanes), list(self.bars))
-        return _html.run_html(self.state_dict()) + (_html.page(mini, "pw-run-mini") if mini else "")
+        with self._lock:  # the rows the live view has, in its order
+            rows = sorted(self._lane_of.items(), key=lambda kv: kv[1])
+            devices = [(dev, self._lane_names[k], None) for dev, k in rows]
+        mini = static_timeline(list(self.run.events), mini=True, devices=devices, names=self._names)
+        return run_html(self.state_dict()) + mini
 
     def __repr__(self) -> str:
         err = f", {self.error.splitlines()[0]}" if self.error else ""
@@ -200,75 +200,4 @@ class RunWidget(PwWidget):
         )
 
 
-def mini_lane_height(n: int) -> int:
-    """Pixel height of a mini-timeline row when there are ``n`` device rows (run.js's laneHeight)."""
-    return max(3, min(10, MINI_H // max(n, 1)))
-
-
-def mini_timeline_html(lanes: list[str], bars: list[float], width: int = 560) -> str:
-    """The mini timeline as static HTML, labelled as run.js draws it; "" when there is nothing to draw.
-
-    ``lanes`` are the device names, ``bars`` the `RunWidget.bars` trait (flat: lane, start ns, end ns,
-    kind; times from the first node's start).
-
-    Example::
-
-        mini_timeline_html(["cpu:0"], [0, 0, 2e6, 0])   # caption, 'cpu:0', a bar, '0 ns' ... '2 ms'
-    """
-    quads = [bars[i : i + 4] for i in range(0, len(bars) - 3, 4)]
-    if not lanes or not quads:
-        return ""
-    esc = _html.esc
-    label_w = 84
-    plot_w = width - label_w
-    lane_h = mini_lane_height(len(lanes))
-    height = len(lanes) * lane_h
-    end = max([1.0, *(q[2] for q in quads)])
-    kinds = sorted({int(q[3]) for q in quads if 0 <= int(q[3]) < len(MINI_KINDS)})
-    keys = "".join(
-        f'<span style="margin-left:8px;white-space:nowrap"><span style="display:inline-block;width:10px;height:10px;'
-        f'border-radius:2px;vertical-align:middle;background:{MINI_KINDS[k][1]}"></span> {MINI_KINDS[k][0]}</span>'
-        for k in kinds
-    )
-    caption = (
-        '<div class="pw-run-mini-caption" style="color:#555;font-size:10px">'
-        f"this run&#x27;s nodes on each device over time:{keys}</div>"
-    )
-    parts = [f'<rect x="{label_w}" y="0" width="{plot_w}" height="{height}" fill="#f2f2f2"/>']
-    # one rect per stretch of a row's bars of one kind that touch on screen (a static picture: pixels suffice)
-    gap = 1 if lane_h > 2 else 0
-    for lane in range(len(lanes)):
-        row = sorted((q[1] / end * plot_w, q[2] / end * plot_w, int(q[3])) for q in quads if int(q[0]) == lane)
-        cur: list[float] | None = None
-        for x0, x1, k in [*row, (math.inf, math.inf, -1)]:
-            x1 = max(x1, x0 + 1)
-            if cur is not None and k == cur[2] and x0 <= cur[1] + 0.5:
-                cur[1] = max(cur[1], x1)
-                continue
-            if cur is not None:
-                colour = MINI_KINDS[cur[2]][1] if 0 <= cur[2] < len(MINI_KINDS) else MINI_KINDS[0][1]
-                parts.append(
-                    f'<rect x="{label_w + cur[0]:.1f}" y="{lane * lane_h}" width="{cur[1] - cur[0]:.1f}" '
-                    f'height="{lane_h - gap}" fill="{colour}"/>'
-                )
-            cur = [x0, x1, k]
-    named = range(len(lanes)) if lane_h >= LABEL_MIN else sorted({0, len(lanes) - 1})
-    for k in named:
-        y = (k + 1) * lane_h - 1 if lane_h >= LABEL_MIN else (8 if k == 0 else height)
-        parts.append(
-            f'<text class="pw-run-mini-label" x="{label_w - 4}" y="{y}" text-anchor="end" fill="#555">'
-            f"{esc(lanes[k])}</text>"
-        )
-    parts.append(
-        f'<text class="pw-run-mini-scale" x="{label_w}" y="{height + 10}" fill="#555">0 ns</text>'
-        f'<text class="pw-run-mini-scale" x="{width}" y="{height + 10}" text-anchor="end" fill="#555">'
-        f"{esc(_html.fmt_ns(end))}</text>"
-    )
-    svg = (
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height + 12}" '
-        f'style="font:9px {_html.FONT};display:block">{"".join(parts)}</svg>'
-    )
-    return caption + svg
-
-
-__all__ = ["RunWidget", "mini_timeline_html"]
+__all__ = ["RunWidget"]

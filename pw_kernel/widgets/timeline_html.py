@@ -1,24 +1,34 @@
-"""The timeline as static HTML: an SVG of lanes, bars, time axis and legend, for viewers without JavaScript.
+"""The one static timeline renderer: the runtime's node events as SVG in HTML, for viewers without JavaScript.
 
-What nbconvert, GitHub and a kernel-less notebook show in place of
-`TimelineWidget`: `timeline_html` draws from the arrays an `EventEncoder`
-holds, with the rules the live view (``static/timeline.js``) follows: bars
-closer than a pixel merge (level of detail), back-to-back bars wide enough to
-see are cut by a 1px gap, compiles are hatched, transfers are light boxes or,
-merged, a strip, and every look drawn has a legend entry.
+Every static timeline is drawn here, from the columnar arrays an
+`EventEncoder` makes of the runtime's events (`static_timeline` encodes them;
+`TimelineWidget` hands over the arrays it already holds):
+
+* the full picture (`timeline_html`): what nbconvert, GitHub and a
+  kernel-less notebook show in place of `TimelineWidget`, and what the
+  notebook's text views draw. It follows the rules the live view
+  (``static/timeline.js``) follows: bars closer than a pixel merge (level of
+  detail), back-to-back bars wide enough to see are cut by a 1px gap,
+  compiles are hatched, transfers are light boxes or, merged, a strip, and
+  every look drawn has a legend entry;
+* a run's mini timeline (`mini_timeline_html`): a row per device, bars
+  coloured by kind, a caption, row names and a time scale, as ``static/run.js``
+  draws it live in `RunWidget`.
+
+Every user-provided string goes through `esc`.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from . import _html
-from .timeline_encoder import KINDS, NONE, busy_union
+from ._html import CROSS_ISLAND, FONT, RUN_PALETTE, esc, fmt_ns, nice_step, page
+from .timeline_encoder import KINDS, NONE, EventEncoder, busy_union
 
 MAX_LEGEND = 12
 #: Pixels a bar must span for a gap to cut it from the next bar of its colour (timeline.js's GAP_MIN).
@@ -31,6 +41,55 @@ MERGED = ("#8c8c8c", "#e07a7a")
 LABEL_W, UTIL_W, AXIS_H = 120, 46, 18  # pixels: lane labels, utilization column, time axis
 _TRANSFER = KINDS.index("transfer")
 _UNITS = ((1e9, "s"), (1e6, "ms"), (1e3, "µs"), (1.0, "ns"))
+#: The latest events a picture drawn from the runtime's events shows (a static picture: plenty).
+MAX_EVENTS = 20_000
+#: The mini timeline's bar kinds (on device rows: `KINDS` 0, 1, 2) as (name, colour); run.js's KIND.
+MINI_KINDS: tuple[tuple[str, str], ...] = (("compute", "#4e79a7"), ("glue", "#a0cbe8"), ("transfer", "#bbbbbb"))
+MINI_H = 80  # px the mini timeline's rows share at most
+MINI_LABEL_W = 84  # px of the mini timeline's row names
+LABEL_MIN = 8  # px a mini-timeline row needs for its own name; thinner rows name only the first and last device
+
+
+def static_timeline(
+    events: Iterable[Any],
+    *,
+    title: str = "timeline",
+    runs: Iterable[Any] = (),
+    devices: Iterable[tuple[int, str, int | None]] = (),
+    names: Mapping[int, str] | None = None,
+    mini: bool = False,
+    width: int | None = None,
+    color_by: str = "run",
+) -> str:
+    """The runtime's node events (`NodeEvent`) as a static timeline: the full picture, or with ``mini`` a run's.
+
+    ``runs`` (`Run` s) name the colour keys; ``devices`` (id, label, island) are rows drawn even when idle, in
+    order; ``names`` labels the other devices (device id -> name). Draws the latest `MAX_EVENTS` events.
+
+    Example::
+
+        static_timeline(run.events, title=f"run {run.id}", runs=[run])   # lanes, bars, axis, legend
+        static_timeline(run.events, mini=True)                           # "" when nothing ran on a device
+    """
+    enc = EventEncoder(devices, dict(names or {}))
+    enc.encode(list(events)[-MAX_EVENTS:])
+    measures, ids, bars, strings = enc.arrays()
+    if mini:
+        return mini_timeline_html(enc.lanes, measures, ids, bars, width or 560)
+    rows = _run_rows(runs, ids, strings)
+    return timeline_html(title, enc.lanes, rows, RUN_PALETTE, color_by, measures, ids, bars, strings, width or 760)
+
+
+def _run_rows(runs: Iterable[Any], ids: np.ndarray, strings: Sequence[str]) -> list[dict[str, Any]]:
+    """The colour keys of a picture by run: ``runs`` first, then runs only the events name (state unknown)."""
+    rows = {
+        int(r.id): {"id": int(r.id), "name": str(r.name), "tenant": str(r.tenant), "state": str(r.state)} for r in runs
+    }
+    for run, prog, tenant in ids[:, [0, 2, 3]].tolist():
+        if run != NONE and run not in rows:  # NONE: host work of no run (a checkpoint)
+            name = strings[prog] if prog != NONE else ""
+            rows[run] = {"id": run, "name": name, "tenant": strings[tenant] if tenant != NONE else "", "state": "?"}
+    return list(rows.values())
 
 
 def timeline_html(
@@ -59,11 +118,11 @@ def timeline_html(
     n = len(measures)
     n_dev = sum(1 for x in lanes if x["kind"] == "device")
     head = (
-        f'<div style="margin-bottom:2px"><b>{_html.esc(title)}</b> · {n} events · {len(runs)} runs · '
+        f'<div style="margin-bottom:2px"><b>{esc(title)}</b> · {n} events · {len(runs)} runs · '
         f"{n_dev} devices{' · live (static snapshot)' if live else ''}</div>"
     )
     if n == 0:
-        return _html.page(head + '<div style="color:#666">no node events yet</div>', "pw-timeline")
+        return page(head + '<div style="color:#666">no node events yet</div>', "pw-timeline")
     order = [k for k, x in enumerate(lanes) if x["kind"] == "device"] + [
         k for k, x in enumerate(lanes) if x["kind"] != "device"
     ]
@@ -78,12 +137,12 @@ def timeline_html(
     has_host = any(x["kind"] == "host" for x in lanes)
     svg = (
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{y + 4}" '
-        f'style="font:10px {_html.FONT}">{_hatch_defs() if has_host else ""}{_ticks_svg(plot.span, plot.plot_w)}'
+        f'style="font:10px {FONT}">{_hatch_defs() if has_host else ""}{_ticks_svg(plot.span, plot.plot_w)}'
         f"{''.join(parts)}</svg>"
     )
     entries = _legend_entries(color_by, runs, ids, strings, palette)
     legend = _legend_html(entries[-MAX_LEGEND:], max(0, len(entries) - MAX_LEGEND), host=has_host, merged=merged)
-    return _html.page(head + legend + svg, "pw-timeline")
+    return page(head + legend + svg, "pw-timeline")
 
 
 class _Plot(NamedTuple):
@@ -120,14 +179,14 @@ def _plot(
 
 def _ticks_svg(span: float, plot_w: int) -> str:
     """The time axis: ticks at whole multiples of a round step from the first event's start."""
-    step = _html.nice_step(span, 6)
+    step = nice_step(span, 6)
     values = [k * step for k in range(int(span / step + 1e-9) + 1)]  # multiples of the step: no drift
     ticks = []
     for v, label in zip(values, axis_labels(values, step)):
         x = LABEL_W + v / span * plot_w
         ticks.append(
             f'<line x1="{x:.1f}" y1="{AXIS_H - 4}" x2="{x:.1f}" y2="{AXIS_H}" stroke="#888"/>'
-            f'<text x="{x:.1f}" y="{AXIS_H - 6}" text-anchor="middle" fill="#555">{_html.esc(label)}</text>'
+            f'<text x="{x:.1f}" y="{AXIS_H - 6}" text-anchor="middle" fill="#555">{esc(label)}</text>'
         )
     return "".join(ticks)
 
@@ -141,7 +200,7 @@ def _lane_svg(
     util = busy_union(measures, bars, lane) / plot.span
     parts = [
         (
-            f'<text x="{LABEL_W - 4}" y="{y + h - 4}" text-anchor="end" fill="#333">{_html.esc(info["label"])}</text>'
+            f'<text x="{LABEL_W - 4}" y="{y + h - 4}" text-anchor="end" fill="#333">{esc(info["label"])}</text>'
             f'<rect x="{LABEL_W}" y="{y}" width="{plot.plot_w}" height="{h - 2}" fill="#f4f4f4"/>'
             f'<text x="{plot.width - 2}" y="{y + h - 4}" text-anchor="end" fill="#333">{util * 100:.0f}%</text>'
         )
@@ -175,7 +234,7 @@ def _rect_svg(c: int, k: int, x: int, y: int, w: int, h: int, palette: Sequence[
         merged.add(c == -3)
     else:
         fill = "#e9e9e9"
-        stroke = f' stroke="{_html.CROSS_ISLAND if c == -3 else "#555"}" stroke-width="1"'
+        stroke = f' stroke="{CROSS_ISLAND if c == -3 else "#555"}" stroke-width="1"'
     return f'<rect x="{x}" y="{y}" width="{w}" height="{h}" fill="{fill}"{stroke}/>'
 
 
@@ -251,7 +310,6 @@ def _lane_rects(
 
 def _legend_html(entries: Sequence[tuple[str, str]], more: int, host: bool, merged: set[bool]) -> str:
     """The static legend: the colour keys, then the looks that are not colour keys (compile, transfers)."""
-    esc = _html.esc
 
     def item(swatch: str, label: str) -> str:
         return (
@@ -265,12 +323,80 @@ def _legend_html(entries: Sequence[tuple[str, str]], more: int, host: bool, merg
     if host:  # compiles are drawn on the host lane
         items.append(item(f"background:{HATCH_CSS};border:1px solid #666", "host: compile, checkpoint, input load"))
     items.append(item("background:#e9e9e9;border:1.5px solid #555", "transfer"))
-    items.append(item(f"background:#e9e9e9;border:1.5px solid {_html.CROSS_ISLAND}", "cross-island transfer"))
+    items.append(item(f"background:#e9e9e9;border:1.5px solid {CROSS_ISLAND}", "cross-island transfer"))
     if False in merged:
         items.append(item(f"background:{MERGED[False]}", "transfers merged at this scale"))
     if True in merged:
         items.append(item(f"background:{MERGED[True]}", "cross-island transfers merged"))
     return f'<div class="pw-legend" style="margin:2px 0 4px">{"".join(items)}</div>'
+
+
+def mini_lane_height(n: int) -> int:
+    """Pixel height of a mini-timeline row when there are ``n`` device rows (run.js's laneHeight)."""
+    return max(3, min(10, MINI_H // max(n, 1)))
+
+
+def mini_timeline_html(
+    lanes: Sequence[dict[str, Any]], measures: np.ndarray, ids: np.ndarray, bars: np.ndarray, width: int = 560
+) -> str:
+    """A run's mini timeline from an `EventEncoder`'s arrays: its device lanes only; "" when they hold no bar.
+
+    A caption with the colour key of the kinds drawn, a name per row (the first and last only when rows
+    are thin) and a time scale from the first node's start, as run.js draws it live.
+
+    Example::
+
+        static_timeline(run.events, mini=True)   # caption, 'cpu:0', bars, '0 ns' ... '2.1 ms'
+    """
+    rows = [k for k, x in enumerate(lanes) if x["kind"] == "device"]
+    on = np.isin(bars[:, 1], rows) if len(bars) else np.zeros(0, dtype=bool)
+    if not rows or not on.any():
+        return ""
+    bars = bars[on]
+    drawn = bars[:, 0].astype(np.int64)
+    t0 = float(measures[drawn, 0].min())
+    end = max(float(measures[drawn, 1].max()) - t0, 1.0)
+    plot_w = width - MINI_LABEL_W
+    px0 = np.floor((measures[:, 0] - t0) / end * plot_w).astype(np.int64)
+    px1 = np.maximum(np.ceil((measures[:, 1] - t0) / end * plot_w).astype(np.int64), px0 + 1)
+    kind = np.minimum(ids[:, 6].astype(np.int64), len(MINI_KINDS) - 1)  # device rows hold compute, glue, transfer
+    lane_h = mini_lane_height(len(rows))
+    height = len(rows) * lane_h
+    gap = 1 if lane_h > 2 else 0
+    parts = [f'<rect x="{MINI_LABEL_W}" y="0" width="{plot_w}" height="{height}" fill="#f2f2f2"/>']
+    for r, lane in enumerate(rows):
+        ev = bars[bars[:, 1] == lane, 0].astype(np.int64)
+        for c, a, w, _ in _lane_rects(kind[ev], ev, px0, px1, plot_w) if len(ev) else ():
+            parts.append(
+                f'<rect x="{MINI_LABEL_W + a}" y="{r * lane_h}" width="{w}" height="{lane_h - gap}" '
+                f'fill="{MINI_KINDS[c][1]}"/>'
+            )
+    named = range(len(rows)) if lane_h >= LABEL_MIN else sorted({0, len(rows) - 1})
+    for k in named:
+        y = (k + 1) * lane_h - 1 if lane_h >= LABEL_MIN else (8 if k == 0 else height)
+        parts.append(
+            f'<text class="pw-run-mini-label" x="{MINI_LABEL_W - 4}" y="{y}" text-anchor="end" fill="#555">'
+            f'{esc(lanes[rows[k]]["label"])}</text>'
+        )
+    parts.append(
+        f'<text class="pw-run-mini-scale" x="{MINI_LABEL_W}" y="{height + 10}" fill="#555">0 ns</text>'
+        f'<text class="pw-run-mini-scale" x="{width}" y="{height + 10}" text-anchor="end" fill="#555">'
+        f"{esc(fmt_ns(end))}</text>"
+    )
+    keys = "".join(
+        f'<span style="margin-left:8px;white-space:nowrap"><span style="display:inline-block;width:10px;height:10px;'
+        f'border-radius:2px;vertical-align:middle;background:{MINI_KINDS[k][1]}"></span> {MINI_KINDS[k][0]}</span>'
+        for k in sorted(set(kind[drawn].tolist()))
+    )
+    caption = (
+        '<div class="pw-run-mini-caption" style="color:#555;font-size:10px">'
+        f"this run&#x27;s nodes on each device over time:{keys}</div>"
+    )
+    svg = (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height + 12}" '
+        f'style="font:9px {FONT};display:block">{"".join(parts)}</svg>'
+    )
+    return page(caption + svg, "pw-run-mini")
 
 
 def axis_labels(values: Sequence[float], step: float) -> list[str]:
@@ -290,4 +416,15 @@ def axis_labels(values: Sequence[float], step: float) -> list[str]:
     return ["0 ns" if v == 0 else f"{v / scale:.{dec}f} {unit}" for v in values]
 
 
-__all__ = ["GAP_MIN", "HATCH", "HATCH_CSS", "MERGED", "axis_labels", "timeline_html"]
+__all__ = [
+    "GAP_MIN",
+    "HATCH",
+    "HATCH_CSS",
+    "MERGED",
+    "MINI_KINDS",
+    "axis_labels",
+    "mini_lane_height",
+    "mini_timeline_html",
+    "static_timeline",
+    "timeline_html",
+]

@@ -4,7 +4,7 @@ Data path, kept cheap at 100,000 events:
 
 * The widget subscribes to the controller's event log. The callback runs on a
   controller thread and only appends the event to a deque.
-* The shared ticker thread (`_base.ticker`) drains the deque at most ~10 times
+* The shared ticker thread (`_ticker.ticker`) drains the deque at most ~10 times
   a second, encodes the new events column-wise into numpy arrays (a *chunk*
   of `timeline_encoder.EventEncoder`: ``measures`` (start, end, bytes) as
   float64, ``ids`` (run, string ids, kind) as uint32, one (event, lane) pair
@@ -17,7 +17,7 @@ Data path, kept cheap at 100,000 events:
 * The front-end (``static/timeline.js``) keeps typed arrays per lane sorted by
   start, and draws on a canvas with level of detail: bars closer than a pixel
   merge, so a redraw costs O(visible bars) and O(pixels) canvas calls.
-* Static viewers get `timeline_html.timeline_html`, drawn from the same arrays.
+* Static viewers get `timeline_html.timeline_html` (the one static timeline renderer), drawn from the same arrays.
 """
 
 from __future__ import annotations
@@ -33,11 +33,11 @@ from typing import Any
 import numpy as np
 import traitlets as t
 
-from ..runtime import FINAL, TraceRow, chrome_trace
 from ..runtime import controller as get_controller
-from . import _html
+from ..runtime.extend import FINAL, TraceRow, chrome_trace
 from ._base import PwWidget, controller_of, ticker
 from ._devices import island_devices
+from ._html import RUN_PALETTE
 from .esm import esm_source
 from .timeline_encoder import KINDS, NONE, Chunk, EventEncoder, busy_union, lane_names
 from .timeline_html import timeline_html
@@ -72,7 +72,7 @@ class TimelineWidget(PwWidget):
     title = t.Unicode("timeline").tag(sync=True)
     lanes = t.List(t.Dict()).tag(sync=True)
     runs = t.List(t.Dict()).tag(sync=True)
-    palette = t.List(t.Unicode(), default_value=list(_html.RUN_PALETTE)).tag(sync=True)
+    palette = t.List(t.Unicode(), default_value=list(RUN_PALETTE)).tag(sync=True)
     color_by = t.Enum(("run", "program", "tenant"), default_value="run").tag(sync=True)
     live = t.Bool(False).tag(sync=True)
     n_events = t.Int(0).tag(sync=True)

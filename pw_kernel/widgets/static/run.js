@@ -4,7 +4,7 @@
 // Loaded after prelude.js (h, swatch, fmtNs, onChange, canvasContext).
 
 const STATE = { queued: "#9e9e9e", running: "#1e88e5", done: "#43a047", failed: "#e53935", cancelled: "#fb8c00" };
-const KIND = ["#4e79a7", "#a0cbe8", "#bbbbbb"]; // compute, glue, transfer (run.py's MINI_KINDS)
+const KIND = ["#4e79a7", "#a0cbe8", "#bbbbbb"]; // compute, glue, transfer (timeline_html.py's MINI_KINDS)
 const KIND_NAMES = ["compute", "glue", "transfer"];
 const MINI_H = 80; // px the mini timeline's rows share at most
 const LABEL_MIN = 8; // px a row needs for its own name; thinner rows name only the first and last device
@@ -15,7 +15,7 @@ function fmtSeconds(s) {
   return `${Math.floor(s / 60)} min ${(s % 60).toFixed(0)} s`;
 }
 
-// Row height of the mini timeline for n device rows (run.py's mini_lane_height).
+// Row height of the mini timeline for n device rows (timeline_html.py's mini_lane_height).
 function laneHeight(n) {
   return Math.max(3, Math.min(10, Math.floor(MINI_H / Math.max(n, 1))));
 }

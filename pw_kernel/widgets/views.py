@@ -1,25 +1,31 @@
-"""Static rich displays of runs, graphs, timelines, status and devices (HTML with a text fallback).
+"""Static rich displays of runs, graphs, timelines, status and devices: HTML with a plain-text fallback.
 
-Built only from the runtime's public objects (Run, ProgramGraph, NodeEvent,
-Status, Island, VirtualSlice). Each piece is a small function returning a
-`View`, so the widgets can replace them one by one. Colours, escaping and the
-program graph's picture come from the widgets' static side (`widgets._html`,
-`widgets.graph`, neither needs anywidget): every user-provided string goes
-through its `esc`.
+What the notebook front (`%%pathways`, `%pathways`) shows where no widget can be
+(a terminal IPython, nbconvert, a front-end without widgets), and the text
+beside a widget. Built only from the runtime's public objects (Run,
+ProgramGraph, NodeEvent, Status, Island, VirtualSlice); each piece is a small
+function returning a `View`. Timelines are `timeline_html.static_timeline`'s
+pictures, the graph is `graph.graph_html`'s; every user-provided string goes
+through `esc`. Needs neither anywidget nor IPython.
+
+Example::
+
+    from pw_kernel.widgets import run_view
+    run_view(pw.controller().runs[-1])   # text in a terminal, HTML in a notebook
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from ..runtime import controller, short_error
-from ..widgets._html import CROSS_ISLAND, RUN_PALETTE, describe_outputs, esc, percent_done, state_colour
-from ..widgets.graph import graph_html
+from ..runtime import controller
+from ..runtime.extend import short_error
+from ._html import describe_outputs, esc, percent_done, state_colour
+from .graph import graph_html
+from .timeline_html import static_timeline
 
 MAX_TABLE_ROWS = 200
-MAX_TIMELINE_EVENTS = 5000
 
 _CSS = (
     "<style>.pw-view{font-family:system-ui,-apple-system,Segoe UI,Helvetica,sans-serif;font-size:12px;"
@@ -97,60 +103,6 @@ def _text_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
-_FRAME = re.compile(r'^(\s*)File "([^"]+)", line (\d+), in (.+)$')
-
-
-def condense_frames(
-    text: str, keep: Callable[[str], bool], label: Callable[[str], str | None] = lambda filename: None
-) -> str:
-    """Drop the frames of quoted tracebacks (``File "...", line N, in f``) whose file ``keep`` rejects.
-
-    Errors raised on a device (e.g. in a `jax.pure_callback`) quote the whole host
-    traceback in their message; the user's own frames are what they can act on.
-    ``label`` renames files (a cell's temporary file -> ``Cell In[N]``).
-    """
-    out: list[str] = []
-    hidden = 0
-    dropping_indent: int | None = None
-    for line in text.splitlines():
-        m = _FRAME.match(line)
-        if m is None and dropping_indent is not None and len(line) - len(line.lstrip()) > dropping_indent:
-            continue  # the source line (and ^^^ markers) of a dropped frame
-        dropping_indent = None
-        if m is not None:
-            indent, filename, lineno, func = m.groups()
-            if not keep(filename):
-                hidden += 1
-                dropping_indent = len(indent)
-                continue
-            name = label(filename)
-            if name is not None:
-                line = f"{indent}{name}, line {lineno}, in {func}"
-        out.append(line)
-    text = "\n".join(out)
-    if hidden:
-        note = f"Traceback ({hidden} frames of Python, JAX and pw_kernel hidden; most recent call last):"
-        text = text.replace("Traceback (most recent call last):", note)
-    return text
-
-
-def error_headline(text: str) -> str:
-    """The first line of an error, with a quoted traceback's own last line (its exception) as the cause.
-
-    Example::
-
-        error_headline("NodeError: node 'f' failed: a host callback raised: Traceback (...):\n  ...\nValueError: x")
-        # "NodeError: node 'f' failed: ValueError: x"
-    """
-    lines = text.splitlines()
-    head = lines[0] if lines else ""
-    cause = next((line for line in reversed(lines[1:]) if line and not line[0].isspace()), None)
-    m = re.match(r"(.*?failed: )(?:a host callback raised: )?Traceback \(", head)
-    if m is not None and cause is not None:
-        return m.group(1) + cause
-    return head
-
-
 # ---------------------------------------------------------------------- runs
 def progress_line(run) -> str:
     """One line of progress for a terminal: ``run 3 'In[5]' running 4/10 nodes, 2.3 s, compiling 'step'``."""
@@ -165,7 +117,7 @@ def run_view(
     """A run's state, progress, elapsed time, outputs, error and a mini timeline.
 
     ``outputs`` maps the names a cell bound to the run's futures; ``condense``
-    shortens error text (see `condense_frames`).
+    shortens error text (the notebook passes one that keeps only the user's frames).
     """
     error = None if run.error is None else condense(f"{type(run.error).__name__}: {run.error}")
     done, total = run.progress
@@ -193,7 +145,7 @@ def run_view(
     if run.error is not None and run.state != "cancelled":
         parts.append(f'<div class="pw-err">{esc(short_error(error, 40))}</div>')
     if timeline and run.events:
-        parts.append(timeline_svg(run.events, height_per_lane=8))
+        parts.append(static_timeline(list(run.events), mini=True, names=_device_names()))
     return View(text, _page("".join(parts)))
 
 
@@ -226,52 +178,11 @@ def graph_view(graph) -> View:
 
 
 # ------------------------------------------------------------------ timeline
-def timeline_svg(events: Iterable[Any], height_per_lane: int = 14, width: int = 720) -> str:
-    """A lane per device, a bar per node (colour per run, transfers outlined); hover shows details."""
-    events = list(events)[-MAX_TIMELINE_EVENTS:]
-    if not events:
-        return ""
-    devices = sorted({d for ev in events for d in ev.devices})
-    lane = {d: k for k, d in enumerate(devices)}
-    t0 = min(ev.start for ev in events)
-    t1 = max(ev.end for ev in events)
-    span = max(t1 - t0, 1)
-    label_w = 48
-    plot_w = width - label_w
-    h = height_per_lane
-    total_h = h * len(devices) + 14
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{total_h}" style="font:10px sans-serif">']
-    for d, k in lane.items():
-        out.append(f'<text x="0" y="{k * h + h - 2}">dev {d}</text>')
-        out.append(f'<rect x="{label_w}" y="{k * h}" width="{plot_w}" height="{h - 1}" fill="#f5f5f5"/>')
-    for ev in events:
-        x = label_w + (ev.start - t0) / span * plot_w
-        w = max((ev.end - ev.start) / span * plot_w, 1.0)
-        colour = RUN_PALETTE[ev.run_id % len(RUN_PALETTE)]
-        cross = ev.kind == "transfer" and ev.src_island is not None and ev.src_island != ev.island
-        if cross:  # the paper's DCN hop between islands
-            stroke = f' stroke="{CROSS_ISLAND}" stroke-width="1.5"'
-        else:
-            stroke = ' stroke="#333"' if ev.kind == "transfer" else ""
-        fill = "#ffffff" if ev.kind == "transfer" else colour
-        tip = (
-            f"{ev.node} ({ev.kind}) · run {ev.run_id} {ev.program} · {(ev.end - ev.start) / 1e6:.3f} ms"
-            f" · {ev.shapes}" + (f" · {ev.error}" if ev.error else "")
-        )
-        for d in ev.devices:
-            y = lane[d] * h
-            out.append(
-                f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{h - 1}" fill="{fill}"{stroke}>'
-                f"<title>{esc(tip)}</title></rect>"
-            )
-    out.append(f'<text x="{label_w}" y="{total_h - 2}">0 ms</text>')
-    out.append(f'<text x="{width - 4}" y="{total_h - 2}" text-anchor="end">{span / 1e6:.3f} ms</text>')
-    out.append("</svg>")
-    return "".join(out)
+def timeline_view(events: Iterable[Any], title: str = "timeline", runs: Iterable[Any] = ()) -> View:
+    """Node events as the static timeline and a table (the latest rows when there are many).
 
-
-def timeline_view(events: Iterable[Any], title: str = "timeline") -> View:
-    """Node events as a per-device chart and a table (the latest rows when there are many)."""
+    ``runs`` (`Run` s) name the picture's colour keys.
+    """
     events = list(events)
     if not events:
         msg = f"{title}: no node events yet"
@@ -300,10 +211,16 @@ def timeline_view(events: Iterable[Any], title: str = "timeline") -> View:
     text = head + "\n" + _text_table(headers, rows)
     body = (
         f"<div><b>{esc(head)}</b></div>"
-        + timeline_svg(events)
+        + static_timeline(events, title=title, runs=runs, names=_device_names())
         + f'<details><summary>events table</summary>{_table(headers, [[esc(c) for c in r] for r in rows])}</details>'
     )
     return View(text, _page(body))
+
+
+def _device_names() -> dict[int, str]:
+    """How the current controller names its devices (``cpu:0``); empty when there is none."""
+    c = controller(create=False)
+    return dict(c.events.device_names) if c is not None else {}
 
 
 # ------------------------------------------------------------ status, devices
@@ -390,3 +307,17 @@ def devices_view(islands: Sequence[Any], slices: Sequence[Any]) -> View:
             f"<div>{''.join(cells)}</div>"
         )
     return View("\n".join(lines), _page("".join(blocks)))
+
+
+__all__ = [
+    "View",
+    "WithText",
+    "devices_view",
+    "failure_view",
+    "graph_view",
+    "message_view",
+    "progress_line",
+    "run_view",
+    "status_view",
+    "timeline_view",
+]
