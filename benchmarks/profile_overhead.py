@@ -35,7 +35,7 @@ each fed the previous one's future).
 The ``chained`` worker also times public calls alone (``micro``, ns per call,
 best of 5): the raw `jax.jit` call, the trace-cache hit (`Program.trace`), a
 one-node call (returns a future) and its round trip, building a
-`pw.NodeEvent`, appending it to a `pw.EventLog`, and the result of a finished
+`pw.NodeEvent`, appending it to the controller's `EventLog`, and the result of a finished
 future.
 """
 
@@ -207,10 +207,11 @@ def worker(kind: str, k: int, seconds: float, out: str) -> None:
 def micro(pw, chain, fs, x) -> dict[str, float]:
     """Nanoseconds per call of public calls on the per-node path, each timed alone (best of 5)."""
     import jax
+    from pw_kernel.runtime.extend import EventLog
 
     f = fs[0]
     jitted = f.jitted
-    log = pw.EventLog()
+    log = EventLog()
     ev = pw.NodeEvent(1, 1, "p", "t", "n", "compute", (0,), 0, None, 0, 64, "f32[16] -> f32[16]")
     finished = f(x)
     finished.result()

@@ -16,6 +16,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import pw_kernel as pw
+from pw_kernel.runtime.extend import hold
 
 
 def same(got, want):
@@ -436,7 +437,7 @@ def test_an_input_pw_still_reads_is_not_donated(ctl):
     s = pw.slice(2, mesh={"d": 2})
     double = pw.compiled(lambda x: x * 2, slice=s, donate_argnums=0, name="double")
     x = jax.device_put(jnp.arange(8.0), s.sharding("d"))
-    held = pw.runtime.hold({"x": x})
+    held = hold({"x": x})
     y = double(x)
     assert not x.is_deleted() and pw.controller().runs[-1].graph.nodes[0].donated == ()
     held.release()

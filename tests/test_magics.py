@@ -604,7 +604,7 @@ def test_status_lists_the_recent_runs_and_counts_the_rest(nb):
 
 
 def test_status_keeps_every_run_in_flight_however_old():
-    from pw_kernel.runtime import Status
+    from pw_kernel.runtime.extend import Status
     from pw_kernel.runtime.exec.controller import RunSummary
 
     runs = [RunSummary(0, "slow", "running", 1, 4)] + [RunSummary(i, f"r{i}", "done", 1, 1) for i in range(1, 30)]

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import pytest
 
 import pw_kernel as pw
-from pw_kernel.runtime import FINAL, transition_edges
+from pw_kernel.runtime.extend import FINAL, transition_edges
 from pw_kernel.runtime.core.lifecycle import TRANSITIONS
 from pw_kernel.runtime.errors import InvalidTransition
 from fresh_python import run_python

@@ -18,7 +18,8 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import pw_kernel as pw
-from pw_kernel.runtime import NodeEvent, busy_time
+from pw_kernel.runtime import NodeEvent
+from pw_kernel.runtime.extend import busy_time
 
 pytest.importorskip("anywidget")
 

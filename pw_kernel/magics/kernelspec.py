@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ..runtime import DEFAULT_CPU_DEVICES
+from ..runtime.extend import DEFAULT_CPU_DEVICES
 
 KERNEL_NAME = "pathways"
 DISPLAY_NAME = "Python 3 (Pathways)"

@@ -1,8 +1,10 @@
 """The Pathways core: the runtime's public face, re-exports only; imports only jax and numpy.
 
-Everything outside `pw_kernel.runtime` (the training layer, the notebook
-front, the views, benchmarks) imports from here, as JAX's public modules sit
-over ``jax._src``. What lives where:
+Its names are the users' (`pw_kernel` re-exports most of them). Everything outside
+`pw_kernel.runtime` (the training layer, the notebook front, the views,
+benchmarks) imports from here, and what those layers need but users do not from
+``pw_kernel.runtime.extend``, as JAX's public modules and ``jax.extend`` sit over
+``jax._src``. What lives where:
 
 * ``core/``: the run lifecycle (one transition table, records and effects), plans, scheduling policies.
 * ``trace/``: compiled functions, program tracing with JAX's own tracer, the program graph (data).
@@ -22,12 +24,9 @@ Example::
 from __future__ import annotations
 
 from .api import add_ray_islands, compiled, devices, islands, program, slice  # noqa: A004
-from .config import DEFAULT_CPU_DEVICES, Config, backends_started, configure_cpu_devices
-from .core.lifecycle import transition_edges
-from .core.records import FINAL
+from .config import Config
 from .core.scheduler import FIFO, FairShare, Policy, Priority
 from .devices import Island, VirtualSlice
-from .donation import hold
 from .errors import (
     AdmissionError,
     ArgumentError,
@@ -45,17 +44,15 @@ from .errors import (
     SpecError,
     TimeoutError,  # noqa: A004
     TracingError,
-    short_error,
 )
-from .exec.controller import Controller, Status, controller, init, shutdown
-from .exec.events import EventLog, NodeEvent, RunEvent, TraceRow, busy_time, chrome_trace
+from .exec.controller import controller, init, shutdown
+from .exec.events import NodeEvent, RunEvent
 from .futures import Future, get
 from .program import Program
 from .remote.client import RemoteArray
 from .run import Run
 from .trace.compiled import CompiledFunction
-from .trace.graph import Edge, Node, ProgramGraph, Value, describe_sharding, nbytes_of
-from .trace.tracing import context_mesh_hint
+from .trace.graph import Edge, Node, ProgramGraph, Value
 
 __all__ = [
     # errors
@@ -81,7 +78,6 @@ __all__ = [
     "RemoteArray",
     "VirtualSlice",
     "add_ray_islands",
-    "configure_cpu_devices",
     "devices",
     "islands",
     "slice",
@@ -95,8 +91,6 @@ __all__ = [
     "compiled",
     "program",
     # the controller, runs, futures, events
-    "Controller",
-    "EventLog",
     "FIFO",
     "FairShare",
     "Future",
@@ -105,22 +99,8 @@ __all__ = [
     "Priority",
     "Run",
     "RunEvent",
-    "Status",
     "controller",
     "get",
     "init",
     "shutdown",
-    # for the layers above (training, notebook front, views): what they read and how they say it
-    "DEFAULT_CPU_DEVICES",
-    "FINAL",
-    "TraceRow",
-    "backends_started",
-    "busy_time",
-    "chrome_trace",
-    "context_mesh_hint",
-    "describe_sharding",
-    "hold",
-    "nbytes_of",
-    "short_error",
-    "transition_edges",
 ]

@@ -31,7 +31,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from ..runtime import Future, NodeEvent, RemoteArray, controller, hold, nbytes_of
+from ..runtime import Future, NodeEvent, RemoteArray, controller
+from ..runtime.extend import hold, nbytes_of
 from .errors import CheckpointError
 from .island_io import ITEM_PREFIX, handler_types, islands_items, read_item, read_onto_island, remote_leaf
 from .restore import OnIsland, restore_tree

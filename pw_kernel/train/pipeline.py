@@ -21,7 +21,8 @@ import jax
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from ..runtime import Program, SpecError, VirtualSlice, context_mesh_hint
+from ..runtime import Program, SpecError, VirtualSlice
+from ..runtime.extend import context_mesh_hint
 from .errors import PipelineError
 from .optimizer import WholeModelOptimizer, with_clip
 from .schedules import Schedule, check_schedule, schedule_ops

@@ -22,7 +22,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from ..runtime import CompiledFunction, nbytes_of
+from ..runtime import CompiledFunction
+from ..runtime.extend import nbytes_of
 from .schedules import Op
 from .optimizer import WholeModelOptimizer, apply_updates
 from .stages import Stage, StageNodes, microbatch_rows

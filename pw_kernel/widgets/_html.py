@@ -14,7 +14,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..runtime import Future, describe_sharding
+from ..runtime import Future
+from ..runtime.extend import describe_sharding
 
 #: Distinct hues first (dark), then their light partners: 8 devices get 8 clearly different colours.
 DEVICE_PALETTE: tuple[str, ...] = (

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..runtime import FINAL, transition_edges
+from ..runtime.extend import FINAL, transition_edges
 from ._html import state_colour
 from .dot import quote
 from .graph import dot_to_svg

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..runtime import busy_time
+from ..runtime.extend import busy_time
 
 KINDS: tuple[str, ...] = ("compute", "glue", "transfer", "compile", "checkpoint", "input")
 _INPUT = KINDS.index("input")

@@ -1,0 +1,59 @@
+"""The runtime's names for the layers built on it, not for notebook users; re-exports only.
+
+As `jax.extend` holds JAX's internals for library authors, this module holds
+what the training layer (`pw_kernel.train`), the notebook front
+(`pw_kernel.magics`), the views (`pw_kernel.widgets`), the benchmarks and the
+tests need from the runtime and users do not: the controller's classes, the
+event log's trace rows and their one writer, the run lifecycle's final states
+and transitions, how a sharding or an error is said in one line, values pw
+itself still reads, and how the simulated CPU devices are chosen. Users import
+`pw_kernel` (or `pw_kernel.runtime`); these names may change with the layers
+that use them. Like `pw_kernel.runtime`, it is the only other public way into
+the runtime's implementation modules (`tests/test_layout.py` checks both).
+
+Example::
+
+    from pw_kernel.runtime.extend import FINAL, busy_time, short_error
+
+    run = pw.controller().runs[-1]
+    if run.state in FINAL and run.error is not None:
+        print(short_error(run.error))
+    busy_time([0, 10, 30], [20, 15, 40])   # 30.0: [0, 20] and [30, 40]
+"""
+
+from __future__ import annotations
+
+from .config import DEFAULT_CPU_DEVICES, backends_started, configure_cpu_devices
+from .core.lifecycle import transition_edges
+from .core.records import FINAL
+from .donation import hold
+from .errors import short_error
+from .exec.controller import Controller, Status
+from .exec.events import EventLog, TraceRow, busy_time, chrome_trace
+from .trace.graph import describe_sharding, nbytes_of
+from .trace.tracing import context_mesh_hint
+
+__all__ = [
+    # the controller behind `pw.controller()`, its status, its event log
+    "Controller",
+    "EventLog",
+    "Status",
+    # the run lifecycle, for the views that draw it
+    "FINAL",
+    "transition_edges",
+    # the timeline's rows and the one Chrome trace writer; what "busy" means
+    "TraceRow",
+    "busy_time",
+    "chrome_trace",
+    # how a value, a sharding or an error is said in one line
+    "context_mesh_hint",
+    "describe_sharding",
+    "nbytes_of",
+    "short_error",
+    # values pw itself still reads (an unfinished checkpoint save), so they are not donated
+    "hold",
+    # the simulated CPU devices, chosen before JAX starts
+    "DEFAULT_CPU_DEVICES",
+    "backends_started",
+    "configure_cpu_devices",
+]
