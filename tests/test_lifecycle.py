@@ -7,6 +7,8 @@ transition.
 
 from __future__ import annotations
 
+import types
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -16,6 +18,9 @@ from pw_kernel.runtime import FIFO, FairShare, InputFailedError, NodeError, Prio
 from pw_kernel.runtime.core.lifecycle import Lifecycle
 from pw_kernel.runtime.exec.plan import Plan, Step, plan_for
 from pw_kernel.runtime.core.records import Emit, Finish, Reject, Resolve, RunRecord, Wake
+
+#: A node event as completion reports it (validation checks its times).
+EVENT = types.SimpleNamespace(dispatch=0, start=1, end=2, devices=(0,))
 
 
 def make_plan(n_steps: int, *, island: int = 0, peak: dict[int, int] | None = None, n_inputs: int = 0) -> Plan:
@@ -99,16 +104,16 @@ def test_ran_is_dispatched_then_completed_in_one_transition():
     a, b = record(0, make_plan(1), now=1.0), record(0, make_plan(1), now=1.0)
     fused.submit_lone(a, 1.0)
     stepwise.submit_lone(b, 1.0)
-    effects = fused.handle(a, "ran", 2.0, 1, ((0, 1, 0, 0),), [(0, "y")], 0, ["event"])
+    effects = fused.handle(a, "ran", 2.0, 1, ((0, 1, 0, 0),), [(0, "y")], 0, [EVENT])
     step_effects = stepwise.handle(b, "dispatched", 2.0, 1, ((0, 1, 0, 0),), [(0, "y")])
-    step_effects += stepwise.handle(b, "completed", 2.0, ((0, 1, 0, 0),), [(0, "y")], None, ["event"])
+    step_effects += stepwise.handle(b, "completed", 2.0, ((0, 1, 0, 0),), [(0, "y")], None, [EVENT])
     assert kinds(effects) == kinds(step_effects) == ["Emit", "Resolve", "Finish"]
     assert effects[1].outputs == step_effects[1].outputs == ((0, "y"),)
     same = [k for k in RunRecord.__slots__ if k not in ("plan", "cells")]
     assert {k: getattr(a, k) for k in same} == {k: getattr(b, k) for k in same}
     assert (fused.inflight, fused.dispatched, fused.completed) == (stepwise.inflight, stepwise.dispatched,
                                                                    stepwise.completed) == ([0], [1], [1])
-    assert a.state == "done" and a.events == ["event"] and not fused.queue
+    assert a.state == "done" and a.events == [EVENT] and not fused.queue
 
 
 def test_a_lone_call_run_whole_at_submit_is_queued_running_and_done_in_one_transition():
@@ -118,9 +123,9 @@ def test_a_lone_call_run_whole_at_submit_is_queued_running_and_done_in_one_trans
     a, b = (record(0, make_plan(1, n_inputs=1), inputs=["x"], now=1.0) for _ in range(2))
     assert fused.lone_args(a) == ["x"] and a.state == "new" and not fused.queue  # asking changes nothing
     cell, step_cell = a.cells[0], b.cells[0]  # what its future holds, for runs that read it later
-    effects = fused.handle(a, "ran", 2.0, 1, ((0, 1, 0, 0),), [(0, "y")], 0, ["event"])
+    effects = fused.handle(a, "ran", 2.0, 1, ((0, 1, 0, 0),), [(0, "y")], 0, [EVENT])
     _, step_effects = stepwise.submit_lone(b, 1.0)
-    step_effects += stepwise.handle(b, "ran", 2.0, 1, ((0, 1, 0, 0),), [(0, "y")], 0, ["event"])
+    step_effects += stepwise.handle(b, "ran", 2.0, 1, ((0, 1, 0, 0),), [(0, "y")], 0, [EVENT])
     # Its three run events entered at once are one effect: one timestamp, one append.
     assert kinds(effects) == ["Emit", "Resolve", "Finish"] and effects[0].state == ("queued", "running", "done")
     assert kinds(step_effects) == ["Emit", "Emit", "Emit", "Resolve", "Finish"]

@@ -20,10 +20,21 @@ from fresh_python import run_python
 
 def test_transition_table_is_the_documented_state_machine():
     assert set(TRANSITIONS) == {
+        # a record is "new" only inside the lock that made it: it joins the queue, or (alone in an empty
+        # queue) is started at once, or was run whole by its caller at submit (started, dispatched and
+        # completed at once)
+        ("new", "submit"),
+        ("new", "start"),
+        ("new", "ran"),
         ("queued", "start"),
-        # a lone call run whole by its caller at submit: started, dispatched and completed at once
-        ("queued", "ran"),
         ("queued", "input_failed"),
+        # what it waits for before it can dispatch (credit, memory, an input), or None once picked
+        ("queued", "wait"),
+        ("running", "wait"),
+        # the dispatcher compiles its executables (a first call); a run may end meanwhile
+        ("running", "compiling"),
+        ("failed", "compiling"),
+        ("cancelled", "compiling"),
         ("queued", "cancel"),
         ("queued", "shutdown"),
         ("running", "dispatched"),
@@ -52,7 +63,8 @@ def test_transition_table_is_the_documented_state_machine():
     assert not any(state == "done" for state, _ in TRANSITIONS)  # done is final: no event reaches it
     edges = set(transition_edges())
     assert ("queued", "start", "running") in edges and ("running", "completed", "done") in edges
-    assert {b for a, _, b in edges if a != b} == {"running", "failed", "cancelled", "done"}
+    assert {b for a, _, b in edges if a != b} == {"queued", "running", "failed", "cancelled", "done"}
+    assert not any(to == "new" for _, _, to in edges)  # nothing leads back to new
     assert all(a == b for a, _, b in edges if a in FINAL)  # late reports never move a final run
 
 

@@ -13,7 +13,7 @@ from typing import Any
 from .devices import Island, VirtualSlice
 from .errors import ArgumentError, PathwaysError
 from .exec.controller import controller
-from .program import Program
+from .program import Compiled, Program
 from .remote.client import start_ray_islands
 from .trace.compiled import CompiledFunction
 
@@ -112,12 +112,11 @@ def compiled(
         )
 
     def wrap(f: Callable) -> CompiledFunction:
-        cf = CompiledFunction(
-            f, slice=slice, in_specs=in_specs, out_specs=out_specs, name=name,
+        return Compiled(
+            f, controller=controller, slice=slice, in_specs=in_specs, out_specs=out_specs, name=name,
             static_argnums=static_argnums, static_argnames=static_argnames,
             donate_argnums=donate_argnums, donate_argnames=donate_argnames,
         )
-        return cf.bind(Program(cf, name=cf.name, slice=cf.slice, controller=controller))
 
     return wrap if fn is None else wrap(fn)
 

@@ -6,15 +6,14 @@ import functools
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from typing import TYPE_CHECKING
-
+import jax
 import numpy as np
 
 from .core.records import FINAL, NOTHING
 from .donation import check_not_donated, donated_to_any, mark_donated, read_later, still_read
-from .trace.compiled import array_signature, in_program_trace
+from .trace.compiled import CompiledFunction, array_signature, in_program_trace
 from .trace.feeds import input_node
 from .devices import VirtualSlice
 from .errors import ArgumentError
@@ -278,3 +277,27 @@ class Program:
 
     def __repr__(self) -> str:
         return f"<pw.Program {self.name!r}: {self.cache_size} traced signatures>"
+
+
+class Compiled(CompiledFunction):
+    """What `pw.compiled` returns: one node inside a program, and called alone, a one-node program of its own.
+
+    Example::
+
+        f = pw.compiled(lambda x: x * 2, slice=s)
+        f(jnp.ones(4)).result()        # a run of one node
+    """
+
+    def __init__(self, fn: Callable, *, controller: Callable[[], Any], **options: Any):
+        super().__init__(fn, **options)
+        self.program = Program(self, name=self.name, slice=self.slice, controller=controller)
+
+    def __call__(self, *args, **kwargs):
+        if not in_program_trace():
+            if not kwargs:
+                hit = array_signature(args)
+                if hit is not None:  # concrete arrays (or resolved futures): the graph by their signature
+                    return self.program.call_arrays(args, *hit)
+            if not any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((args, kwargs))):
+                return self.program(*args, **kwargs)
+        return super().__call__(*args, **kwargs)  # a node of the program being traced

@@ -27,6 +27,60 @@ def _from_record(path: str, doc: str) -> property:
 _WAITERS = threading.Lock()
 
 
+class RunLock:
+    """The controller's lock: re-entrant, and a run made final under it wakes its waiters once it is let go.
+
+    A thread that reports steps finished holds their arrays until it leaves the lock
+    (`Completion._finish` drops them inside it): a waiter woken earlier could find them still
+    alive. So `Controller._retire` asks `wake_later`, and the outermost release (or a
+    `threading.Condition` wait on it, which releases it wholly) wakes them.
+
+    Example::
+
+        lock = RunLock()
+        with lock:
+            lock.wake_later(run)      # `run.wake()` once this thread no longer holds the lock
+    """
+
+    __slots__ = ("_lock", "acquire", "_is_owned", "_acquire_restore", "_runs")
+
+    def __init__(self):
+        lock = threading.RLock()
+        self._lock = lock
+        self.acquire = lock.acquire
+        self._is_owned = lock._is_owned  # (what threading.Condition asks of a lock)
+        self._acquire_restore = lock._acquire_restore
+        self._runs: list[Run] = []
+
+    def wake_later(self, run: Run) -> None:
+        """Wake ``run``'s waiters once the lock is released by its outermost holder (lock held)."""
+        self._runs.append(run)
+
+    def release(self) -> None:
+        self._lock.release()
+        if self._runs and not self._is_owned():
+            self._wake()
+
+    def __enter__(self) -> bool:
+        return self._lock.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self._lock.release()
+        if self._runs and not self._is_owned():
+            self._wake()
+
+    def _release_save(self):
+        state = self._lock._release_save()
+        if self._runs:
+            self._wake()
+        return state
+
+    def _wake(self) -> None:
+        runs, self._runs = self._runs, []  # (a holder appending meanwhile appends to one of the two)
+        for run in runs:
+            run.wake()
+
+
 class RunLink(NamedTuple):
     """What a `Run` may ask of the controller that made it: one per controller, shared by its runs."""
 
@@ -256,7 +310,7 @@ class Run:
         return futures
 
     def wake(self) -> None:
-        """Wake whoever waits on the run (once the thread that made it final holds none of its arrays)."""
+        """Wake whoever waits on the run (`RunLock`: once the thread that made it final holds none of its arrays)."""
         self._retired = True  # after its event and its futures: whoever `wait()`s sees it all
         final = self._final
         if final is not None:

@@ -34,6 +34,7 @@ from .validation import check_events, check_invariants, check_row
 
 if TYPE_CHECKING:
     from ..exec.plan import Step
+    from .runahead import RunAhead
 
 
 class Lifecycle:
@@ -55,11 +56,11 @@ class Lifecycle:
         policy: Policy | None = None,
         validate: bool = False,
         max_collectives: Sequence[int] | None = None,
-        gate: Any = None,
+        gate: RunAhead | None = None,
         story_length: int = 100_000,
     ):
         self.max_inflight = max_inflight
-        # The run-ahead bound (`exec/runahead.py`): ``gate.full(step, inflight)`` says a step's devices
+        # The run-ahead bound (`runahead.py`): ``gate.full(step, inflight)`` says a step's devices
         # have enough estimated work queued. None: no bound beyond max_inflight.
         self.gate = gate
         self.inflight = [0] * n_islands  # dispatched minus completed steps, per island
@@ -173,7 +174,7 @@ class Lifecycle:
         effects = self.handle(rec, "start", now)
         if rec.state != "running" or rec.cursor >= len(steps):
             return None, effects  # finished at start (nothing to dispatch)
-        return Work(self.policy.pick((rec,)), self.policy.quantum, rec.slots, True), effects  # (inline)
+        return Work(self.policy.pick((rec,)), self.policy.quantum, True), effects  # (inline)
 
     def lone_args(self, rec: RunRecord) -> list[Any] | None:
         """The arguments of a new run's only step, if its submitting thread may run the run whole now.
@@ -267,8 +268,7 @@ class Lifecycle:
                 break
         if not runnable:
             return None, effects
-        rec = self.policy.pick(runnable)
-        return Work(rec, self.policy.quantum, rec.slots), effects
+        return Work(self.policy.pick(runnable), self.policy.quantum), effects
 
     def has_work(self) -> bool:
         """Whether some run is queued or has steps left to dispatch (what `next_work` might pick)."""
@@ -350,7 +350,7 @@ class Lifecycle:
 
         Outputs not yet resolved get the values the last steps ``published``, else what their cells hold
         (an output that is an input or a constant: set at start). The value slots are never read here:
-        they are the dispatcher's, lent through `Work`.
+        they are lent to the dispatcher.
         """
         if rec.done < rec.total or rec.cursor < rec.total:
             return []
@@ -542,6 +542,8 @@ def _completed(
         n += k
     rec.done += n
     if events:
+        if life.validate:
+            life.check_events(events)
         rec.events.extend(events)
     effects: list = [WAKE] if life.credit_wanted else []
     if rec.state != "running":
@@ -604,6 +606,8 @@ def _ran_lone(
         life.completed[island] += k
     life.credit_wanted = life.blocked = False  # the queue was empty: nobody waits for either
     rec.dispatched = rec.done = rec.cursor = cursor
+    if life.validate:
+        life.check_events(events)
     rec.events.extend(events)
     rec.state = "running"
     rec.started_at = rec.submitted_at

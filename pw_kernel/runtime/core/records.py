@@ -43,8 +43,10 @@ class OutputCell:
 class RunRecord:
     """What the lifecycle knows of one run. Read freely; changed only by transitions.
 
-    ``slots`` are the run's value slots: made at start and lent to the dispatcher
-    through `Work` (whose thread alone writes them), dropped when the run becomes final.
+    ``slots`` are the run's value slots: made at start and lent to the dispatcher,
+    whose thread alone writes them (the one holding the run's `Work`) and the
+    lifecycle never reads; the record lets go of them when the run becomes final
+    (a thread still dispatching it keeps its own reference until its burst ends).
     """
 
     __slots__ = (
@@ -180,15 +182,10 @@ WAKE = Wake()
 
 
 class Work(NamedTuple):
-    """What the dispatcher may do next: up to ``quantum`` steps of ``rec`` from its cursor, in ``slots``.
-
-    The value slots are lent to the dispatcher: made at the run's start, written only by the thread
-    dispatching it (one at a time), never read by the lifecycle; the record lets go of them when final.
-    """
+    """What the dispatcher may do next: up to ``quantum`` steps of ``rec`` from its cursor."""
 
     rec: RunRecord
     quantum: int
-    slots: list[Any]
     inline: bool = False  # dispatched by the submitting thread (which must never block on a step)
 
 

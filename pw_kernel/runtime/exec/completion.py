@@ -25,7 +25,7 @@ from .interrupts import interrupts_deferred
 from .port import Port
 
 if TYPE_CHECKING:
-    from .runahead import RunAhead
+    from ..core.runahead import RunAhead
 
 BATCH = 256  # nodes per hand-off to the watcher
 _POLL_S = 0.001  # a watcher with recent work looks for new batches this often (the timeline's resolution)
@@ -202,23 +202,24 @@ class Completion:
             port.completed(*report)
         return True
 
-    def complete_one(self, item: tuple, per_island: tuple, published: list, cost: int) -> bool:
-        """`complete_computed` for a lone run's only step (lock held): one node event, one `ran` report.
+    def complete_one(self, item: tuple):
+        """A lone run's only step, just called on its submitting thread (lock held): its node event, if done.
 
-        The commonest interactive call (one compiled function, computed inside its call) without
-        the batch loop of `_complete`. False (nothing reported: the caller hands the step over)
-        if it is still computing, failed, or steps dispatched earlier are still pending.
+        The commonest interactive call (one compiled function, computed inside its call) completed
+        without the batch loop of `_complete`: timed, learnt from, its event emitted, and returned
+        for the caller's one `ran` report. None (nothing done: the caller hands the step over) if it
+        is still computing, failed, or steps dispatched earlier are still pending.
         """
         if self._pending or self._completing:
-            return False
+            return None
         rec, st, seq, dispatch, outs = item
         try:
             for a in outs:
                 if not a.is_ready():
-                    return False
+                    return None
                 a.block_until_ready()  # ready: raises only if it failed (`_complete` names the node)
         except Exception:  # failed, or not a device array (a float0 gradient): the batch's way
-            return False
+            return None
         log = self.log
         end = time.perf_counter_ns() - log.epoch
         start = dispatch
@@ -240,8 +241,7 @@ class Completion:
         ev.end = end
         self.gate.finished(st, end - start)
         log.emit_node(ev)
-        self.port.ran(rec, 1, per_island, published, cost, (ev,))
-        return True
+        return ev
 
     def wait_here(self, value: Any, done: Callable[[], bool]) -> None:
         """A caller waits for ``value`` (an output already dispatched): it completes the pending steps itself.

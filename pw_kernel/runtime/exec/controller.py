@@ -22,15 +22,16 @@ from ..devices import Island, ResourceManager, VirtualSlice, build_islands
 from ..errors import AdmissionError, ArgumentError, ControllerShutdownError, PathwaysError
 from ..futures import Future
 from ..remote.client import Bursts, stand_in_devices
-from ..run import Run, RunLink, describe_state
+from ..run import Run, RunLink, RunLock, describe_state
 from ..trace.graph import ProgramGraph
 from .callback_logs import quiet_while
 from .completion import Completion
 from .dispatcher import Dispatcher
 from .events import EventLog
+from .interrupts import interrupts_deferred
 from .plan import plan_for
-from .port import Port, ReportLock
-from .runahead import RunAhead
+from .port import Port
+from ..core.runahead import RunAhead
 
 
 class RunSummary(NamedTuple):
@@ -124,7 +125,7 @@ class Controller:
             self.events.island_names[isl.id] = f"island {isl.id} ({isl.platform})"
             for d in isl.devices:
                 self.events.device_names[d.id] = f"{d.platform}:{d.id}"
-        self.lock = ReportLock()  # re-entrant; wakes a run's waiters once its holder lets go (`_retire`)
+        self.lock = RunLock()  # re-entrant; a run's waiters wake once its holder lets go (`_retire`)
         n_islands = max((i.id for i in self.islands), default=-1) + 1
         by_id = {i.id: i for i in self.islands}
         self.runahead = RunAhead(self.config.run_ahead_s, wake=self._wake_dispatcher)
@@ -253,7 +254,7 @@ class Controller:
             if may_inline and self.dispatcher.can_inline():
                 # Alone in the queue, one step on arrays: run here whole, reported in one transition.
                 args = self.lifecycle.lone_args(rec)
-                if args is not None and self.dispatcher.run_lone(rec, args):
+                if args is not None and self._run_lone(rec, args):
                     return run, futures
                 # Alone in the queue: submitted and started in one transition, dispatched here.
                 work, effects = self.lifecycle.submit_lone(rec, rec.submitted_at)
@@ -266,6 +267,34 @@ class Controller:
             if not (may_inline and self.dispatcher.dispatch_inline()):
                 self.dispatcher.wake()
         return run, futures
+
+    def _run_lone(self, rec: RunRecord, args: list) -> bool:
+        """Call a new run's only step on this thread and report what it did (lock held; `Lifecycle.lone_args`).
+
+        False (nothing done, the run still new) where its step needs the dispatch loop. Computed
+        inside its call, the run is reported `ran` from "new": new, queued, running and done in one
+        transition. Otherwise it is started, then reported sent (completion takes it) or failed.
+        """
+        life = self.lifecycle
+        with interrupts_deferred:  # a Ctrl-C between the call and its report would lose the step
+            try:
+                outcome = self.dispatcher.call_one(rec, rec.plan.steps[0], args)
+            except Exception as e:  # a bug of ours: fail the run, keep the controller alive
+                outcome = ("failed", None, e)
+            if outcome is None:
+                return False
+            kind, now = outcome[0], time.time()
+            if kind == "ran":
+                self._apply(life.handle(rec, "ran", now, 1, *outcome[1:]))
+                return True
+            self._apply(life.handle(rec, "start", rec.submitted_at))
+            if kind == "failed":
+                self._apply(life.handle(rec, "step_failed", now, *outcome[1:]))
+                return True
+            per_island, published, cost, item = outcome[1:]
+            self._apply(life.handle(rec, "dispatched", now, 1, per_island, published, cost))
+            self.completion.add(([item], per_island, published), lone=True)  # its caller completes it, waiting
+            return True
 
     def plan(self, graph: ProgramGraph, mode: str | None = None):
         """How ``graph`` would run here: its steps, slots and peak memory per device (cached per mode).
@@ -413,7 +442,7 @@ class Controller:
         """A run became final: keep its outputs among the most recent, forget old runs, and wake its waiters
         once this thread lets go of the lock (and of what it held of the run's arrays: `Completion._finish`)."""
         futures = run.retire()
-        self.lock.defer(run.wake)
+        self.lock.wake_later(run)
         if self.lifecycle.validate:
             assert all(f.done() for f in futures), run
         if self.config.keep_outputs > 0:

@@ -29,7 +29,7 @@ from .port import Port
 if TYPE_CHECKING:
     from ..core.records import RunRecord
     from ..remote.client import Bursts
-    from .runahead import RunAhead
+    from ..core.runahead import RunAhead
 
 # A submitting thread dispatches this many steps itself, or for one flush interval if that is more,
 # before the dispatcher thread takes over: a run of tiny nodes dispatched whole inline is completed
@@ -182,8 +182,11 @@ class Dispatcher:
             try:
                 rec = work.rec
                 st = rec.plan.steps[0] if work.inline and rec.total == 1 else None
-                if st is None or not self._dispatch_one(rec, st, [work.slots[i] for i in st.ins]):
+                outcome = None if st is None else self.call_one(rec, st, [rec.slots[i] for i in st.ins])
+                if outcome is None:
                     self._dispatch(work, inline=True)
+                else:
+                    self._report_one(rec, outcome)
             except Exception as e:  # a bug of ours: fail the run, keep the controller alive
                 self.port.failed(work.rec, None, e)
         if self.port.has_work():
@@ -204,8 +207,11 @@ class Dispatcher:
     def _dispatch(self, work: Work, inline: bool = False) -> None:
         """Dispatch up to ``work.quantum`` of its run's next steps; no lock held around JAX calls."""
         port = self.port
-        rec, quantum, slots = work.rec, work.quantum, work.slots
+        rec, quantum = work.rec, work.quantum
         steps = rec.plan.steps
+        slots = rec.slots  # lent to this thread while it holds the run's work
+        if slots is None:  # cancelled or failed between pick and here
+            return
         clock, epoch = time.perf_counter_ns, self.log.epoch
         # Hand work to the watcher in batches: one wake-up per batch instead of per node keeps
         # the two threads from trading the GIL on every tiny node.
@@ -284,54 +290,52 @@ class Dispatcher:
             with self.lock:
                 port.failed(rec, *failed)
 
-    def _dispatch_one(self, rec: RunRecord, st, args) -> bool:
-        """A lone run's only step, on its submitting thread (lock held): call it, then complete it or hand it over.
+    def call_one(self, rec: RunRecord, st, args) -> tuple | None:
+        """Call a lone run's only step on its submitting thread (lock held); what happened, for its report.
 
         What `_dispatch` does for the commonest interactive call (one compiled function on
-        arrays), without its loop's set-up. False (nothing done) where the step needs the
+        arrays), without its loop's set-up. None (nothing done) where the step needs the
         loop: a first call (compiled first), host callbacks, a remote island, or its devices'
         run-ahead bound. Its credit is not asked again: the lifecycle found it in this lock
-        hold. A run still "queued" (`Lifecycle.lone_args`) that computed inside its call is
-        reported ``ran`` from there; one that did not is started first, then handed over.
+        hold. Returns ``("ran", per_island, published, cost, events)`` when it computed inside
+        its call (completed here), ``("sent", per_island, published, cost, item)`` when it is
+        still computing (its item is completion's once reported), ``("failed", step, error)``
+        when it raised. The caller reports it: this returns rather than calls back up.
         """
         exe = st.exe
         if exe.compile_first or st.host_callbacks or st.remote:
-            return False
-        port = self.port
+            return None
         gate = self.gate
         ns = gate.take(st) if gate.on else 0
         if ns < 0:
-            return False
+            return None
         t = time.perf_counter_ns() - self.log.epoch
         try:
             outs = st.call(*args)
         except Exception as e:
             if ns:
                 gate.untake(st, ns)
-            port.start(rec)
-            port.failed(rec, st, e)
-            return True
+            return ("failed", st, e)
         self.seq += 1
+        cost = exe.cost  # (what it was charged at: completing it below learns its new time)
         published = [(j, outs[pos]) for j, pos in st.publishes]
         item = (rec, st, self.seq, t, outs)
         per_island = ((st.island, 1, exe.collectives, 0),)
-        if not self.completion.complete_one(item, per_island, published, exe.cost):
-            port.start(rec)  # the usual way from here: running, dispatched, completed when it computed
-            self._report(rec, 1, per_island, published, exe.cost, [item], lone=True)
-        return True
+        event = self.completion.complete_one(item)
+        if event is not None:
+            return ("ran", per_island, published, cost, (event,))
+        return ("sent", per_island, published, cost, item)
 
-    def run_lone(self, rec: RunRecord, args: list) -> bool:
-        """Run a new, still queued run whole on its submitting thread (lock held; `Lifecycle.lone_args`).
-
-        False (nothing done, the run still queued) where its step needs the dispatch loop.
-        """
-        with interrupts_deferred:  # a Ctrl-C between the call and its report would lose the step
-            try:
-                return self._dispatch_one(rec, rec.plan.steps[0], args)
-            except Exception as e:  # a bug of ours: fail the run, keep the controller alive
-                self.port.start(rec)
-                self.port.failed(rec, None, e)
-                return True
+    def _report_one(self, rec: RunRecord, outcome: tuple) -> None:
+        """Report what `call_one` did for a run already started (lock held)."""
+        kind = outcome[0]
+        if kind == "failed":
+            self.port.failed(rec, *outcome[1:])
+        elif kind == "ran":
+            self.port.ran(rec, 1, *outcome[1:])
+        else:
+            per_island, published, cost, item = outcome[1:]
+            self._report(rec, 1, per_island, published, cost, [item], lone=True)
 
     def _compile(self, rec: RunRecord, k: int, args: list) -> None:
         """Compile step ``k``'s executable before its first call, with the run's later ones: a "compile" event each.

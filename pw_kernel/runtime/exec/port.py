@@ -2,78 +2,27 @@
 
 The dispatcher and completion execute; the lifecycle decides. Between them is
 this port, which the controller makes and hands down: each report (dispatched,
-ran, completed, failed, compiling, and a lone call's start) is one stimulus of
+ran, completed, failed, compiling) is one stimulus of
 the lifecycle's transition table, handled under the controller's lock, and its
 effects are carried out by the controller's one applier. The questions
 (`credit_wanted`, `has_work`, `no_room`, the in-flight counts) only read.
 Nothing below the controller imports the controller, even for types.
 
-The controller's lock is a `ReportLock`: what must happen once a reporting thread
-has let go of everything (a waiter on a run woken only when the thread that
-made it final holds none of its arrays) runs when the lock is released.
+The lock reports are made under is the controller's `RunLock` (`run.py`): a run's
+waiters wake only once the thread that made it final has let go of it, and of
+every array it held.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ..core.lifecycle import Lifecycle
     from ..core.records import RunRecord, Work
-
-
-class ReportLock:
-    """A re-entrant lock that runs deferred calls when its holder lets go of it (outermost release).
-
-    Usable as ``threading.Condition(lock)``: a wait releases it wholly, and runs them too.
-
-    Example::
-
-        lock = ReportLock()
-        with lock:
-            lock.defer(event.set)     # set once this thread no longer holds the lock
-    """
-
-    __slots__ = ("_lock", "acquire", "_is_owned", "_acquire_restore", "_deferred")
-
-    def __init__(self):
-        lock = threading.RLock()
-        self._lock = lock
-        self.acquire = lock.acquire
-        self._is_owned = lock._is_owned  # (what threading.Condition asks of a lock)
-        self._acquire_restore = lock._acquire_restore
-        self._deferred: list[Callable[[], Any]] = []
-
-    def defer(self, fn: Callable[[], Any]) -> None:
-        """Call ``fn`` once the lock is released by its outermost holder (lock held)."""
-        self._deferred.append(fn)
-
-    def release(self) -> None:
-        self._lock.release()
-        if self._deferred and not self._is_owned():
-            self._run_deferred()
-
-    def __enter__(self) -> bool:
-        return self._lock.acquire()
-
-    def __exit__(self, *exc) -> None:
-        self._lock.release()
-        if self._deferred and not self._is_owned():
-            self._run_deferred()
-
-    def _release_save(self):
-        state = self._lock._release_save()
-        if self._deferred:
-            self._run_deferred()
-        return state
-
-    def _run_deferred(self) -> None:
-        todo, self._deferred = self._deferred, []  # (a holder appending meanwhile appends to one of the two)
-        for fn in todo:
-            fn()
+    from ..run import RunLock
 
 
 class Port:
@@ -90,7 +39,7 @@ class Port:
             port.dispatched(work.rec, cursor, per_island, published, cost)
     """
 
-    def __init__(self, lock: ReportLock, lifecycle: Lifecycle, apply: Callable[[list], None]):
+    def __init__(self, lock: RunLock, lifecycle: Lifecycle, apply: Callable[[list], None]):
         self.lock = lock
         self._life = lifecycle
         self._apply = apply
@@ -133,20 +82,14 @@ class Port:
             self._apply(effects)
 
     def ran(self, rec: RunRecord, cursor: int, per_island, published, cost: int, events) -> None:
-        """``rec``'s steps up to ``cursor`` were sent and have finished (lock held): a new run's, reported whole."""
-        life = self._life
-        if life.validate:
-            life.check_events(events)
-        effects = life.handle(rec, "ran", time.time(), cursor, per_island, published, cost, events)
+        """``rec``'s steps up to ``cursor`` were sent and have finished (lock held): reported at once."""
+        effects = self._life.handle(rec, "ran", time.time(), cursor, per_island, published, cost, events)
         if effects:
             self._apply(effects)
 
     def completed(self, rec: RunRecord, per_island, published, failure, events) -> None:
         """Steps of ``rec`` finished (lock held); ``failure``: the first that raised, with its error."""
-        life = self._life
-        if life.validate:
-            life.check_events(events)
-        effects = life.handle(rec, "completed", time.time(), per_island, published, failure, events)
+        effects = self._life.handle(rec, "completed", time.time(), per_island, published, failure, events)
         if effects:
             self._apply(effects)
 
@@ -154,16 +97,10 @@ class Port:
         """A step raised while being dispatched, or execution had a bug (lock held): the run fails."""
         self._apply(self._life.handle(rec, "step_failed", time.time(), step, exc))
 
-    def start(self, rec: RunRecord) -> None:
-        """A new run whose step was called at submit did not finish inside its call (lock held): start it, so
-        that it is reported the usual way (nothing to do if it was started already)."""
-        if rec.state == "new":
-            self._apply(self._life.handle(rec, "start", rec.submitted_at))
-
     def compiling(self, rec: RunRecord, step_name: str | None, events=(), ns: int = 0) -> None:
         """The dispatcher compiles ``step_name`` for ``rec`` (None: done), with its compile events once timed."""
         with self.lock:
             self._apply(self._life.handle(rec, "compiling", time.time(), step_name, events, ns))
 
 
-__all__ = ["Port", "ReportLock"]
+__all__ = ["Port"]

@@ -207,19 +207,10 @@ class CompiledFunction:
             kw["donate_argnames"] = self.donate_argnames
         self.jitted = jax.jit(body, **kw)
         _registry[self.jit_name] = self
-        self._program = None
         functools.update_wrapper(self, fn, updated=())
 
-    def bind(self, program: Any) -> CompiledFunction:
-        """Attach the one-node program that runs this function when it is called outside a program."""
-        self._program = program
-        return self
-
     def __call__(self, *args, **kwargs):
-        if not kwargs and self._program is not None and not in_program_trace():
-            hit = array_signature(args)
-            if hit is not None:  # concrete arrays (or resolved futures): the graph by their signature
-                return self._program.call_arrays(args, *hit)
+        """Inside a program being traced: one node of it. (`pw.compiled`'s functions also run alone: `Compiled`.)"""
         if in_program_trace() or any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((args, kwargs))):
             scope = current_trace()
             if scope is not None:
@@ -230,13 +221,11 @@ class CompiledFunction:
                 args = _reshard(args, self.in_shardings, self.static_argnums)
             with self.slice.tracing_mesh():
                 return self.jitted(*args, **kwargs)
-        if self._program is None:
-            raise ArgumentError(
-                f"`CompiledFunction {self.name!r}` was called outside a program, but it was built directly rather "
-                f"than with `pw.compiled(...)`, so it has no program to run in. Build it with `pw.compiled`, or "
-                f"call it inside a `@pw.program`."
-            )
-        return self._program(*args, **kwargs)
+        raise ArgumentError(
+            f"`CompiledFunction {self.name!r}` was called outside a program, but it was built directly rather "
+            f"than with `pw.compiled(...)`, so it has no program to run in. Build it with `pw.compiled`, or "
+            f"call it inside a `@pw.program`."
+        )
 
     def __repr__(self) -> str:
         return f"CompiledFunction({self.name!r}, slice={self.slice.name!r}, in_specs={self.in_specs}, out_specs={self.out_specs})"
