@@ -674,10 +674,27 @@ def test_cancel_and_reset(nb):
     assert nb.ns["s"].released and pw.controller().runs[-1].state == "cancelled"
 
 
+def test_story_tells_a_cancelled_runs_transitions_and_their_causes(nb):
+    nb.run("%%pathways --name stuck\ny = held(v)\n")
+    nb.ip.run_line_magic("pathways", "cancel stuck")
+    view = nb.ip.run_line_magic("pathways", "story stuck")
+    text, html = repr(view), view._repr_html_()
+    assert re.search(r"story of run \d+ \('stuck'\)", text)
+    lines = text.splitlines()
+    assert any(re.search(r"\bnew\s+(queued|running)\b", line) for line in lines)
+    cancel = next(line for line in lines if re.search(r"running\s+cancelled\s+cancel\s+cancel-\d+", line))
+    assert "MainThread" in cancel  # the thread that brought the stimulus: this notebook's
+    assert "<table>" in html and "cancel-" in html
+    run = pw.controller().runs[-1]
+    assert nb.ip.run_line_magic("pathways", f"story {run.id}").text == text  # by id too
+    assert "<table>" in run.story()._repr_html_()  # as `run.story()` shows itself in a notebook
+
+
 @pytest.mark.parametrize(
     "line, message",
     [
         ("", "the following arguments are required: command"),
+        ("story", "`%pathways story RUN`: name the run"),
         ("explode", "invalid choice: 'explode'"),
         ("graph", "`%pathways graph NAME`: name a run"),
         ("cancel", "`%pathways cancel RUN`: name the run"),

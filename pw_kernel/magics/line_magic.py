@@ -1,4 +1,4 @@
-"""`%pathways COMMAND [RUN]`: look at and steer the controller (status, devices, timeline, graph, wait, cancel, reset).
+"""`%pathways COMMAND [RUN]`: look at and steer the controller (status, devices, timeline, graph, wait, cancel, story, reset).
 
 Each command is the plain Python in `LINE_DOC`, with a view that is a live
 widget in a kernel and a text/HTML view elsewhere.
@@ -12,7 +12,7 @@ from IPython.core.error import UsageError
 
 from ..runtime import Future, PathwaysError, Program, ProgramGraph, Run, controller
 from ..train import checkpoint_lines
-from ..widgets import devices_view, graph_view, message_view, run_view, status_view, timeline_view
+from ..widgets import devices_view, graph_view, message_view, run_view, status_view, story_view, timeline_view
 from .live import Progress, in_kernel, wait_for, widgets_here
 from .reporting import FailureReporter
 from .tracebacks import Presenter
@@ -27,6 +27,7 @@ Commands, and the Python each one is::
     %pathways graph NAME    pw.controller().runs[...].graph         # a run's (or a pw.Program's) graph
     %pathways wait [RUN]    pw.controller().run(RUN).wait()         # all unfinished runs without RUN
     %pathways cancel RUN    pw.controller().run(RUN).cancel()
+    %pathways story RUN     print(pw.controller().run(RUN).story())   # its transitions and their causes
     %pathways reset         pw.controller().cancel_all(); [s.release() for s in slices]
 
 RUN is a run id, a run name (``--name`` of a cell, ``In[5]`` by default), or a
@@ -34,7 +35,7 @@ variable holding a Run (``--out``) or a Future. Ctrl-C during ``wait`` cancels
 what it waits for.
 """
 
-COMMANDS = ("status", "devices", "timeline", "graph", "wait", "cancel", "reset")
+COMMANDS = ("status", "devices", "timeline", "graph", "wait", "cancel", "story", "reset")
 
 
 class LineCommands:
@@ -125,6 +126,11 @@ class LineCommands:
             f"run {r.id} ({r.name!r}) cancelled at {r.nodes_done}/{r.nodes_total} nodes" for r in cancelled
         )
         return message_view(f"pw_kernel: {done}.")
+
+    def story(self, target):
+        if target is None:
+            raise UsageError("`%pathways story RUN`: name the run (id or name, or a variable holding a Run or Future).")
+        return story_view(self.find_runs(target, "story")[-1].story())
 
     def reset(self, target):
         if target is not None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 from .config import DEFAULT_CPU_DEVICES, backends_started, configure_cpu_devices
 from .core.lifecycle import transition_edges
 from .core.records import FINAL
+from .core.story import Story, Transition
 from .donation import hold
 from .errors import short_error
 from .exec.controller import Controller, Status
@@ -38,8 +39,10 @@ __all__ = [
     "Controller",
     "EventLog",
     "Status",
-    # the run lifecycle, for the views that draw it
+    # the run lifecycle, for the views that draw it, and a run's story (`Run.story()`) with its rows
     "FINAL",
+    "Story",
+    "Transition",
     "transition_edges",
     # the timeline's rows and the one Chrome trace writer; what "busy" means
     "TraceRow",

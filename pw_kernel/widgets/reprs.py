@@ -2,7 +2,8 @@
 
 The runtime holds data only (a `ProgramGraph` is nodes, values and edges) and
 imports no view. `register` (called once when `pw_kernel` is imported) gives
-`ProgramGraph` its DOT source and its notebook reprs from this side; the
+`ProgramGraph` its DOT source and its notebook reprs, and a run's `Story` its
+table, from this side; the
 drawing modules load on first use, so registering costs no import of graphviz
 or anywidget.
 """
@@ -10,6 +11,7 @@ or anywidget.
 from __future__ import annotations
 
 from ..runtime import ProgramGraph
+from ..runtime.extend import Story
 
 
 def _to_dot(self: ProgramGraph) -> str:
@@ -38,8 +40,16 @@ def _ipython_display_(self: ProgramGraph) -> None:
     display_graph(self)
 
 
+def _story_html(self: Story) -> str:
+    """A run's story as a table (`Run.story()` in a notebook)."""
+    from .views import story_view
+
+    return story_view(self)._repr_html_()
+
+
 def register() -> None:
     """Attach the views' drawing methods to the runtime's data classes (idempotent)."""
+    Story._repr_html_ = _story_html
     ProgramGraph.to_dot = _to_dot
     ProgramGraph._repr_svg_ = _repr_svg_
     ProgramGraph._repr_html_ = _repr_html_

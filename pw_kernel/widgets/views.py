@@ -164,6 +164,22 @@ def failure_view(run, condense: Callable[[str], str] = str) -> View:
     return View(text, _page(body))
 
 
+def story_view(story) -> View:
+    """A run's story (`Run.story()`): its transitions in order, with the stimulus and thread of each.
+
+    Example::
+
+        story_view(run.story())      # `%pathways story RUN` shows this
+    """
+    headers = ["time", "from", "to", "event", "stimulus", "thread"]
+    rows = story.rows()
+    head = f"story of run {story.run_id} ({story.name!r}): {len(story)} transitions"
+    if not rows:
+        head += " (none kept: the run is older than the lifecycle's log)"
+    body = f"<div><b>{esc(head)}</b></div>" + (_table(headers, [[esc(c) for c in r] for r in rows]) if rows else "")
+    return View(str(story), _page(body))
+
+
 def message_view(text: str) -> View:
     return View(text, _page(f"<div>{esc(text)}</div>"))
 
