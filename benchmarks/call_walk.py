@@ -125,8 +125,11 @@ def rerun_cell() -> dict:
 
     ip = get_ipython()
     ip.run_line_magic("load_ext", "pw_kernel")
-    ip.run_cell("import jax.numpy as jnp\nimport pw_kernel as pw\nv = jnp.ones(4)")
-    cell = "y = v * 2 + 1\n"
+    ip.run_cell(
+        "import jax.numpy as jnp\nimport pw_kernel as pw\n"
+        "s = pw.slice(2, name='s')\nf = pw.compiled(lambda x: x * 2, slice=s, name='f')\nv = jnp.ones(4)"
+    )
+    cell = "y = f(v) + 1\n"
     for _ in range(3):
         ip.run_cell_magic("pathways", "--block", cell)
     return figures(walk(lambda: ip.run_cell_magic("pathways", "--block", cell)))
