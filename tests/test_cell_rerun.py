@@ -68,6 +68,17 @@ def test_a_cell_is_traced_once_on_its_first_run(nb, args, value):
     np.testing.assert_allclose(nb.ns["z"], [value] * 4)
 
 
+def test_a_cells_run_asks_its_programs_trace_cache_once(nb, monkeypatch):
+    """The graph the cell shows and binds is the run's own (`run.graph`): not looked up again beside it."""
+    asked = []
+    trace = pw.Program._trace
+    monkeypatch.setattr(pw.Program, "_trace", lambda self, *a, **k: asked.append(self.name) or trace(self, *a, **k))
+    for _ in range(2):  # its first run, then a rerun of the same text
+        nb.run("%%pathways --block --name once\nz = step(w, x)\n")
+    assert asked == ["once", "once"]
+    assert pw.controller().runs[-1].graph is pw.controller().runs[-2].graph
+
+
 def test_a_changed_global_read_by_a_helper_function_traces_again(nb):
     nb.run(LOOP)
     nb.run("lr = 2.0")  # read by `scaled`, not by the cell: baked into the trace as a constant

@@ -153,7 +153,9 @@ class Program:
     ) -> Run:
         """Trace (or reuse the trace) and submit; returns the Run (its futures are ``run.outputs``).
 
-        ``on_error`` is called with the run's error if it fails, before any future raises it.
+        ``source_map`` (node name -> where it came from, for error messages) may be a function of
+        the graph that runs, which makes it. ``on_error`` is called with the run's error if it
+        fails, before any future raises it.
 
         Example::
 
@@ -192,6 +194,9 @@ class Program:
         keep = self._inputs_still_read(traced, graph.donated_inputs)
         if keep:  # traced again with those inputs kept (once per signature and mask, then cached)
             graph, _ = self._trace(args, kwargs, keep)
+        source_map = options.get("source_map")
+        if callable(source_map):  # made from the graph that runs (the caller need not trace it first)
+            options["source_map"] = source_map(graph)
         options["name"] = options.get("name") or self.name
         options["mode"] = options.get("mode") or self.mode
         options["tenant"] = options.get("tenant") or self.tenant
