@@ -1,6 +1,6 @@
 """The walk of one warm call through pw_kernel: which files and functions `f(x).result()` crosses.
 
-    python benchmarks/call_walk.py [--cell] [--show]
+    python benchmarks/call_walk.py [--cell] [--show] [--json out.json] [--quick]
 
 Follows one warm one-node call (`f(x).result()` on a compiled function) with
 `sys.setprofile` on the calling thread, keeping only pw_kernel's own frames:
@@ -16,7 +16,9 @@ Follows one warm one-node call (`f(x).result()` on a compiled function) with
   and comes back only by returning: down and back once.
 
 ``--cell`` follows a rerun ``%%pathways --block`` cell instead (needs IPython).
-``--show`` prints the file sequence. The architecture notes (docs/architecture.md)
+``--show`` prints the file sequence and each upward call. ``--quick`` changes
+nothing (one call is all it follows); the suite runs it and checks that the
+warm call makes no upward call. The architecture notes (docs/architecture.md)
 quote the figures before and after the one-way execution layer.
 """
 
@@ -26,6 +28,8 @@ import argparse
 import os
 import sys
 from pathlib import Path
+
+import common
 
 ROOT = str(Path(__file__).resolve().parents[1] / "pw_kernel")
 
@@ -139,8 +143,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cell", action="store_true", help="a rerun %%%%pathways --block cell instead of f(x).result()")
     ap.add_argument("--show", action="store_true", help="print the files in the order the walk visits them")
+    ap.add_argument("--json", default=None, help="write results here")
+    ap.add_argument("--quick", action="store_true", help="the same (it follows one call)")
     args = ap.parse_args()
     out = rerun_cell() if args.cell else warm_call()
+    common.write_json(args.json, {"benchmark": "call_walk", "machine": common.machine(), "cell": args.cell, **out})
     what = "a rerun %%pathways --block cell" if args.cell else "a warm f(x).result()"
     print(f"{what}: {out['files']} files, {out['functions']} functions, {out['calls']} calls, "
           f"{out['returns_to_a_file_left']} returns to a file it had left, {len(out['upward_calls'])} upward calls")

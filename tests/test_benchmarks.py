@@ -143,6 +143,14 @@ QUICK = {
         [rf"^pw\s+\d+\s+{NUM}$", rf"^pw, donate=False\s+\d+\s+{NUM}$", rf"^plain JAX \(donated jit\)\s+\d+\s+{NUM}$",
          rf"^pw / plain JAX: {NUM}x the layers$"],
     ),
+    "call_walk": (
+        "call_walk.py",
+        [],
+        (),
+        # the walk of a warm call goes down the import tree and back: no call into a module it does not import
+        [r"^a warm f\(x\)\.result\(\): \d+ files, \d+ functions, \d+ calls, \d+ returns to a file it had left, "
+         r"0 upward calls$"],
+    ),
     "tracing": (
         "tracing.py",
         [],

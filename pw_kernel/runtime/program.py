@@ -162,9 +162,7 @@ class Program:
             run = step.submit(x, tenant="B", priority=10)
             run.wait(); run.outputs
         """
-        options = dict(name=name, mode=mode, tenant=tenant, weight=weight, priority=priority,
-                       source_map=source_map, on_error=on_error)
-        return self._submit(args, kwargs, options)[0]
+        return self._submit(args, kwargs, name, mode, tenant, weight, priority, source_map, on_error)[0]
 
     def call_run(
         self, *args, name: str | None = None, mode: str | None = None, tenant: str | None = None,
@@ -177,12 +175,13 @@ class Program:
 
             run, (y, z) = f.call_run(v, name="first")
         """
-        options = dict(name=name, mode=mode, tenant=tenant, weight=weight, priority=priority,
-                       source_map=source_map, on_error=on_error)
-        run, futures = self._submit(args, kwargs, options)
+        run, futures = self._submit(args, kwargs, name, mode, tenant, weight, priority, source_map, on_error)
         return run, run.tree(futures)
 
-    def _submit(self, args: tuple, kwargs: dict, options: dict) -> tuple[Run, list]:
+    def _submit(
+        self, args: tuple, kwargs: dict, name: str | None = None, mode: str | None = None, tenant: str | None = None,
+        weight: float = 1.0, priority: int = 0, source_map=None, on_error=None,
+    ) -> tuple[Run, list]:
         if in_program_trace():
             raise ArgumentError(
                 f"`{self.name}.submit` was called while another program is being traced (a `@pw.program` or a "
@@ -194,13 +193,12 @@ class Program:
         keep = self._inputs_still_read(traced, graph.donated_inputs)
         if keep:  # traced again with those inputs kept (once per signature and mask, then cached)
             graph, _ = self._trace(args, kwargs, keep)
-        source_map = options.get("source_map")
         if callable(source_map):  # made from the graph that runs (the caller need not trace it first)
-            options["source_map"] = source_map(graph)
-        options["name"] = options.get("name") or self.name
-        options["mode"] = options.get("mode") or self.mode
-        options["tenant"] = options.get("tenant") or self.tenant
-        run, futures = self._controller().call(graph, traced, **options)
+            source_map = source_map(graph)
+        run, futures = self._controller().call(
+            graph, traced, name=name or self.name, mode=mode or self.mode, tenant=tenant or self.tenant,
+            weight=weight, priority=priority, source_map=source_map, on_error=on_error,
+        )
         self._note_reads(graph, traced, run)
         return run, futures
 
@@ -266,7 +264,7 @@ class Program:
             # Like a jax.jit called inside a jax.jit: its compiled functions and glue become nodes of
             # the program being traced (one run, one graph), with this program's own options unused.
             return self.fn(*args, **kwargs)
-        run, futures = self._submit(args, kwargs, {})
+        run, futures = self._submit(args, kwargs)
         return run.tree(futures)
 
     @property

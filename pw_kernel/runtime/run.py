@@ -39,10 +39,10 @@ class RunLock:
 
         lock = RunLock()
         with lock:
-            lock.wake_later(run)      # `run.wake()` once this thread no longer holds the lock
+            lock.pending.append(run)  # `run.wake()` once this thread no longer holds the lock
     """
 
-    __slots__ = ("_lock", "acquire", "_is_owned", "_acquire_restore", "_runs")
+    __slots__ = ("_lock", "acquire", "_is_owned", "_acquire_restore", "pending")
 
     def __init__(self):
         lock = threading.RLock()
@@ -50,15 +50,12 @@ class RunLock:
         self.acquire = lock.acquire
         self._is_owned = lock._is_owned  # (what threading.Condition asks of a lock)
         self._acquire_restore = lock._acquire_restore
-        self._runs: list[Run] = []
-
-    def wake_later(self, run: Run) -> None:
-        """Wake ``run``'s waiters once the lock is released by its outermost holder (lock held)."""
-        self._runs.append(run)
+        #: runs made final under the lock, whose waiters wake once its outermost holder lets go (lock held)
+        self.pending: list[Run] = []
 
     def release(self) -> None:
         self._lock.release()
-        if self._runs and not self._is_owned():
+        if self.pending and not self._is_owned():
             self._wake()
 
     def __enter__(self) -> bool:
@@ -66,17 +63,17 @@ class RunLock:
 
     def __exit__(self, *exc) -> None:
         self._lock.release()
-        if self._runs and not self._is_owned():
+        if self.pending and not self._is_owned():
             self._wake()
 
     def _release_save(self):
         state = self._lock._release_save()
-        if self._runs:
+        if self.pending:
             self._wake()
         return state
 
     def _wake(self) -> None:
-        runs, self._runs = self._runs, []  # (a holder appending meanwhile appends to one of the two)
+        runs, self.pending = self.pending, []  # (a holder appending meanwhile appends to one of the two)
         for run in runs:
             run.wake()
 

@@ -95,7 +95,8 @@ class Lifecycle:
         #: The transition log (`story`): one row per transition, the last ``story_length`` kept.
         self.log: collections.deque[Row] = collections.deque(maxlen=story_length)
         self._stimuli = itertools.count(1)
-        self._stimulus: tuple[str, int, str] = ("", 0, "")  # the one being handled: kind, number, thread
+        # The stimulus being handled: kind, number, thread (named when a story is read: one lookup less a row).
+        self._stimulus: tuple[str, int, Any] = ("", 0, None)
         self._last_state: dict[int, str] = {}  # validation: each run's state after its last logged transition
 
     # ---------------------------------------------------------------- events
@@ -108,7 +109,7 @@ class Lifecycle:
         """
         if self._cascading:  # (a handler handling another run: part of the same stimulus)
             return self._transition(rec, event, now, args)
-        self._stimulus = stimulus or (event, next(self._stimuli), threading.current_thread().name)
+        self._stimulus = stimulus or (event, next(self._stimuli), threading.current_thread())
         effects = self._transition(rec, event, now, args)
         if not self._later:
             return effects
@@ -123,9 +124,9 @@ class Lifecycle:
             self._later.clear()
         return effects
 
-    def begin(self, kind: str) -> tuple[str, int, str]:
+    def begin(self, kind: str) -> tuple[str, int, Any]:
         """A new stimulus of ``kind`` that several `handle` calls share (pass it as ``stimulus=``)."""
-        return (kind, next(self._stimuli), threading.current_thread().name)
+        return (kind, next(self._stimuli), threading.current_thread())
 
     def recommend(self, rec: RunRecord, event: str, now: float, *args: Any) -> None:
         """Queue a transition for after the current one (only inside a handler)."""

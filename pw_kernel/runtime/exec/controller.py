@@ -199,7 +199,10 @@ class Controller:
         messages (the notebook front passes cell lines); ``on_error`` is called with the
         run's error if it fails, before any future raises it.
         """
-        return self._submit(graph, inputs, name, mode, tenant, weight, priority, source_map, on_error)[0]
+        return self.call(
+            graph, inputs, name=name, mode=mode, tenant=tenant, weight=weight, priority=priority,
+            source_map=source_map, on_error=on_error,
+        )[0]
 
     def call(
         self, graph: ProgramGraph, inputs: list[Any], *, name: str | None = None, mode: str | None = None,
@@ -208,9 +211,6 @@ class Controller:
     ) -> tuple[Run, list[Future]]:
         """`submit`, returning the run and its output futures (flat), held from before it starts: a program call
         reads them, and a run that ends within this call has let go of its own by the time it returns."""
-        return self._submit(graph, inputs, name, mode, tenant, weight, priority, source_map, on_error)
-
-    def _submit(self, graph, inputs, name, mode, tenant, weight, priority, source_map, on_error):
         if self._closed:
             self._check_open("submit")
         for s in graph.slices:
@@ -442,7 +442,7 @@ class Controller:
         """A run became final: keep its outputs among the most recent, forget old runs, and wake its waiters
         once this thread lets go of the lock (and of what it held of the run's arrays: `Completion._finish`)."""
         futures = run.retire()
-        self.lock.wake_later(run)
+        self.lock.pending.append(run)  # woken once this thread lets go of the lock (`RunLock`)
         if self.lifecycle.validate:
             assert all(f.done() for f in futures), run
         if self.config.keep_outputs > 0:
