@@ -97,15 +97,12 @@ class CellMagic:
         prog, traces = entry.program, entry.traces
         inputs = [ns[n] for n in entry.params]
         try:
-            presenter = self.presenter
-
-            def source_map(graph):  # of the graph that runs: the cell is traced (or looked up) once
-                return presenter.source_map(graph) | presenter.fused_source_map(graph, entry.filename, number)
-
+            graph = prog.trace(*inputs)  # (the one trace, or the cache's graph): submitted as it is
+            source_map = self.presenter.source_map(graph) | self.presenter.fused_source_map(graph, entry.filename, number)
             # Its error, if it fails, shows this cell's lines, wherever it is raised later.
-            on_error = functools.partial(presenter.presentable, relabel=False)
-            run, tree = prog.call_run(*inputs, name=name, source_map=source_map, on_error=on_error)
-            graph = run.graph
+            on_error = functools.partial(self.presenter.presentable, relabel=False)
+            run, tree = prog.call_run(*inputs, name=name, source_map=source_map, on_error=on_error, graph=graph)
+            graph = run.graph  # (with donated inputs pw still reads kept: the graph that runs)
         except PathwaysError as e:
             self.cache.put(line, cell, None)
             if isinstance(e, TracingError) and e.args and isinstance(e.args[0], str):

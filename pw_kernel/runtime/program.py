@@ -153,9 +153,8 @@ class Program:
     ) -> Run:
         """Trace (or reuse the trace) and submit; returns the Run (its futures are ``run.outputs``).
 
-        ``source_map`` (node name -> where it came from, for error messages) may be a function of
-        the graph that runs, which makes it. ``on_error`` is called with the run's error if it
-        fails, before any future raises it.
+        ``source_map``: node name -> where it came from, for error messages. ``on_error`` is
+        called with the run's error if it fails, before any future raises it.
 
         Example::
 
@@ -166,21 +165,24 @@ class Program:
 
     def call_run(
         self, *args, name: str | None = None, mode: str | None = None, tenant: str | None = None,
-        weight: float = 1.0, priority: int = 0, source_map: dict[str, str] | None = None, on_error=None, **kwargs,
+        weight: float = 1.0, priority: int = 0, source_map: dict[str, str] | None = None, on_error=None,
+        graph: ProgramGraph | None = None, **kwargs,
     ) -> tuple[Run, Any]:
         """`submit`, returning the run and its outputs, held from before it started (a run that ends inside
-        this call keeps none of its futures itself once final).
+        this call keeps none of its futures itself once final). ``graph``: what ``trace(*args)`` returned
+        for these very arguments, if the caller has it (it is not looked up again).
 
         Example::
 
-            run, (y, z) = f.call_run(v, name="first")
+            g = f.trace(v)
+            run, (y, z) = f.call_run(v, name="first", graph=g)
         """
-        run, futures = self._submit(args, kwargs, name, mode, tenant, weight, priority, source_map, on_error)
+        run, futures = self._submit(args, kwargs, name, mode, tenant, weight, priority, source_map, on_error, graph)
         return run, run.tree(futures)
 
     def _submit(
         self, args: tuple, kwargs: dict, name: str | None = None, mode: str | None = None, tenant: str | None = None,
-        weight: float = 1.0, priority: int = 0, source_map=None, on_error=None,
+        weight: float = 1.0, priority: int = 0, source_map=None, on_error=None, graph: ProgramGraph | None = None,
     ) -> tuple[Run, list]:
         if in_program_trace():
             raise ArgumentError(
@@ -188,13 +190,14 @@ class Program:
                 f"`%%pathways` cell): a run cannot start inside a program. Call `{self.name}(...)` there instead: "
                 f"it becomes part of the enclosing program."
             )
-        graph, leaves = self._trace(args, kwargs)
+        if graph is None:
+            graph, leaves = self._trace(args, kwargs)
+        else:  # the caller traced these very arguments (`trace`): their leaves, without the lookup
+            leaves = jax.tree_util.tree_leaves((args, kwargs))
         traced = [x for x in leaves if is_traced_leaf(x)]
         keep = self._inputs_still_read(traced, graph.donated_inputs)
         if keep:  # traced again with those inputs kept (once per signature and mask, then cached)
             graph, _ = self._trace(args, kwargs, keep)
-        if callable(source_map):  # made from the graph that runs (the caller need not trace it first)
-            source_map = source_map(graph)
         run, futures = self._controller().call(
             graph, traced, name=name or self.name, mode=mode or self.mode, tenant=tenant or self.tenant,
             weight=weight, priority=priority, source_map=source_map, on_error=on_error,
