@@ -1,8 +1,12 @@
 """The "Python 3 (Pathways)" Jupyter kernelspec: ipykernel with the extension loaded and simulated CPU devices.
 
-The device count is set in the kernel's environment, so JAX reads it when it
-starts (`JAX_NUM_CPU_DEVICES`, and `PW_NUM_CPU_DEVICES` for pw_kernel's own
-default). With a GPU or TPU, JAX uses those; the CPU devices are then unused.
+The kernel's first line, before any cell, imports pw_kernel, which asks JAX for
+the simulated CPU devices before JAX starts: ``PW_NUM_CPU_DEVICES`` from the
+environment that started Jupyter if it is set (``PW_NUM_CPU_DEVICES=1 jupyter
+lab`` is what a one-GPU host looks like), else the count installed with
+``--devices`` (8). A cell that asks JAX for its devices sees the same count; a
+first cell may still choose another (``jax.config.update``). With a GPU or TPU,
+JAX uses those; the CPU devices are then unused.
 
 Example::
 
@@ -25,8 +29,13 @@ KERNEL_NAME = "pathways"
 DISPLAY_NAME = "Python 3 (Pathways)"
 # Loaded by a startup line, not `--ext`: IPython's extension manager then does not count it as
 # loaded, so a notebook's own `%load_ext pw_kernel` (written to run in any kernel) stays silent
-# instead of printing "already loaded"; the extension itself registers only once per shell.
-LOAD_EXTENSION = "--IPKernelApp.exec_lines=__import__('pw_kernel').load_ipython_extension(get_ipython())"
+# instead of printing "already loaded"; the extension itself registers only once per shell. The
+# device count is a default the environment may override, not the kernel's environment (which
+# would override what the user's environment says).
+STARTUP = (
+    "--IPKernelApp.exec_lines=__import__('os').environ.setdefault('PW_NUM_CPU_DEVICES', '{devices}'); "
+    "__import__('pw_kernel').load_ipython_extension(get_ipython())"
+)
 
 
 def kernel_spec(
@@ -36,10 +45,12 @@ def kernel_spec(
     if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
         raise ValueError(f"`--devices` must be a positive number of simulated CPU devices; got {devices!r}.")
     return {
-        "argv": [python or sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}", LOAD_EXTENSION],
+        "argv": [
+            python or sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}",
+            STARTUP.format(devices=devices),
+        ],
         "display_name": display_name,
         "language": "python",
-        "env": {"PW_NUM_CPU_DEVICES": str(devices), "JAX_NUM_CPU_DEVICES": str(devices)},
         "metadata": {"debugger": True, "pw_kernel": {"cpu_devices": devices}},
     }
 
