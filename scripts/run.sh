@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Set up, install the "Python 3 (Pathways)" Jupyter kernel, then open the tutorial notebooks in JupyterLab.
 #
-#   ./scripts/run.sh [ARGS...]          JupyterLab on notebooks/ (ARGS go to `jupyter lab`, e.g. --no-browser)
+#   ./scripts/run.sh [ARGS...]          JupyterLab on your own copies of the tutorials, in workspace/
+#                                       (ARGS go to `jupyter lab`, e.g. --no-browser)
 #   ./scripts/run.sh --headless [NB...] execute every notebook (or NB...) in the Pathways kernel; write the
 #                                       executed notebooks and their HTML (widget state saved) to artifacts/notebooks/
 #   ./scripts/run.sh --demo [ARGS...]   the headless demo: an MPMD program over 8 simulated devices
 #
-# The notebooks are written for 8 simulated CPU devices, so JAX_PLATFORMS defaults to cpu here;
-# `JAX_PLATFORMS= ./scripts/run.sh` lets JAX pick your accelerators instead.
+# The tutorials take their layouts from the devices present: an accelerator if JAX finds one, else
+# 8 simulated CPU devices (`PW_NUM_CPU_DEVICES=1 ./scripts/run.sh` is what a one-GPU host sees).
+# `JAX_PLATFORMS=cpu ./scripts/run.sh` keeps them on the CPU where there is an accelerator.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
@@ -22,7 +24,8 @@ if [ "$mode" = demo ]; then
     exec .venv/bin/python -m pw_kernel.demo "$@"
 fi
 
-export JAX_PLATFORMS="${JAX_PLATFORMS-cpu}"
+# The kernel in this environment (always on its Jupyter's path) and for this user (other Jupyters).
+.venv/bin/python -m pw_kernel install --sys-prefix >/dev/null
 .venv/bin/python -m pw_kernel install --user
 
 if [ "$mode" = headless ]; then
@@ -33,4 +36,13 @@ extra=()
 if [ "$(id -u)" -eq 0 ]; then
     extra+=(--allow-root)  # JupyterLab refuses to run as root without it (containers, CI machines)
 fi
-exec .venv/bin/jupyter lab notebooks/ "${extra[@]}" "$@"
+# You work in copies (PW_WORKSPACE, default workspace/, ignored by git): the tracked tutorials in
+# notebooks/ stay clean however you run and save them. A copy you have is kept;
+# `rm workspace/NAME.ipynb` brings back the original at the next start.
+ws="${PW_WORKSPACE:-workspace}"
+mkdir -p "$ws"
+for f in notebooks/*.ipynb notebooks/README.md; do
+    [ -e "$ws/$(basename "$f")" ] || cp "$f" "$ws/"
+done
+echo "[run] tutorials: your copies in $ws/ (the originals stay in notebooks/)"
+exec .venv/bin/jupyter lab "$ws" --MappingKernelManager.default_kernel_name=pathways "${extra[@]}" "$@"
