@@ -1,7 +1,10 @@
 """The tutorial notebooks, executed top to bottom on the "Python 3 (Pathways)" kernel; any error fails.
 
-Each notebook gets 120 s for all of its cells (the kernel's start-up is not counted). The stored
-notebooks must carry no outputs, so the repository never holds stale results.
+Each runs twice: on the default 8 simulated devices, and as a one-GPU host sees it
+(``PW_NUM_CPU_DEVICES=1`` in the environment that starts the kernel), where a cell asking JAX for
+its devices sees one. No test asserts how long a notebook takes (the machines are shared): a
+generous timeout per cell only guards against a hang. The stored notebooks carry no outputs, so
+the repository never holds stale results.
 """
 
 from __future__ import annotations
@@ -11,7 +14,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -32,10 +34,11 @@ TUTORIALS = [
     "06_palm_pipeline.ipynb",
     "07_checkpoint_resume.ipynb",
 ]
-NOTEBOOK_TIMEOUT_S = 120.0
-BUDGET_S = {"06_palm_pipeline.ipynb": 180.0}  # trains a language model: under 3 minutes on 2 cores
+CELL_TIMEOUT_S = 600  # a hang guard, not a speed test
+#: The last cell, added while executing: what JAX in the kernel sees.
+PROBE = "import jax as _jax; print('devices in this kernel:', len(_jax.devices()))"
 
-pytestmark = pytest.mark.timeout(300)  # kernel start-up (up to 90 s) plus the notebook's budget
+pytestmark = pytest.mark.timeout(1200)  # kernel start-up (up to 90 s) plus the notebook, guarding a hang
 
 
 @pytest.fixture(scope="module")
@@ -51,37 +54,31 @@ def kernel_dir(tmp_path_factory) -> Path:
     return prefix / "share" / "jupyter" / "kernels"
 
 
-_executed: dict[Path, object] = {}
+_executed: dict[tuple[Path, int | None], object] = {}
 
 
-def execute(path: Path, kernel_dir: Path, tmp_path: Path):
-    """The notebook with its outputs, executed once per test session."""
-    if path not in _executed:
-        _executed[path] = _execute(path, kernel_dir, tmp_path)
-    return _executed[path]
+def execute(path: Path, kernel_dir: Path, tmp_path: Path, devices: int | None = None):
+    """The notebook with its outputs, executed once per test session (``devices``: PW_NUM_CPU_DEVICES, if set)."""
+    if (path, devices) not in _executed:
+        _executed[path, devices] = _execute(path, kernel_dir, tmp_path, devices)
+    return _executed[path, devices]
 
 
-def _execute(path: Path, kernel_dir: Path, tmp_path: Path):
+def _execute(path: Path, kernel_dir: Path, tmp_path: Path, devices: int | None):
     nb = nbformat.read(path, as_version=4)
+    nb.cells.append(nbformat.v4.new_code_cell(PROBE))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PW_", "JAX_", "XLA_"))}
     env["JAX_PLATFORMS"] = "cpu"
     env["IPYTHONDIR"] = str(tmp_path / "ipython")
+    if devices is not None:  # the environment that starts Jupyter, as a user sets it
+        env["PW_NUM_CPU_DEVICES"] = str(devices)
     km = KernelManager(kernel_name="pathways", kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(kernel_dir)]))
-    deadline: list[float] = []
-    budget = BUDGET_S.get(path.name, NOTEBOOK_TIMEOUT_S)
-
-    def time_left(_cell) -> float:
-        """Each cell may use what is left of the notebook's budget (the clock starts at the first cell)."""
-        if not deadline:
-            deadline.append(time.monotonic() + budget)
-        return max(1.0, deadline[0] - time.monotonic())
-
     client = nbclient.NotebookClient(
-        nb, km=km, timeout_func=time_left, startup_timeout=90, resources={"metadata": {"path": str(tmp_path)}}
+        nb, km=km, timeout=CELL_TIMEOUT_S, startup_timeout=90, resources={"metadata": {"path": str(tmp_path)}}
     )
-    client.execute(env=env)  # the kernel's environment: the kernelspec must supply the devices
-    elapsed = time.monotonic() - (deadline[0] - budget)
-    assert elapsed <= budget, f"{path.name} took {elapsed:.0f} s (limit {budget:.0f} s)"
+    client.execute(env=env)  # the kernel's environment: otherwise the kernelspec supplies the devices
+    seen = outputs_text(nb.cells.pop())
+    assert f"devices in this kernel: {devices or 8}" in seen, seen
     return nb
 
 
@@ -120,9 +117,10 @@ def test_notebook_is_stored_clean(name):
     assert re.search(r"§[2-5]", prose), "each notebook names the sections of the Pathways paper it teaches"
 
 
+@pytest.mark.parametrize("devices", [None, 1], ids=["8 devices", "1 device"])
 @pytest.mark.parametrize("name", TUTORIALS)
-def test_notebook_runs_without_errors(name, kernel_dir, tmp_path):
-    nb = execute(NOTEBOOKS / name, kernel_dir, tmp_path)
+def test_notebook_runs_without_errors(name, devices, kernel_dir, tmp_path):
+    nb = execute(NOTEBOOKS / name, kernel_dir, tmp_path, devices)
     for cell in nb.cells:
         if cell.cell_type == "code":
             assert not any(o["output_type"] == "error" for o in cell.outputs), outputs_text(cell)
