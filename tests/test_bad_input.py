@@ -42,7 +42,8 @@ def test_slice_larger_than_the_devices(env):
         pw.slice(9)
     # more simulated devices need a new process; larger islands cannot help
     assert "python -m pw_kernel install --user --devices 9" in str(err.value)
-    assert "JAX_NUM_CPU_DEVICES=9" in str(err.value) and "Config(islands" not in str(err.value)
+    assert "PW_NUM_CPU_DEVICES=9" in str(err.value) and "Config(islands" not in str(err.value)
+    assert "several slices may share them" in str(err.value)
     # the traceback ends at the call the user made, not in the resource manager
     assert err.traceback[-1].name == "slice" and err.traceback[-1].path.name == "api.py"
 

@@ -390,9 +390,9 @@ class ResourceManager:
         if all(d.platform == "cpu" for i in self.islands for d in i.devices):
             # Simulated CPU devices are fixed when JAX's backend starts; only a new process changes them.
             return (
-                f"or simulate more CPU devices, fixed when JAX starts: run `python -m pw_kernel install --user "
-                f"--devices {n}` and restart the \"Python 3 (Pathways)\" kernel, or start Python with "
-                f"JAX_NUM_CPU_DEVICES={n} in its environment."
+                f"or simulate more CPU devices, fixed when JAX starts: start Python (or Jupyter) with "
+                f"PW_NUM_CPU_DEVICES={n} in its environment, or install the kernel with `python -m pw_kernel "
+                f"install --user --devices {n}` (used where PW_NUM_CPU_DEVICES is not set), then restart it."
             )
         return f"or add islands from other hosts with `pw.add_ray_islands(...)` (this process has {local} devices)."
 
@@ -420,8 +420,9 @@ class ResourceManager:
             sizes = [len(i.devices) for i in self.islands]
             raise SliceError(
                 f"`pw.slice({n})`: no island has {n} devices (island sizes: {sizes}; all devices: "
-                f"{sum(sizes)}). A slice lives on one island: ask for at most {max(sizes)} devices, "
-                + self._more_devices_hint(n, sizes)
+                f"{sum(sizes)}). A slice lives on one island: ask for at most {max(sizes)} "
+                f"device{'s' if max(sizes) != 1 else ''} (several slices may share them, time-multiplexed: "
+                f"`pw.slice({max(sizes)})` once per stage), " + self._more_devices_hint(n, sizes)
             )
 
         def cost(i: Island):
