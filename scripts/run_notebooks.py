@@ -1,6 +1,6 @@
 """Execute the tutorial notebooks in the "Python 3 (Pathways)" kernel and write them as HTML with widget state.
 
-    .venv/bin/python scripts/run_notebooks.py [NOTEBOOK ...] [--out artifacts/notebooks] [--timeout 180]
+    .venv/bin/python scripts/run_notebooks.py [NOTEBOOK ...] [--out artifacts/notebooks] [--timeout 600]
     .venv/bin/python scripts/run_notebooks.py --clear [NOTEBOOK ...]    # strip outputs in place, before committing
 
 Each notebook runs top to bottom with nbclient (any error fails it); the executed
@@ -8,7 +8,8 @@ notebook (.ipynb) and its HTML go to ``--out``. Widget state is saved, so the
 HTML draws the widgets with their JavaScript front-ends (loaded by the Jupyter
 widgets HTML manager from its CDN); where those cannot load (offline), each
 widget's static HTML rendering shows instead. Exits non-zero if any notebook
-failed or took longer than ``--timeout`` seconds.
+failed, or a cell ran longer than ``--timeout`` seconds (a hang guard: a loaded machine
+is slower, not wrong). Each notebook's time is printed.
 
 Needs the kernelspec: ``.venv/bin/python -m pw_kernel install --user`` (run.sh does it).
 """
@@ -133,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("notebooks", nargs="*", type=Path, help="default: notebooks/*.ipynb")
     ap.add_argument("--out", type=Path, default=ROOT / "artifacts" / "notebooks")
-    ap.add_argument("--timeout", type=float, default=180.0, help="seconds per notebook (and per cell)")
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds a cell may run (a hang guard)")
     ap.add_argument("--clear", action="store_true", help="strip outputs from the notebooks in place; run nothing")
     args = ap.parse_args(argv)
     paths = args.notebooks or sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -157,8 +158,6 @@ def main(argv: list[str] | None = None) -> int:
         path = path.resolve()
         print(f"[notebooks] {path.name} ...", flush=True)
         nb, error, seconds = execute(path, args.timeout)
-        if error is None and seconds > args.timeout:
-            error = TimeoutError(f"took {seconds:.0f} s, more than the {args.timeout:.0f} s allowed")
         ipynb = args.out / path.name
         html = args.out / (path.stem + ".html")
         nbformat.write(nb, ipynb)
