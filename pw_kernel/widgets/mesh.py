@@ -372,7 +372,7 @@ def _devices_model(obj: Any, state: dict[str, Any]) -> dict[str, Any]:
     ids = {d.id for d in devs}
     state.update(
         kind="devices",
-        title=f"{len(devs)} devices in {len(islands)} island{'s' if len(islands) != 1 else ''}, "
+        title=f"{len(devs)} device{'s' if len(devs) != 1 else ''} in {len(islands)} island{'s' if len(islands) != 1 else ''}, "
         f"{len(slices)} live slice{'s' if len(slices) != 1 else ''}",
         device_ids=[d.id for d in devs],
         devices=_device_table(devs),

@@ -401,7 +401,9 @@ class Controller:
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "running"
-        return f"<pw.Controller {state}: {len(self.devices)} devices, {len(self.islands)} islands, {len(self.runs)} runs>"
+        counts = ", ".join(_count(n, what) for n, what in (
+            (len(self.devices), "device"), (len(self.islands), "island"), (len(self.runs), "run")))
+        return f"<pw.Controller {state}: {counts}>"
 
     def story(self, run_id: int) -> Story:
         """Run ``run_id``'s transitions (`Run.story`), as far as the lifecycle's log keeps them."""
@@ -497,6 +499,11 @@ class Controller:
                 f"`{api}`: this controller was shut down. `pw.controller()` returns a fresh one; "
                 f"create slices and compiled functions on it."
             )
+
+
+def _count(n: int, what: str) -> str:
+    """``3 runs``, ``1 device``."""
+    return f"{n} {what}{'' if n == 1 else 's'}"
 
 
 #: XLA:CPU runs every simulated device's part of an execution on one shared thread pool, about as
