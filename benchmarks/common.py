@@ -22,6 +22,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 
+#: Seconds every timed figure covers at least (the sum of the samples it is made of), so that a
+#: figure means something on a fast device too; ``--quick`` lowers it (and the tables say so).
+MIN_WINDOW_S = 0.5
+QUICK_WINDOW_S = 0.02
+QUICK = False
+
 
 def parse_args(ap: argparse.ArgumentParser, argv: list[str] | None, quick: dict[str, Any]) -> argparse.Namespace:
     """Parse ``argv`` with a ``--quick`` flag: tiny sizes and few rounds, so the script runs end to end in seconds.
@@ -31,6 +37,9 @@ def parse_args(ap: argparse.ArgumentParser, argv: list[str] | None, quick: dict[
     """
     ap.add_argument("--quick", action="store_true", help="tiny sizes, few rounds: a smoke test that runs in seconds")
     args = ap.parse_args(argv)
+    global MIN_WINDOW_S, QUICK
+    QUICK = bool(args.quick)
+    MIN_WINDOW_S = QUICK_WINDOW_S if QUICK else 0.5
     if args.quick:
         for name, value in quick.items():
             if getattr(args, name) == ap.get_default(name):
@@ -62,30 +71,82 @@ def interleaved(
     warmup: int = 2,
     budget_s: float | None = None,
     min_repeats: int = 3,
+    min_window_s: float | None = None,
 ) -> dict[str, list[float]]:
     """Seconds per call of every mode, the modes interleaved round by round.
 
     Each round runs every mode once, in an order rotated by one each round, so
     machine noise (other processes, frequency changes) hits all modes alike and
-    no mode always follows the same one. Stops early after ``min_repeats``
-    rounds when ``budget_s`` has been spent.
+    no mode always follows the same one. Stops after ``repeats`` rounds, or
+    early after ``min_repeats`` rounds when ``budget_s`` has been spent, but
+    never before every mode's samples add up to ``min_window_s`` (default
+    `MIN_WINDOW_S`: on a fast device, more rounds rather than a window too
+    short to mean anything). `window` gives the window a result covers.
     """
+    window = MIN_WINDOW_S if min_window_s is None else min_window_s
     for fn in modes.values():
         for _ in range(warmup):
             fn()
     names = list(modes)
     samples: dict[str, list[float]] = {m: [] for m in names}
     t0 = time.perf_counter()
-    for r in range(repeats):
+    r = 0
+    while True:
         k = r % len(names)
         for m in names[k:] + names[:k]:
             fn = modes[m]
             t = time.perf_counter()
             fn()
             samples[m].append(time.perf_counter() - t)
-        if budget_s is not None and r + 1 >= min_repeats and time.perf_counter() - t0 > budget_s:
-            break
-    return samples
+        r += 1
+        done = r >= repeats or (budget_s is not None and r >= min_repeats and time.perf_counter() - t0 > budget_s)
+        if done and all(sum(xs) >= window for xs in samples.values()):
+            return samples
+
+
+def timed(fn: Callable[[], Any], repeats: int, *, warmup: int = 1, min_window_s: float | None = None) -> list[float]:
+    """Seconds of each call of ``fn`` alone: at least ``repeats`` calls, and at least ``min_window_s`` in all."""
+    return interleaved({"fn": fn}, repeats, warmup=warmup, min_window_s=min_window_s)["fn"]
+
+
+def window(samples: dict[str, list[float]] | list[float]) -> float:
+    """The shortest total time one figure of ``samples`` (a mode's samples, or one list) was measured over."""
+    lists = samples.values() if isinstance(samples, dict) else [samples]
+    return min(sum(xs) for xs in lists)
+
+
+def window_note(seconds: float) -> str:
+    """How long a table's figures were each timed: a phrase for its header (``--quick`` says its windows are short)."""
+    note = f"each figure timed over >= {seconds:.2f} s"
+    if QUICK:
+        note += " (--quick: short windows, figures meaningless)"
+    return note
+
+
+def device_count() -> int:
+    """How many devices pw_kernel's controller has (all islands)."""
+    import pw_kernel as pw
+
+    return len(pw.devices())
+
+
+def fit(want: int, have: int | None = None) -> int:
+    """The largest divisor of ``want`` that is at most ``have`` devices (default: the devices present).
+
+    A data axis sized this way still splits every batch made for ``want`` devices evenly.
+    """
+    have = device_count() if have is None else have
+    return max(d for d in range(1, want + 1) if want % d == 0 and d <= max(1, have))
+
+
+def fewer_devices(what: str, want: int, got: int, have: int | None = None) -> str | None:
+    """The sentence a table prints when ``what`` asked for ``want`` devices and runs on ``got`` (None when equal)."""
+    have = device_count() if have is None else have
+    if got >= want:
+        return None
+    note = f"{what}: asks {want} devices, {have} present: measured on {got} instead"
+    print(note)
+    return note
 
 
 @dataclasses.dataclass(frozen=True)

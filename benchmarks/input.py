@@ -107,9 +107,11 @@ def scenario(name: str, step, w0, data, placed, load_kind: str, load_s: float, t
         for feed in ("placed", "prefetch", "inline"):
             modes[f"{feed}/{style}"] = (lambda f=feed, s=style: run_loop(f, step, w0, data, placed, load, to, s == "logged"))
     samples = common.interleaved(modes, rounds, warmup=1)
+    print(f"{name:9s} {load_kind:5s} ({common.window_note(common.window(samples))})")
     med = {k: common.Stat.of(v).median for k, v in samples.items()}
     n = len(data)
-    out = {"load": load_kind, "load_ms": load_s * 1e3, "steps": n, "steps_per_s": {k: n / t for k, t in med.items()}}
+    out = {"load": load_kind, "load_ms": load_s * 1e3, "steps": n, "window_s": common.window(samples),
+            "steps_per_s": {k: n / t for k, t in med.items()}}
     for style in ("async", "logged"):
         ref = med[f"placed/{style}"]
         out[style] = {"prefetch": ref / med[f"prefetch/{style}"], "inline": ref / med[f"inline/{style}"]}
@@ -119,31 +121,35 @@ def scenario(name: str, step, w0, data, placed, load_kind: str, load_s: float, t
 
 
 def step_time(fn, rounds: int = 3) -> float:
-    fn()
-    return min(_timed(fn) for _ in range(rounds))
-
-
-def _timed(fn) -> float:
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
+    """The fastest of at least ``rounds`` passes of ``fn``, timed over at least `common.MIN_WINDOW_S` in all."""
+    return min(common.timed(fn, rounds))
 
 
 def data_parallel(args) -> list[dict]:
-    s = pw.slice(8, mesh={"data": 8}, name="dp")
+    n = common.fit(8)  # a data axis of 8, or of the devices present (every batch still splits evenly)
+    note = common.fewer_devices("data-parallel step", 8, n)
+    s = pw.slice(n, mesh={"data": n}, name="dp")
     step = make_step(s, args.width)
     data = batches(args.steps, args.width)
     placed = [jax.device_put(b, s.sharding("data")) for b in data]
     w0 = jax.device_put(np.eye(args.width, dtype=np.float32), s.sharding())
     per_step = step_time(lambda: run_loop("placed", step, w0, data, placed, None, s, False)) / args.steps
     load_s = per_step / 2
-    print(f"data-parallel step on 8 devices: {per_step * 1e3:.1f} ms; each batch loads in {load_s * 1e3:.1f} ms")
+    print(f"data-parallel step on {n} devices: {per_step * 1e3:.1f} ms; each batch loads in {load_s * 1e3:.1f} ms")
     text_len = calibrate_cpu(load_s)
-    return [scenario("dp", step, w0, data, placed, kind, load_s, text_len, s, args.rounds) for kind in ("sleep", "cpu")]
+    return [{**scenario("dp", step, w0, data, placed, kind, load_s, text_len, s, args.rounds), "devices": n,
+             "note": note} for kind in ("sleep", "cpu")]
 
 
 def pipelined(args) -> list[dict]:
-    slices = [pw.slice(4, mesh={"data": 4}, name=f"stage{j}") for j in range(2)]
+    have = common.device_count()
+    d = common.fit(4, have // 2)  # 2 stages of 4 devices; on fewer, stages may share a device
+    note = None
+    if d < 4:
+        note = (f"pipelined step: asks 2 stages x 4 devices, {have} present: measured on 2 stages x {d}"
+                + (f", the stages sharing {have} device{'s' if have > 1 else ''}" if 2 * d > have else ""))
+        print(note)
+    slices = [pw.slice(d, mesh={"data": d}, name=f"stage{j}") for j in range(2)]
     layer = lambda p, x: jnp.tanh(x @ p)  # noqa: E731
     pipe = pw.pipeline([layer, layer], slices=slices, microbatches=4, learning_rate=0.01)
     rng = np.random.default_rng(1)
@@ -158,11 +164,11 @@ def pipelined(args) -> list[dict]:
 
     per_step = step_time(lambda: run_loop("placed", step, state0, data, placed, None, pipe, False)) / args.steps
     load_s = per_step / 2
-    print(f"pipelined step (2 stages x 4 devices, 4 microbatches): {per_step * 1e3:.1f} ms; each batch loads in "
+    print(f"pipelined step (2 stages x {d} devices, 4 microbatches): {per_step * 1e3:.1f} ms; each batch loads in "
           f"{load_s * 1e3:.1f} ms")
     text_len = calibrate_cpu(load_s)
-    return [scenario("pipeline", step, state0, data, placed, kind, load_s, text_len, pipe, args.rounds)
-            for kind in ("sleep", "cpu")]
+    return [{**scenario("pipeline", step, state0, data, placed, kind, load_s, text_len, pipe, args.rounds),
+             "devices_per_stage": d, "note": note} for kind in ("sleep", "cpu")]
 
 
 def main(argv: list[str] | None = None) -> dict:

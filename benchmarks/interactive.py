@@ -182,6 +182,7 @@ def main(argv=None) -> dict:
         gc.collect()
         samples = common.interleaved({mm: modes[mm] for mm in names}, args.rounds, budget_s=args.budget)
         result["repeats"][group] = len(samples[names[0]])
+        result.setdefault("window_s", {})[group] = common.window(samples)
         for mm, v in samples.items():
             st = common.per_item_us(v, k if group == "wait_each" else 1)
             result["us_per_call"][mm] = st.median
@@ -198,7 +199,7 @@ def main(argv=None) -> dict:
 
     rep = result["repeats"]
     print(f"\nµs per call (medians of {rep['program']} + {rep['wait_each']} interleaved rounds; "
-          f"first calls {result['first_call_s']:.1f} s)")
+          f"first calls {result['first_call_s']:.1f} s; {common.window_note(min(result['window_s'].values()))})")
     print(f"  {'row':<44}{'pw µs':>10}{'JAX µs':>10}{'pw/JAX':>9}  target")
     for r in result["rows"].values():
         tgt = f"<= {r['limit']:g}x" if r["limit"] is not None else "reported"

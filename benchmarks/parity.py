@@ -66,7 +66,7 @@ def measure_size(sized: workloads.Sized, s, chain_ms: float, repeats: int, budge
         "pw_per_s": 1e6 / pw_us.median,
         "fraction": jax_us.median / pw_us.median,
         "spread": {"jax": jax_us.spread, "pw": pw_us.spread},
-        "repeats": len(samples["pw"]),
+        "repeats": len(samples["pw"]), "window_s": common.window(samples),
     }
 
 
@@ -92,6 +92,7 @@ def main(argv=None) -> dict:
         result["rows"].append(row)
         print(f"{row['target_us']:>10.0f} {row['device_us']:>10.1f} {row['k']:>4} {row['jax_per_s']:>10,.0f} "
               f"{row['pw_per_s']:>10,.0f} {row['fraction']:>7.2f}")
+    print(f"({common.window_note(min(r['window_s'] for r in result['rows']))})")
     # The smallest size from which on every larger size keeps parity.
     parity_at = None
     for row in reversed(result["rows"]):

@@ -129,14 +129,25 @@ class PlainJax:
 
 
 def _alone(fn, repeats: int) -> float:
-    """Median seconds of one call, waited, with nothing else in flight."""
-    jax.block_until_ready(fn())
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    """Median seconds of one call, waited, with nothing else in flight (at least `common.MIN_WINDOW_S` of calls)."""
+    return statistics.median(common.timed(lambda: jax.block_until_ready(fn()), repeats))
+
+
+def fit_layout(S: int, D: int, have: int) -> tuple[int, str | None]:
+    """Devices per stage for layout SxD on ``have`` devices, and the sentence saying what changed (None if nothing).
+
+    Fewer devices than S x D: each slice gets at most ``have // S`` devices (at least one), and where that is
+    still too many, stages share devices (the resource manager time-multiplexes them).
+    """
+    if S * D <= have:
+        return D, None
+    d = common.fit(D, have // S)  # a divisor of D: the batch still splits evenly
+    shared = S * d > have
+    parts = [f"measured as {S}x{d}"] if d != D else []
+    if shared:
+        parts.append(f"its {S} stages share {have} device{'s' if have > 1 else ''}")
+    note = f"layout {S}x{D} asks {S * D} devices, {have} present: {', '.join(parts)}"
+    return d, note
 
 
 def step_stats(run, stages: int):
@@ -180,9 +191,14 @@ def main(argv=None) -> dict:
     x = rng.normal(size=(B, W)).astype(np.float32)
     y = rng.normal(size=(B, W)).astype(np.float32)
 
-    rows = []
+    rows, notes = [], []
+    have = len(c.devices)
     for layout in args.layouts.split(","):
         S, D = (int(v) for v in layout.split("x"))
+        D, note = fit_layout(S, D, have)
+        layout = f"{S}x{D}"
+        if note:
+            notes.append(note)
         params = [{"w": rng.normal(size=(W, W)).astype(np.float32) / np.sqrt(W), "b": np.zeros(W, np.float32)}
                   for _ in range(S)]
         slices = [pw.slice(D, mesh={"data": D}, name=f"{layout}:stage{i}") for i in range(S)]
@@ -221,7 +237,7 @@ def main(argv=None) -> dict:
                     "pw_event_log_bubble": statistics.median(s[0] for s in stats),
                     "live_peak_per_stage": [max(s[1][i] for s in stats) for i in range(S)],
                     "samples_per_s": {"pw": B / w_pw, "jax": B / w_jax},
-                    "rounds": len(walls["pw"]),
+                    "rounds": len(walls["pw"]), "window_s": common.window(walls),
                 })
 
     # SPMD reference: the whole model data-parallel over all devices.
@@ -246,7 +262,10 @@ def main(argv=None) -> dict:
     xs, ys = jax.device_put(x, dat), jax.device_put(y, dat)
     spmd = B / _alone(lambda: sgd(ps, xs, ys), max(3, args.rounds))
 
-    print(f"pipeline: width {W}, batch {B}, {jax.devices()[0].platform}; wall ms per step (medians, interleaved)")
+    print(f"pipeline: width {W}, batch {B}, {jax.devices()[0].platform}, {have} device{'s' if have > 1 else ''}; "
+          f"wall ms per step (medians, interleaved; {common.window_note(min(r['window_s'] for r in rows))})")
+    for note in notes:
+        print(f"  {note}")
     print(f"{'layout':>6} {'schedule':>8} {'M':>3} {'pw ms':>8} {'JAX ms':>8} {'pw/JAX':>7} {'bubble pw':>9} "
           f"{'JAX':>6} {'theory':>7} {'event log':>9} {'live/stage':>14}")
     for r in rows:
@@ -254,12 +273,12 @@ def main(argv=None) -> dict:
               f"{r['pw_over_jax']:>7.2f} {r['bubble']['pw']:>9.2f} {r['bubble']['jax']:>6.2f} {r['theory']:>7.2f} "
               f"{r['pw_event_log_bubble']:>9.2f} {str(r['live_peak_per_stage']):>14}")
     print(f"SPMD data-parallel over {len(c.devices)} devices ({S0} layers): {spmd:,.0f} samples/s")
-    sched_rows = schedule_rows(args, x, y, rng)
+    sched_rows = schedule_rows(args, x, y, rng, have, notes)
     result = {
         "benchmark": "pipeline", "platform": jax.devices()[0].platform, "jax": jax.__version__,
         "python": platform.python_version(), "date": time.strftime("%Y-%m-%d"), "machine": common.machine(),
         "width": W, "batch": B, "rows": rows, "spmd_samples_per_s": spmd, "spmd_layers": S0,
-        "schedules": sched_rows,
+        "schedules": sched_rows, "devices": have, "notes": notes,
     }
     common.write_json(args.json, result)
     pw.shutdown()
@@ -270,10 +289,14 @@ def two_layers(p, x):
     return layer(p[1], layer(p[0], x))
 
 
-def schedule_rows(args, x, y, rng) -> list[dict]:
+def schedule_rows(args, x, y, rng, have: int, notes: list[str]) -> list[dict]:
     """1F1B, interleaved (v=2) and ZB-H1 on one model of 2S layers, beside one plain `jax.jit` training step."""
     W, B, M = args.width, args.batch, args.schedules_micro
     S, D = (int(v) for v in args.schedules_layout.split("x"))
+    D, note = fit_layout(S, D, have)
+    if note:
+        notes.append(f"schedules: {note}")
+    layout = f"{S}x{D}"
     layers = [{"w": rng.normal(size=(W, W)).astype(np.float32) / np.sqrt(W), "b": np.zeros(W, np.float32)}
               for _ in range(2 * S)]
     slices = [pw.slice(D, mesh={"data": D}, name=f"sched:stage{i}") for i in range(S)]
@@ -298,7 +321,7 @@ def schedule_rows(args, x, y, rng) -> list[dict]:
         return go
 
     # the same model as one jit: value_and_grad + SGD, data-parallel over the same devices
-    devs = [d for s in slices for d in s.devices]
+    devs = list(dict.fromkeys(d for s in slices for d in s.devices))  # stages may share devices
     mesh = Mesh(np.array(devs), ("data",))
     rep, dat = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
 
@@ -323,16 +346,19 @@ def schedule_rows(args, x, y, rng) -> list[dict]:
         stats = [pipe.stats(r) for r in runs[k][2:]]  # after the warm-up calls
         w = statistics.median(walls[k])
         rows.append({
-            "layout": args.schedules_layout, "schedule": k, "M": M, "chunks": pipe.chunks,
+            "layout": layout, "schedule": k, "M": M, "chunks": pipe.chunks,
             "wall_ms": w * 1e3, "jit_ms": w_jit * 1e3, "pw_over_jit": w / w_jit,
             "theory": stats[0].theory, "ideal_bubble": stats[0].ideal.mean_bubble,
             "measured_bubble": statistics.median(s.bubble for s in stats),
             "live_ideal": list(stats[0].ideal.live),
             "live_measured": [max(s.slices[d].live for s in stats) for d in range(S)],
-            "rounds": len(walls[k]),
+            "rounds": len(walls[k]), "window_s": common.window(walls),
         })
     print(f"\nschedules: {2 * S} layers on {S} slices of {D} (v=2 for interleaved), M={M}; "
-          f"one plain jax.jit training step of the same model: {w_jit * 1e3:.2f} ms")
+          f"one plain jax.jit training step of the same model: {w_jit * 1e3:.2f} ms "
+          f"({common.window_note(common.window(walls))})")
+    if note:
+        print(f"  {note}")
     print(f"{'schedule':>12} {'pw ms':>8} {'/ jit':>6} {'theory':>7} {'ideal':>6} {'measured':>8} "
           f"{'live ideal':>14} {'live measured':>14}")
     for r in rows:

@@ -74,6 +74,10 @@ def header(platform: str, status: dict | None, any_result: dict | None) -> list[
         took = ", ".join(f"{n} {s['wall_s']:.0f} s" for n, s in steps.items())
         quick = " --quick" if status.get("quick") else ""
         lines.append(f"- `run_all.py`{quick}: {status.get('wall_s', 0):.0f} s in all ({took}).")
+        lines.append("- Timed windows: " + (
+            "--quick, short windows (figures meaningless)." if status.get("quick") else
+            "every timed figure is made of at least 0.5 s of timing (more rounds on a fast device); "
+            "the tables give each one's window where it is longer or the timing is a single call's latency."))
         for n, s in steps.items():
             if "error" in s:
                 lines.append(f"- **{n}**: {s['error']}")
@@ -120,9 +124,11 @@ def dispatch_tables(d: dict) -> tuple[list[str], list[dict]]:
     out += [note, ""]
     ar = d["variants"].get("allreduce", {})
     if "us_per_computation" in ar:
-        out.append(f"#### Dispatch, all-reduce variant: `psum` over a 4-device slice (`jax.shard_map`), K = {k}, "
-                   f"µs per computation")
+        out.append(f"#### Dispatch, all-reduce variant: `psum` over a {ar.get('devices', 4)}-device slice "
+                   f"(`jax.shard_map`), K = {k}, µs per computation")
         out.append("")
+        if ar.get("note"):
+            out += [ar["note"] + ".", ""]
         out.append("| system | " + " | ".join(h for _, h in MODES) + " |")
         out.append("|---|" + "---|" * len(MODES))
         for system in ("jax", "pw"):
@@ -244,6 +250,8 @@ def multitenancy_table(mt: dict) -> tuple[list[str], list[dict]]:
     out = [
         "#### Multi-tenancy (multitenancy.py)",
         "",
+        *([f"A backlog of {mt['runs']} programs per row; each row timed over "
+           f"{min(r['window_s'] for r in mt['tenants'].values()):.2f} s or more.", ""] if "runs" in mt else []),
         "| tenants | nodes/s | vs 1 tenant | vs raw JAX (one thread) | Jain fairness |",
         "|---|---|---|---|---|",
     ]
@@ -430,14 +438,22 @@ def memory_table(mm: dict) -> tuple[list[str], list[dict]]:
         f"{mm['limit_mb']:g} MiB per device. pw: resident state + the step's reservation (admission's figure); "
         f"plain JAX: XLA's memory analysis of the stage's donated jitted step.",
         "",
-        "| | layers per stage | need on the fullest device |",
-        "|---|---|---|",
+        "| | layers per stage | need on the fullest device | measured peak (fresh process) |",
+        "|---|---|---|---|",
     ]
     for label, r in mm["rows"].items():
-        out.append(f"| {label} | {r['layers_per_stage']} | {r['need'] / 2**20:.2f} MiB |")
-    m = mm.get("measured")
-    out += ["", "Measured peak: " + ("not reported by this backend." if not m else
-            f"{m['peak_bytes'] / 2**20:.2f} MiB on {m['device']} (plan's estimate {mm['rows']['pw']['need'] / 2**20:.2f} MiB)."), ""]
+        m = r.get("measured") or {}
+        peak = f"{m['peak_bytes'] / 2**20:.2f} MiB" if m.get("peak_bytes") is not None else "—"
+        out.append(f"| {label} | {r['layers_per_stage']} | {r['need'] / 2**20:.2f} MiB | {peak} |")
+    if "backend_reports_memory" in mm:
+        out += ["", "Measured peak: " + ("each candidate's step once at its largest size, in a fresh process of its "
+                                         "own: the device's `peak_bytes_in_use`." if mm["backend_reports_memory"] else
+                                         "none, this backend reports no memory (`memory_stats()` is None)."), ""]
+    else:  # a result from before the per-candidate measurement
+        m = mm.get("measured")
+        out += ["", "Measured peak: " + ("not reported by this backend." if not m else
+                f"{m['peak_bytes'] / 2**20:.2f} MiB on {m['device']} (plan's estimate "
+                f"{mm['rows']['pw']['need'] / 2**20:.2f} MiB)."), ""]
     return out, mm["targets"]
 
 
@@ -468,6 +484,8 @@ def tracing_table(tr: dict) -> tuple[list[str], list[dict]]:
         "|---|---|---|---|---|---|---|",
     ]
     for name, r in cl.items():
+        if name == "note":
+            continue
         cols = " | ".join(f"{r[m]['submitted_ms']:.2f} / {r[m]['cell_ms']:.1f}" for m in ("cold", "first", "rerun"))
         out.append(f"| {name}, {r['steps']} steps | {r['nodes']} | {cols} | {pct(r['ratio'])} | "
                    f"{pct(r['ratio_edited'])} |")
@@ -486,6 +504,26 @@ def targets_table(targets: list[dict]) -> list[str]:
         out.append(f"| {t['name']} | {t['value']:.3g}{t['unit']} | {rel} {t['limit']:g}{t['unit']} | {mark} |")
     out.append("")
     return out
+
+
+def _device_notes(result: dict) -> list[str]:
+    """The sentences a benchmark wrote where it asked for more devices than were present (what it measured instead)."""
+    notes: list[str] = []
+
+    def walk(v):
+        if isinstance(v, dict):
+            for k, x in v.items():
+                if k in ("note", "notes") and x:
+                    notes.extend([x] if isinstance(x, str) else x)
+                elif k not in ("variants", "targets"):  # dispatch shows its all-reduce note itself; a target's note
+                    walk(x)                                 # is about the target
+        elif isinstance(v, list):
+            for x in v:
+                walk(x)
+
+    walk(result)
+    notes = list(dict.fromkeys(notes))
+    return [*(f"On this host: {n}." for n in notes), ""] if notes else []
 
 
 def render(platform: str, results: Path, status: dict | None) -> str:
@@ -516,7 +554,7 @@ def render(platform: str, results: Path, status: dict | None) -> str:
             md, t = fn(loaded[name])
         except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:  # an old or partial result file
             md, t = [f"{name}: results/{name}_{platform}.json could not be rendered ({type(e).__name__}: {e}).", ""], []
-        where += md
+        where += md + _device_notes(loaded[name])
         targets += t
     return "\n".join(lines + body + targets_table(targets) + tail).rstrip() + "\n"
 

@@ -66,7 +66,8 @@ def make_loop(step, k: int):
 
 def loops(steps: list[int], rounds: int) -> dict:
     """pw trace + plan against make_jaxpr, per K: medians in ms, their ratio, µs per step."""
-    s = pw.slice(2, mesh={"data": 2}, name="tracing")
+    d = common.fit(2)  # the batch split over 2 devices, or 1 where there is one
+    s = pw.slice(d, mesh={"data": d}, name="tracing")
     rep, dat = s.sharding(), s.sharding("data")
     step = pw.compiled(step_fn, slice=s, name="step", in_specs=(P(), P("data"), P("data")), out_specs=(P(), P()))
     jstep = jax.jit(step_fn, in_shardings=(rep, dat, dat), out_shardings=(rep, rep))
@@ -99,7 +100,7 @@ def loops(steps: list[int], rounds: int) -> dict:
         pw_ms, jax_ms = (statistics.median(samples[m]) * 1e3 for m in ("pw", "jax"))
         out["rows"][k] = {
             "pw_ms": pw_ms, "jax_ms": jax_ms, "ratio": pw_ms / jax_ms, "pw_us_per_step": pw_ms * 1e3 / k,
-            "jax_us_per_step": jax_ms * 1e3 / k, "rounds": len(samples["pw"]),
+            "jax_us_per_step": jax_ms * 1e3 / k, "rounds": len(samples["pw"]), "window_s": common.window(samples),
             "spread": {m: common.Stat.of(v).spread for m, v in samples.items()},
         }
     return out
@@ -111,7 +112,7 @@ import jax, jax.numpy as jnp
 import pw_kernel as pw
 from jax.sharding import PartitionSpec as P
 """ + inspect.getsource(loss) + inspect.getsource(step_fn) + """
-s = pw.slice(2, mesh={"data": 2}, name="cell")
+s = pw.slice(D, mesh={"data": D}, name="cell")
 step = pw.compiled(step_fn, slice=s, name="step", in_specs=(P(), P("data"), P("data")), out_specs=(P(), P()))
 k1, k2 = jax.random.split(jax.random.key(0))
 params = jax.device_put({"w1": jax.random.normal(k1, (16, 32)) * 0.1, "w2": jax.random.normal(k2, (32, 4)) * 0.1},
@@ -123,7 +124,7 @@ SETUP_PIPELINE = """
 import numpy as np, jax.numpy as jnp
 import pw_kernel as pw
 S, M, W, B = 4, 8, 128, 64
-slices = [pw.slice(2, mesh={"data": 2}, name=f"stage{i}") for i in range(S)]
+slices = [pw.slice(D, mesh={"data": D}, name=f"stage{i}") for i in range(S)]
 def layer(p, x):
     return jnp.tanh(x @ p["w"] + p["b"])
 rng = np.random.default_rng(0)
@@ -140,7 +141,7 @@ def cell_rounds(ip, setup: str, body: str, wait: str, rounds: int) -> dict:
     """``run_cell`` of a ``%%pathways`` cell: first runs (new text each time) against reruns of one text."""
     from IPython.utils.capture import capture_output
 
-    ok = ip.run_cell(setup)
+    ok = ip.run_cell(setup)  # it reads D, the devices per slice, from the namespace
     if not ok.success:
         raise RuntimeError(f"tracing.py: the setup cell failed: {ok.error_in_exec or ok.error_before_exec!r}")
     counter = itertools.count()
@@ -188,10 +189,16 @@ def cells(k: int, pipeline_steps: int, rounds: int) -> dict:
 
     ip = get_ipython()
     ip.run_line_magic("load_ext", "pw_kernel")
+    have = common.device_count()
+    ip.user_ns["D"] = common.fit(2, have)  # the MLP cell's slice: 2 devices, or 1 where there is one
     out = {"mlp": {"steps": k, **cell_rounds(ip, SETUP_MLP, f"for _ in range({k}):\n    params, l = step(params, x, y)\n",
                                             "l", rounds)}}
     if pipeline_steps:
         body = f"for _ in range({pipeline_steps}):\n    p, loss = pipe.step(p, X, Y)\n"
+        ip.user_ns["D"] = d = common.fit(2, have // 4)  # 4 stages of 2 devices; on fewer, stages share devices
+        if d < 2:
+            out["note"] = (f"pipeline cell: asks 4 stages x 2 devices, {have} present: measured on 4 stages x {d}"
+                           + (f", the stages sharing {have} device{'s' if have > 1 else ''}" if 4 * d > have else ""))
         out["pipeline"] = {"steps": pipeline_steps, **cell_rounds(ip, SETUP_PIPELINE, body, "loss", max(3, rounds - 2))}
     return out
 
@@ -211,7 +218,9 @@ def main(argv=None) -> dict:
     print(f"tracing: a loop of K calls of one compiled MLP step, {m['platform']} ({m['device_kind']}), "
           f"load {m['loadavg']} (a loaded machine: the figures move between runs; the ratios less)")
     result["loops"] = lp = loops(steps, args.rounds)
-    print(f"\nms to trace + plan (medians of {args.rounds} interleaved rounds; first in this process: "
+    rounds = min(r["rounds"] for r in lp["rows"].values())
+    window = common.window_note(min(r["window_s"] for r in lp["rows"].values()))
+    print(f"\nms to trace + plan (medians of {rounds} interleaved rounds, {window}; first in this process: "
           f"pw {lp['first_s']['pw'] * 1e3:.0f} ms, make_jaxpr {lp['first_s']['jax'] * 1e3:.0f} ms)")
     print(f"  {'K':>5}{'pw ms':>10}{'make_jaxpr ms':>15}{'pw/JAX':>9}{'pw µs/step':>12}")
     for k, r in lp["rows"].items():
@@ -224,13 +233,18 @@ def main(argv=None) -> dict:
     if "skipped" in cl:
         print(f"\ncells: skipped: {cl['skipped']}")
     else:
-        print(f"\n%%pathways cells through IPython's run_cell (medians; each run waited for outside the timing)")
+        print(f"\n%%pathways cells through IPython's run_cell (medians; each run waited for outside the timing;"
+              f" each figure one cell's run, its first run once: not a timed window)")
+        if "note" in cl:
+            print(f"  {cl['note']}")
         print("  first: the cell's first run in this process (once); edited: its text changed, traced anew with JAX's")
         print("  caches warm; rerun: the same text again. ms until the run was submitted (IPython, the cell's trace")
         print("  and plan) / ms of the whole run_cell (+ submitting, dispatching, showing the run)")
         print(f"  {'cell':<22}{'nodes':>7}{'first':>17}{'edited':>17}{'rerun':>17}{'rerun/first':>13}"
               f"{'rerun/edited':>14}")
         for name, r in cl.items():
+            if name == "note":
+                continue
             label = f"{name}, {r['steps']} steps"
             cols = "".join(f"{r[m]['submitted_ms']:>9.2f} /{r[m]['cell_ms']:>6.1f}" for m in ("cold", "first", "rerun"))
             print(f"  {label:<22}{r['nodes']:>7}{cols}{r['ratio']:>12.1%}{r['ratio_edited']:>13.1%}")
@@ -239,7 +253,8 @@ def main(argv=None) -> dict:
                for k, r in lp["rows"].items()]
     targets.append(common.target("µs per step, longest K / shortest K (linear)", result["linearity"], 1.5, unit="x"))
     if "skipped" not in cl:
-        targets += [common.target(f"cell rerun / first run, {name}", r["ratio"], TARGET_RERUN) for name, r in cl.items()]
+        targets += [common.target(f"cell rerun / first run, {name}", r["ratio"], TARGET_RERUN) for name, r in cl.items()
+                    if name != "note"]
     result["targets"] = targets
     result["machine"]["loadavg_end"] = common.loadavg()
     return common.finish(args.json, result)

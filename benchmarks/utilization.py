@@ -114,7 +114,7 @@ def measure(sized: workloads.Sized, s, n: int, repeats: int, budget_s: float) ->
             "chained_x4": {"busy_over_span": med(four, "busy_over_span"), "starved_nodes": med(four, "starved_nodes"),
                            "starved_us": med(four, "starved_us")},
         },
-        "repeats": len(samples["jax"]),
+        "repeats": len(samples["jax"]), "window_s": common.window(samples),
     }
 
 
@@ -138,7 +138,8 @@ def main(argv=None) -> dict:
         row = measure(sized, s, args.n, args.repeats, args.budget)
         result["rows"].append(row)
         u, lg = row["utilization"], row["event_log"]
-        print(f"{row['device_us']:.0f} µs computations (target {row['target_us']:.0f}):")
+        print(f"{row['device_us']:.0f} µs computations (target {row['target_us']:.0f}; "
+              f"{common.window_note(row['window_s'])}):")
         for mode, val in u.items():
             print(f"  {mode:<16} {val:6.1%}")
         for mode, d in lg.items():
