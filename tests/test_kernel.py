@@ -389,7 +389,7 @@ def test_load_ext_in_a_plain_kernel_whose_jax_has_one_device_says_how_to_get_mor
         reply = k.run("%load_ext pw_kernel")
         assert "JAX already started with a single CPU device" in reply.stderr
         assert "python -m pw_kernel install --user" in reply.stderr
-        assert "MeshWidget(1 devices in 1 island" in k.run("%pathways devices").text  # and the extension still works
+        assert "MeshWidget(1 device in 1 island" in k.run("%pathways devices").text  # and the extension still works
     finally:
         k.shutdown()
 
