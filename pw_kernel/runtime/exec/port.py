@@ -5,7 +5,7 @@ this port, which the controller makes and hands down: each report (dispatched,
 ran, completed, failed, compiling) is one stimulus of
 the lifecycle's transition table, handled under the controller's lock, and its
 effects are carried out by the controller's one applier. The questions
-(`credit_wanted`, `has_work`, `no_room`, the in-flight counts) only read.
+(`credit_wanted`, `has_work`, `queued`, `no_room`) only read.
 Nothing below the controller imports the controller, even for types.
 
 The lock reports are made under is the controller's `RunLock` (`run.py`): a run's
@@ -43,11 +43,10 @@ class Port:
         self.lock = lock
         self._life = lifecycle
         self._apply = apply
-        # Read-only views of the in-flight counts per island, for the dispatcher's hot loop (lists the
-        # lifecycle owns and changes in place; completions only lower them while the dispatcher reads).
-        self.inflight: list[int] = lifecycle.inflight
-        self.collectives_inflight: list[int] = lifecycle.collectives_inflight
-        self.callbacks_inflight: list[int] = lifecycle.callbacks_inflight
+        #: ``no_room(step, sent)``: whether ``step`` may not join what is in flight plus ``sent`` (this burst's,
+        #: unreported) on its island. The lifecycle's own question, read-only, asked once per step of a burst
+        #: (the dispatch loop): bound here rather than wrapped, one call less per node.
+        self.no_room: Callable[[object, Sequence[int]], bool] = lifecycle.no_room
 
     # ------------------------------------------------------------- questions
     @property
@@ -62,10 +61,6 @@ class Port:
     def queued(self) -> int:
         """How many runs are not yet final."""
         return len(self._life.queue)
-
-    def no_room(self, step, sent: Sequence[int]) -> bool:
-        """Whether ``step`` may not join what is in flight plus ``sent`` (this burst's, unreported) on its island."""
-        return self._life.no_room(step, sent)
 
     # --------------------------------------------------------------- reports
     def next_work(self) -> Work | None:
