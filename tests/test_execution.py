@@ -183,10 +183,11 @@ def xla_compiles() -> list[float]:
 def test_a_first_run_compiles_each_executable_once_ahead_of_its_call(threads):
     # Three functions, one of them called twice on the same kind of argument: three compiles, each
     # its own event, before the steps run (several at once with threads), none again inside a call.
+    # (`+ threads`: each parametrization computes something new, which no earlier test compiled.)
     c = pw.init(pw.Config(validate=True, compile_threads=threads))
     try:
         s = pw.slice(2, mesh={"d": 2}, name="s")
-        f, g, h = (pw.compiled(lambda x, k=k: deep(x) * k, slice=s, in_specs=P("d"), out_specs=P("d"), name=n)
+        f, g, h = (pw.compiled(lambda x, k=k: deep(x) * k + threads, slice=s, in_specs=P("d"), out_specs=P("d"), name=n)
                    for k, n in ((1.0, "f"), (2.0, "g"), (3.0, "h")))
 
         @pw.program(name="three")
@@ -213,6 +214,37 @@ def test_a_first_run_compiles_each_executable_once_ahead_of_its_call(threads):
         assert not [e for e in again.events if e.kind == "compile"] and again.compile_time == 0
     finally:
         pw.shutdown()
+
+
+def test_layers_written_as_separate_closures_compile_once_per_slice(ctl):
+    # A model's repeated layer, made by a factory: each call gives a new Python function (as a
+    # pipeline's stages are), and JAX alone would compile each. Same computation, same slice: one
+    # compile, whose XLA name is the first function's. A different constant is a different layer.
+    s = pw.slice(2, mesh={"d": 2}, name="s")
+
+    def make_layer(scale):
+        w = np.full((4, 4), scale, np.float32)
+        return lambda x: jnp.tanh(x @ w) + 0.125
+
+    layers = [pw.compiled(make_layer(0.5), slice=s, in_specs=P("d"), out_specs=P("d"), name=f"layer{i}") for i in range(3)]
+    other = pw.compiled(make_layer(0.25), slice=s, in_specs=P("d"), out_specs=P("d"), name="other")
+
+    @pw.program(name="stack")
+    def stack(x):
+        for layer in layers:
+            x = layer(x)
+        return other(x)
+
+    x = jax.device_put(jnp.ones((8, 4), jnp.float32), s.sharding("d"))
+    seen = xla_compiles()
+    before = len(seen)
+    run = stack.submit(x, mode="chained").wait()
+    assert len(seen) - before == 2  # the layer once, the other once
+    assert sorted(e.node for e in run.events if e.kind == "compile") == ["compile layer0", "compile other"]
+    want = x
+    for scale in (0.5, 0.5, 0.5, 0.25):
+        want = jnp.tanh(want @ np.full((4, 4), scale, np.float32)) + 0.125
+    np.testing.assert_allclose(run.outputs.result(), want, rtol=1e-6)
 
 
 def test_futures_feed_later_runs_without_waiting(ctl):

@@ -43,6 +43,13 @@ class Stage:
     fields: tuple[str, ...]  # names of the batch fields it reads
     stored_bytes: int = 0  # per microbatch, what the backward keeps (filled in at trace time)
 
+    @property
+    def grad_spec(self) -> Any:
+        """The specs of (its params' gradients, its shared params' gradients): where `init` places the
+        params (replicated where no ``param_specs`` say otherwise). Declared, so that tracing a step
+        never compiles to learn them and every executable compiles in the run, several at once."""
+        return (P() if self.param_spec is None else self.param_spec, P())
+
 
 def inexact(a: Any) -> bool:
     """Whether ``a`` is floating point (or complex): what has a gradient."""
@@ -194,7 +201,7 @@ class StageNodes:
 
             res_spec = None if how is None else how["specs"]
             lo_spec = None if not last else (act, act, None)
-            g_spec = (ps, None)
+            g_spec = st.grad_spec
             ins = (ps, None, act, act, lo_spec, res_spec, None if last else act) + (() if first else (g_spec,))
             if part == "input":
                 outs = act
@@ -209,9 +216,9 @@ class StageNodes:
 
     def zeros(self, st: Stage) -> CompiledFunction:
         """``zeros{j}``: zero gradients for stage j's (params, shared params), to accumulate into."""
-        spec = (st.param_spec, None)
         return self.cached(("zeros", st.index), lambda: self.compiled(
-            st, lambda p, sh: jax.tree_util.tree_map(jnp.zeros_like, (p, sh)), f"zeros{st.index}", spec, spec))
+            st, lambda p, sh: jax.tree_util.tree_map(jnp.zeros_like, (p, sh)), f"zeros{st.index}", (st.param_spec, None),
+            st.grad_spec))
 
     def splitter(self, s: VirtualSlice, act: P, with_total: bool) -> CompiledFunction:
         """One node that cuts a batch pytree into M microbatches on slice ``s`` (and sums the loss weights)."""
@@ -229,7 +236,7 @@ class StageNodes:
             total = sum(jnp.sum(a.astype(jnp.float32)) for a in jax.tree_util.tree_leaves(w)) if w is not None else None
             return parts, total
 
-        outs = (act, None) if with_total else act
+        outs = (act, P()) if with_total else act
         return self.cached(("split", id(s), act, with_total), lambda: CompiledFunction(split, slice=s, in_specs=(act,), out_specs=outs, name="split"))
 
     def apply(self, st: Stage, act: P) -> CompiledFunction:

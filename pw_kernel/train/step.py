@@ -199,7 +199,7 @@ class TrainingStep:
                 continue
             owner = self.stages[users[0]]
             tie = self.nodes.cached(("tie", name), lambda owner=owner, name=name: CompiledFunction(
-                lambda gs: sum(gs[1:], gs[0]), slice=owner.slice, in_specs=(None,), out_specs=None, name=f"tie:{name}"))
+                lambda gs: sum(gs[1:], gs[0]), slice=owner.slice, in_specs=(None,), out_specs=P(), name=f"tie:{name}"))
             totals[name] = tie(gs)
         return totals
 
@@ -228,7 +228,8 @@ class TrainingStep:
             return apply_updates((p, sh), jax.tree_util.tree_map(lambda a: -lr * a, g))
 
         ps = st.param_spec
-        return self.nodes.cached(("sgd", st.index), lambda: self.nodes.compiled(st, sgd, f"sgd{st.index}", (ps, None, ps, None, None, None), (ps, None)))
+        return self.nodes.cached(("sgd", st.index), lambda: self.nodes.compiled(
+            st, sgd, f"sgd{st.index}", (ps, None, ps, None, None, None), st.grad_spec))
 
     def _share_node(self, name: str, user: int) -> CompiledFunction:
         """``share:{name}{k}``: a shared param's new value, copied to stage k's slice (which reads it next step)

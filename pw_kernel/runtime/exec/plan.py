@@ -350,7 +350,7 @@ def fused(graph: ProgramGraph) -> Plan:
         if not isinstance(sh, NamedSharding) or set(sh.device_set) != set(s.devices):
             sh = NamedSharding(s.mesh, PartitionSpec())
         out_sh.append(sh)
-    call = jit_of(jaxpr.eqns, fused_vars, jaxpr.outvars, in_sh, out_sh)
+    call = jit_of(jaxpr.eqns, fused_vars, jaxpr.outvars, in_sh, out_sh, name=graph.name)
     # Fused outputs get fresh slots so chained-graph value ids stay meaningful.
     out_slots = list(range(len(graph.values), len(graph.values) + len(graph.outputs)))
     anchor = work[0]

@@ -106,8 +106,11 @@ def guard_callbacks(eqns: Sequence[Any], errors: list) -> list:
     return out
 
 
-def make_evaluator(eqns: Sequence[Any], invars: Sequence[Any], outvars: Sequence[Any]) -> Callable:
-    """A function of ``invars`` that replays ``eqns`` (by binding their primitives) and returns ``outvars``."""
+def make_evaluator(eqns: Sequence[Any], invars: Sequence[Any], outvars: Sequence[Any], name: str = "evaluate") -> Callable:
+    """A function of ``invars`` that replays ``eqns`` (by binding their primitives) and returns ``outvars``.
+
+    ``name`` is what JAX's compile log and XLA's profiler call it (``jit(stage0)``).
+    """
 
     def evaluate(*args):
         env = dict(zip(invars, args))
@@ -123,6 +126,7 @@ def make_evaluator(eqns: Sequence[Any], invars: Sequence[Any], outvars: Sequence
                 env[eqn.outvars[0]] = ans
         return tuple(read(v) for v in outvars)
 
+    evaluate.__name__ = evaluate.__qualname__ = name
     return evaluate
 
 
@@ -136,6 +140,40 @@ _OUT_SHARDINGS: dict[Any, tuple[Any, list]] = {}  # glue key and input shardings
 def literal_key(v) -> Any:
     val = np.asarray(v.val)
     return ("lit", val.dtype.str, val.shape, val.tobytes())
+
+
+_JAXPR_KEYS: dict[int, tuple[Any, Any]] = {}  # id(closed jaxpr) -> (it, its structural key)
+_MAX_CONST_KEY_BYTES = 1 << 16  # larger constants are compared by identity
+
+
+def jaxpr_key(closed: Any) -> Any:
+    """A structural key for a compiled function's closed jaxpr: equal for the same computation.
+
+    Two stages that are different Python closures of the same layer (a pipeline's middle
+    stages) trace to equal jaxprs and so share one executable: each distinct stage compiles
+    once. The text of the jaxpr names every primitive, parameter and shape; constants count
+    by value (small) or identity (large); anything printed by identity (`` at 0x``, a host
+    callback) keeps the jaxpr's own identity, so nothing is shared by mistake.
+    """
+    hit = _JAXPR_KEYS.get(id(closed))
+    if hit is not None and hit[0] is closed:
+        return hit[1]
+    text = str(closed.jaxpr)
+    if " at 0x" in text or calls_host(closed.jaxpr.eqns):
+        key: Any = ("id", id(closed))
+    else:
+        consts = []
+        for c in closed.consts:
+            a = np.asarray(c) if isinstance(c, (np.ndarray, np.generic, int, float, bool, complex)) else None
+            if a is not None and a.nbytes <= _MAX_CONST_KEY_BYTES:
+                consts.append((a.dtype.str, a.shape, a.tobytes()))
+            else:
+                consts.append(("id", id(c)))
+        key = ("jaxpr", text, tuple(consts))
+    if len(_JAXPR_KEYS) >= _MAX_EXECUTABLES:
+        _JAXPR_KEYS.clear()
+    _JAXPR_KEYS[id(closed)] = (closed, key)
+    return key
 
 
 def glue_key(eqns, invars, outvars) -> Any | None:
@@ -154,7 +192,7 @@ def glue_key(eqns, invars, outvars) -> Any | None:
     return (tuple(str(v.aval) for v in invars), tuple(parts), outs)
 
 
-def jit_of(eqns, invars, outvars, in_sh, out_sh, donate: tuple[int, ...] = ()) -> Callable:
+def jit_of(eqns, invars, outvars, in_sh, out_sh, donate: tuple[int, ...] = (), name: str = "evaluate") -> Callable:
     """`jax.jit` replaying ``eqns`` with these shardings; host callbacks guarded (see `_GuardedCallback`).
 
     A guarded executable carries ``callback_errors``: what its callbacks raised, for the dispatcher's
@@ -169,13 +207,14 @@ def jit_of(eqns, invars, outvars, in_sh, out_sh, donate: tuple[int, ...] = ()) -
         kw["donate_argnums"] = tuple(donate)
     # keep_unused: a node runs on its slice even when its outputs ignore its inputs (jnp.zeros_like
     # of params on Explicit axes: jit would prune the input, run on one device, and refuse the mesh)
-    fn = jax.jit(make_evaluator(eqns, invars, outvars), in_shardings=tuple(in_sh), keep_unused=True, **kw)
+    fn = jax.jit(make_evaluator(eqns, invars, outvars, name), in_shardings=tuple(in_sh), keep_unused=True, **kw)
     if errors is not None:
         fn.callback_errors = errors
     return fn
 
 
-def node_executable(eqns, invars, outvars, in_sh, out_sh, key: Any | None = None, donate: tuple[int, ...] = ()) -> Callable:
+def node_executable(eqns, invars, outvars, in_sh, out_sh, key: Any | None = None, donate: tuple[int, ...] = (),
+                    name: str = "evaluate") -> Callable:
     """`jax.jit` of the equations with the given shardings, shared with identical nodes (``out_sh`` None: XLA
     chooses, see `chosen_out_shardings`); ``donate``: positions of arguments whose buffers it may reuse."""
     if key is not None:
@@ -183,7 +222,7 @@ def node_executable(eqns, invars, outvars, in_sh, out_sh, key: Any | None = None
         hit = _EXECUTABLES.get(key)
         if hit is not None:
             return hit[1]
-    fn = jit_of(eqns, invars, outvars, in_sh, out_sh, donate)
+    fn = jit_of(eqns, invars, outvars, in_sh, out_sh, donate, name)
     if key is not None:
         if len(_EXECUTABLES) >= _MAX_EXECUTABLES:
             _EXECUTABLES.clear()
@@ -213,20 +252,28 @@ def chosen_out_shardings(fn, invars, outvars, in_sh, s: VirtualSlice, key: Any |
     return out
 
 
-def executable_with_chosen_outputs(eqns, invars, outvars, in_sh, s: VirtualSlice, key, donate: tuple[int, ...] = ()):
-    """A node's executable built without out_shardings, and the shardings XLA gives its outputs.
+def executable_with_chosen_outputs(eqns, invars, outvars, in_sh, s: VirtualSlice, key, donate: tuple[int, ...] = (),
+                                   declared: list | None = None, name: str = "evaluate"):
+    """A node's executable whose outputs XLA places, and the shardings it gives them.
 
-    (Shardings the equations declare themselves, a compiled function's out_specs or a nested
-    jit's, are XLA's choice too.) An output XLA puts on part of the slice only (a value that
+    ``declared``: per output, a sharding the code gave it (a compiled function's out_specs, a nested
+    jit's out_shardings), kept as written, or None where XLA chooses; one compile serves both (jit's
+    None leaves are XLA's to choose). An output XLA puts on part of the slice only (a value that
     depends on no input may land on one device) is replicated over the slice instead, with an
     executable that says so: pw keeps every node's values on its slice.
     """
-    fn = node_executable(eqns, invars, outvars, in_sh, None, key, donate)
+    declared = list(declared) if declared is not None and any(d is not None for d in declared) else None
+    if declared is not None and key is not None:
+        key = (key, tuple(declared))
+    fn = node_executable(eqns, invars, outvars, in_sh, declared, key, donate, name)
     chosen = chosen_out_shardings(fn, invars, outvars, in_sh, s, key)
     devices = set(s.devices)
-    out = [sh if sh.device_set == devices else NamedSharding(s.mesh, PartitionSpec()) for sh in chosen]
-    if out != chosen:
-        fn = node_executable(eqns, invars, outvars, in_sh, out, key, donate)
+    out = [
+        d if d is not None else c if c.device_set == devices else NamedSharding(s.mesh, PartitionSpec())
+        for d, c in zip(declared or [None] * len(chosen), chosen)
+    ]
+    if any(o is not c and (declared is None or declared[i] is None) for i, (o, c) in enumerate(zip(out, chosen))):
+        fn = node_executable(eqns, invars, outvars, in_sh, out, key, donate, name)
     return fn, out
 
 

@@ -24,7 +24,7 @@ from ..devices import ResourceManager, VirtualSlice
 from ..errors import ArgumentError, PathwaysError, SpecError, TracingError
 from .compiled import CompiledFunction, TraceScope, lookup, trace_scope
 from .feeds import InputRead, input_read
-from .executables import calls_host, executable_with_chosen_outputs, glue_key, literal_key, node_executable
+from .executables import calls_host, executable_with_chosen_outputs, glue_key, jaxpr_key, literal_key, node_executable
 from .graph import Node, ProgramGraph, Value, as_dtype
 from .jax_errors import UNTRACEABLE, JaxErrorKind, classify
 from .signatures import abstract_leaf, home_slice, is_traced_leaf, signature
@@ -541,18 +541,17 @@ class _Tracer:
             return
         in_ids, in_sh, var_ins = self.compute_inputs(eqn, cf, source)
         donate = self.donations(k, eqn, cf, in_ids)
-        key = ("compute", id(eqn.params["jaxpr"]), pattern)
+        # by structure: a pipeline's identical middle stages (different closures) share one compile
+        params = repr(sorted((k, v) for k, v in eqn.params.items() if k not in ("jaxpr", "name")))
+        key = ("compute", jaxpr_key(eqn.params["jaxpr"]), params, pattern)
         out_sh = list(eqn.params["out_shardings"])
         if all(isinstance(sh, Sharding) for sh in out_sh):
-            fn = node_executable([eqn], var_ins, eqn.outvars, in_sh, out_sh, key, donate)
+            fn = node_executable([eqn], var_ins, eqn.outvars, in_sh, out_sh, key, donate, cf.name)
         else:  # an out_specs of None: XLA chooses, as for jax.jit without out_shardings
-            fn, chosen = executable_with_chosen_outputs([eqn], var_ins, eqn.outvars, in_sh, cf.slice, key, donate)
             # the leaves that were given keep their spec as written (P('model', None), not XLA's P('model',)),
-            # as jax.jit returns them
-            given = [d if isinstance(d, Sharding) else c for d, c in zip(out_sh, chosen)]
-            if given != chosen or any(g is not c for g, c in zip(given, chosen)):
-                fn = node_executable([eqn], var_ins, eqn.outvars, in_sh, given, key, donate)
-            out_sh = given
+            # as jax.jit returns them; XLA places the others, in the same compile
+            declared = [d if isinstance(d, Sharding) else None for d in out_sh]
+            fn, out_sh = executable_with_chosen_outputs([eqn], var_ins, eqn.outvars, in_sh, cf.slice, key, donate, declared, cf.name)
         for v, sh in zip(eqn.outvars, out_sh):
             _check_divisible(v.aval.shape, sh, lambda v=v: f"`{cf.name}` output ({v.aval.str_short()})")
         if tkey is not None:
@@ -683,7 +682,7 @@ def _glue_executable(eqns, invars, outvars, in_sh, s: VirtualSlice) -> tuple[Cal
     """A glue node's executable and its outputs' shardings."""
     key = glue_key(eqns, invars, outvars)
     if in_sh:  # XLA chooses the outputs' shardings, as in a plain jax.jit of the same code
-        return executable_with_chosen_outputs(eqns, invars, outvars, in_sh, s, key)
+        return executable_with_chosen_outputs(eqns, invars, outvars, in_sh, s, key, name="glue")
     # made from constants only: nothing to propagate from, so on the slice, replicated
     out_sh = [NamedSharding(s.mesh, PartitionSpec()) for _ in outvars]
-    return node_executable(eqns, invars, outvars, in_sh, out_sh, key), out_sh
+    return node_executable(eqns, invars, outvars, in_sh, out_sh, key, name="glue"), out_sh
