@@ -89,9 +89,10 @@ def test_a_lone_run_is_submitted_and_started_in_one_step_as_the_table_would():
     assert work.rec is a and step_work.rec is b and work.quantum == step_work.quantum and work.inline
     for x, y in ((a, b), (fused, stepwise)):
         fields = [k for k in vars(y) if not k.startswith("_")] if hasattr(y, "__dict__") else RunRecord.__slots__
-        same = {k for k in fields if k not in ("plan", "cells", "queue", "dispatchable", "policy", "log")}
+        same = {k for k in fields if k not in ("plan", "cells", "queue", "dispatchable", "policy", "log", "ready")}
         assert {k: getattr(x, k) for k in same} == {k: getattr(y, k) for k in same}
     assert list(fused.queue) == list(stepwise.queue) == [0] and list(fused.dispatchable) == [0]
+    assert [r.id for r in fused.ready.runs()] == [r.id for r in stepwise.ready.runs()] == [0]
     dispatch_all(fused, a)
     assert kinds(fused.handle(a, "completed", 2.0, ((0, 2, 0, 0),), [(0, "y")], None)) == ["Emit", "Resolve", "Finish"]
     assert a.state == "done" and not fused.queue
@@ -244,9 +245,11 @@ def test_memory_admission_queues_a_run_until_another_gives_its_reservation_back(
     a, b = record(0, make_plan(1, peak={0: 60})), record(1, make_plan(1, peak={0: 60}))
     life.submit(a)
     life.submit(b)
-    life.policy = FairShare()  # looks at every run, so b is tried too
+    life.policy = FairShare()  # looks at every tenant's head, so b is tried too
     work, _ = life.next_work(0.0)
-    assert work.rec is a and life.reserved == {0: 60} and b.waiting_for == "memory"
+    assert work.rec is a and life.reserved == {0: 60}  # a run starts (reserves) when it is picked
+    work, _ = life.next_work(0.0)
+    assert work.rec is a and b.waiting_for == "memory" and b in life.ready and not life.ready.runs() == [b]
     dispatch_all(life, a)
     effects = life.handle(a, "completed", 1.0, ((0, 1, 0, 0),), [(0, "y")], None)
     assert isinstance(effects[-1], Wake) and life.reserved == {0: 0}  # memory given back wakes the dispatcher

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import CancelledError, ControllerShutdownError, InvalidTransition
 from .failures import input_error, node_error
 from .records import NOTHING, WAKE, Emit, OutputCell, Resolve, Reject, Finish, RunRecord, RunState, Work
+from .ready import ReadyIndex
 from .scheduler import FIFO, Policy
 from .story import Row, Story, transition
 from .table import TARGETS, TRANSITIONS, on, transition_edges
@@ -80,7 +81,10 @@ class Lifecycle:
         # ... of which those with steps left to dispatch: the only ones `next_work` looks at (runs
         # that wait for completions only are off it, so a deep queue of those costs nothing).
         self.dispatchable: dict[int, RunRecord] = {}
-        self.policy: Policy = policy or FIFO()
+        self._policy: Policy = policy or FIFO()
+        # ... indexed by what their next step needs, in the policy's order: the pick's cost does not grow
+        # with the queue (`ready.py`)
+        self.ready = ReadyIndex(self._policy)
         self.validate = validate
         # What the last `next_work` found runs waiting for: the events that can unblock them wake
         # the dispatcher (credit: a completion; memory or input: a run ending), and nothing else does.
@@ -98,6 +102,16 @@ class Lifecycle:
         # The stimulus being handled: kind, number, thread (named when a story is read: one lookup less a row).
         self._stimulus: tuple[str, int, Any] = ("", 0, None)
         self._last_state: dict[int, str] = {}  # validation: each run's state after its last logged transition
+
+    @property
+    def policy(self) -> Policy:
+        """The scheduling policy; set it to switch (queued runs follow the new one's order)."""
+        return self._policy
+
+    @policy.setter
+    def policy(self, policy: Policy) -> None:
+        self._policy = policy
+        self.ready.set_policy(policy)
 
     # ---------------------------------------------------------------- events
     def handle(self, rec: RunRecord, event: str, now: float, *args: Any, stimulus: tuple | None = None) -> list:
@@ -227,49 +241,57 @@ class Lifecycle:
         return self.gate is not None and self.gate.full(step, self.inflight)
 
     def next_work(self, now: float) -> tuple[Work | None, list]:
-        """The policy's choice among runs that can dispatch now, starting queued runs that can start."""
+        """The policy's choice among runs that can dispatch now; a queued run it picks starts.
+
+        Each credit class of next steps is asked once, and only its groups' heads are looked at
+        (`ReadyIndex`): the cost does not grow with the queue. A queued head that cannot start is
+        parked (on the producer it waits for, or on memory) and the next one looked at.
+        """
         effects: list = []
-        runnable: list[RunRecord] = []
-        first_wins = self.policy.first_runnable_wins
-        self.credit_wanted = False
-        self.blocked = False
-        stimulus = None  # one for the whole pick, begun when a transition needs it
-        for rec in list(self.dispatchable.values()):
-            steps = rec.plan.steps
-            if rec.cursor < len(steps) and self.out_of_credit(steps[rec.cursor]):
-                self.credit_wanted = True
-                if rec.waiting_for != "credit":
-                    stimulus = stimulus or self.begin("pick")
-                    effects += self.handle(rec, "wait", now, "credit", stimulus=stimulus)
-                continue
+        stimulus: list = []  # the pick's one stimulus, begun at its first transition
+        while True:
+            runnable = self._runnable(now, effects, stimulus)
+            self.blocked = self.ready.parked
+            if not runnable:
+                return None, effects
+            runnable.sort(key=_submitted)  # the order a policy without ranks sees (FIFO takes the first)
+            rec = self.policy.pick(runnable)
             if rec.state == "queued":
-                blocked = self._blocker(rec)
-                if blocked is not None:
-                    if blocked != "failed":
-                        self.blocked = True
-                        if rec.waiting_for == blocked:
-                            continue
-                    stimulus = stimulus or self.begin("pick")
-                    if blocked == "failed":
-                        effects += self.handle(rec, "input_failed", now, stimulus=stimulus)
-                    else:
-                        effects += self.handle(rec, "wait", now, blocked, stimulus=stimulus)
-                    continue
-                stimulus = stimulus or self.begin("pick")
-                effects += self.handle(rec, "start", now, stimulus=stimulus)
-                if rec.state != "running" or rec.cursor >= len(steps):
-                    continue  # finished at start (nothing to dispatch)
-            elif rec.cursor >= len(steps):
-                continue  # everything dispatched: waits for completions
+                effects += self.handle(rec, "start", now, stimulus=_begun(self, stimulus))
+                if rec.state != "running" or rec.cursor >= len(rec.plan.steps):
+                    continue  # finished at start (nothing to dispatch): pick again
             elif rec.waiting_for is not None:
-                stimulus = stimulus or self.begin("pick")
-                effects += self.handle(rec, "wait", now, None, stimulus=stimulus)
-            runnable.append(rec)
-            if first_wins:
-                break
-        if not runnable:
-            return None, effects
-        return Work(self.policy.pick(runnable), self.policy.quantum), effects
+                effects += self.handle(rec, "wait", now, None, stimulus=_begun(self, stimulus))
+            return Work(rec, self.policy.quantum), effects
+
+    def _runnable(self, now: float, effects: list, stimulus: list) -> list[RunRecord]:
+        """The heads that may dispatch now (`next_work`); transitions for those that wait go to ``effects``."""
+        runnable: list[RunRecord] = []
+        self.credit_wanted = False
+        ready = self.ready
+        for cls in ready.classes():
+            if cls.step is not None and self.out_of_credit(cls.step):
+                self.credit_wanted = True
+                for rec in ready.heads(cls):  # those next in line say why they wait
+                    if rec.waiting_for != "credit":
+                        effects += self.handle(rec, "wait", now, "credit", stimulus=_begun(self, stimulus))
+                continue
+            for rec in ready.heads(cls):
+                if rec.state == "queued":
+                    blocked = self._blocker(rec)
+                    if blocked is not None:
+                        if blocked == "failed":
+                            effects += self.handle(rec, "input_failed", now, stimulus=_begun(self, stimulus))
+                            continue
+                        if rec.waiting_for != blocked:
+                            effects += self.handle(rec, "wait", now, blocked, stimulus=_begun(self, stimulus))
+                        if blocked == "memory":
+                            ready.park_on_memory(rec)
+                        else:
+                            ready.park_on_producer(rec, _awaited(rec))
+                        continue
+                runnable.append(rec)
+        return runnable
 
     def has_work(self) -> bool:
         """Whether some run is queued or has steps left to dispatch (what `next_work` might pick)."""
@@ -327,8 +349,14 @@ class Lifecycle:
         rec.held = NOTHING
         self.queue.pop(rec.id, None)
         self.dispatchable.pop(rec.id, None)
-        for d, n in rec.reserved.items():
-            self.reserved[d] -= n
+        ready = self.ready
+        ready.remove(rec)
+        if rec.id in ready.on_producer:  # its readers find it failed
+            ready.producer_moved(rec)
+        if rec.reserved:
+            for d, n in rec.reserved.items():
+                self.reserved[d] -= n
+            ready.memory_freed()
         rec.reserved = NOTHING
         for cell in rec.upstream:
             cell.producer.downstream.remove(rec)
@@ -362,9 +390,15 @@ class Lifecycle:
         rec.finished_at = now
         self.queue.pop(rec.id, None)
         self.dispatchable.pop(rec.id, None)
-        reserved = self.reserved
-        for d, n in rec.reserved.items():
-            reserved[d] -= n
+        ready = self.ready
+        ready.remove(rec)
+        if rec.id in ready.on_producer:
+            ready.producer_moved(rec)
+        if rec.reserved:
+            reserved = self.reserved
+            for d, n in rec.reserved.items():
+                reserved[d] -= n
+            ready.memory_freed()
         rec.reserved = NOTHING
         cells = rec.cells
         rec.slots = None
@@ -402,6 +436,22 @@ class Lifecycle:
             self.recommend(reader, event, now, cell)
 
 
+def _submitted(rec: RunRecord) -> int:
+    return rec.id
+
+
+def _begun(life: Lifecycle, stimulus: list) -> tuple[str, int, Any]:
+    """A pick's one stimulus (kept in ``stimulus``), begun at its first transition."""
+    if not stimulus:
+        stimulus.append(life.begin("pick"))
+    return stimulus[0]
+
+
+def _awaited(rec: RunRecord) -> RunRecord:
+    """The run whose output queued ``rec`` waits for (its `_blocker` said 'input')."""
+    return next(x.producer for x in rec.inputs if isinstance(x, OutputCell) and x.value is None)
+
+
 # ---------------------------------------------------------------- handlers
 @on(("new", "submit"), to=("queued",))
 def _submit(life: Lifecycle, rec: RunRecord, now: float) -> list:
@@ -409,6 +459,7 @@ def _submit(life: Lifecycle, rec: RunRecord, now: float) -> list:
     rec.state = "queued"
     life.queue[rec.id] = rec
     life.dispatchable[rec.id] = rec
+    life.ready.add(rec)
     return [Emit(rec, "queued"), WAKE]
 
 
@@ -419,6 +470,7 @@ def _submit_start(life: Lifecycle, rec: RunRecord, now: float) -> list:
     rec.state = "queued"
     life.queue[rec.id] = rec
     life.dispatchable[rec.id] = rec
+    life.ready.add(rec)
     life.credit_wanted = life.blocked = False
     return [Emit(rec, "queued"), *_start(life, rec, now)]
 
@@ -470,9 +522,12 @@ def _start(life: Lifecycle, rec: RunRecord, now: float) -> list:
     for j, k in enumerate(plan.output_step):
         if k < 0:  # an output that is an input or a constant: dispatched from the start
             rec.cells[j].value = slots[plan.output_slots[j]]
+    if rec.id in life.ready.on_producer:
+        life.ready.producer_moved(rec)
     if rec.total:
         return [Emit(rec, "running")]
     life.dispatchable.pop(rec.id, None)
+    life.ready.remove(rec)
     return [Emit(rec, "running"), *life._finish_if_complete(rec, now)]  # nothing to run: done at once
 
 
@@ -513,9 +568,14 @@ def _dispatched(
         rec.cursor = cursor
         if cursor >= rec.total:
             life.dispatchable.pop(rec.id, None)  # all sent: it only waits for completions now
+            life.ready.remove(rec)
+        else:
+            life.ready.add(rec)  # under its next step
         cells = rec.cells
         for j, value in published:
             cells[j].value = value
+        if published and rec.id in life.ready.on_producer:
+            life.ready.producer_moved(rec)
     else:
         rec.cursor = rec.dispatched  # nothing more will be sent for a final run
     return []

@@ -38,8 +38,13 @@ class Policy(Protocol):
 
     ``quantum``: how many nodes one pick may dispatch in a row.
     ``first_runnable_wins``: the policy always picks the first runnable run in
-    submission order, so the lifecycle may stop scanning there (queues can be
-    thousands of runs deep).
+    submission order.
+
+    A policy may also say how its choice decomposes, so that a pick looks at a
+    few runs however deep the queue (`ReadyIndex`): ``group(run)`` and
+    ``rank(run)`` such that the run it picks among any runnable runs is always
+    the least-ranked runnable run of some group. Without them the lifecycle
+    hands it every runnable run, in submission order.
     """
 
     name: str
@@ -65,6 +70,14 @@ class FIFO:
 
     def pick(self, runnable: Sequence[R]) -> R:
         return runnable[0]
+
+    @staticmethod
+    def group(run: Schedulable) -> None:
+        return None  # one group: the oldest runnable run is its head
+
+    @staticmethod
+    def rank(run: Schedulable) -> int:
+        return run.id
 
     def charge(self, run: Schedulable, cost_ns: int) -> None:
         pass
@@ -127,6 +140,14 @@ class FairShare:
     def charge(self, run: Schedulable, cost_ns: int) -> None:
         self.vtime[run.tenant] = self.vtime.get(run.tenant, 0.0) + cost_ns / self.weight(run)
 
+    @staticmethod
+    def group(run: Schedulable) -> str:
+        return run.tenant  # the pick takes a tenant's oldest runnable run
+
+    @staticmethod
+    def rank(run: Schedulable) -> int:
+        return run.id
+
     def __repr__(self) -> str:
         return f"FairShare({self.weights})"
 
@@ -146,6 +167,14 @@ class Priority:
 
     def pick(self, runnable: Sequence[R]) -> R:
         return min(runnable, key=lambda r: (-r.priority, r.id))
+
+    @staticmethod
+    def group(run: Schedulable) -> None:
+        return None
+
+    @staticmethod
+    def rank(run: Schedulable) -> tuple[int, int]:
+        return (-run.priority, run.id)
 
     def charge(self, run: Schedulable, cost_ns: int) -> None:
         pass

@@ -69,6 +69,7 @@ def _check_record(life: Lifecycle, r: RunRecord) -> None:
         assert r.id in life.queue, f"{r} is not final but left the queue"
         want = r.state == "queued" or r.cursor < r.total
         assert (r.id in life.dispatchable) == want, f"{r}: dispatchable should be {want}"
+        assert (r in life.ready) == want, f"{r}: in the ready index (or parked) should be {want}"
     if r.state == "done":
         assert r.done == r.total and r.error is None and not r.upstream, r
     for cell in r.upstream:
