@@ -192,3 +192,32 @@ def test_run_ahead_must_be_a_duration_or_none():
     with pytest.raises(pw.ArgumentError, match=re.escape("`Config.run_ahead_s` is the estimated device time")):
         pw.init(pw.Config(run_ahead_s=-1))
     pw.shutdown()
+
+
+def test_auto_cuts_a_program_longer_than_the_bound_into_fused_segments_that_cancel_acts_between():
+    # `auto` fuses a one-slice program into one executable, which cancel cannot reach inside.
+    # Once a fused run has shown that it holds the device longer than the bound, the next runs
+    # are cut into fused segments of about the bound each: the same result, and cancel (or a
+    # higher priority) acts between segments. A short program stays one executable.
+    ctl, long, tiny, x, v = slow_notebook(run_ahead_s=0.1)
+    try:
+        want = long.submit(x, mode="chained").result()
+        first = long.submit(x).wait()  # auto: fused, its device time measured
+        assert first.mode == "fused" and [e.node for e in first.events if e.kind != "compile"] == ["long[fused]"]
+        cut = long.submit(x).wait()
+        segments = [e for e in cut.events if e.kind != "compile"]
+        assert cut.mode == "fused" and 2 <= len(segments) <= NODES and cut.nodes_total == len(segments)
+        np.testing.assert_allclose(np.asarray(cut.outputs.result()), np.asarray(want), rtol=1e-6)
+
+        run = long.submit(x)
+        wait_until(lambda: run.nodes_done >= 1, "a segment of the long run finish")
+        assert run.cancel() is True
+        tiny(v).result()
+        assert run.nodes_done == run.nodes_dispatched < len(segments)  # the rest was never sent
+
+        short = pw.program(lambda v: tiny(tiny(tiny(v))), name="short")
+        for _ in range(3):
+            r = short.submit(v).wait()
+        assert [e.node for e in r.events if e.kind != "compile"] == ["short[fused]"]
+    finally:
+        pw.shutdown()

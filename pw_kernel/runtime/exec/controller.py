@@ -223,7 +223,7 @@ class Controller:
                     f"`submit`: program {graph.name!r} uses slice {s.name!r} from a controller that was shut down "
                     f"or replaced (`pw.init`). Create the slices and compiled functions again."
                 )
-        plan = plan_for(graph, mode or self.config.mode)
+        plan = plan_for(graph, mode or self.config.mode, self.config.run_ahead_s)
         capacity = self.lifecycle.capacity
         for d, need in plan.peak_bytes.items() if capacity else ():
             cap = capacity.get(d)

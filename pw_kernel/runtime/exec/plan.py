@@ -8,8 +8,10 @@ publishes, which devices it occupies) is decided here, once per graph and mode.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Literal
 
+import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from ..devices import remote_device_id
@@ -374,6 +376,70 @@ def fused(graph: ProgramGraph) -> Plan:
     return _finish("fused", graph, steps, tuple(out_slots), len(graph.values) + len(graph.outputs))
 
 
+def segmented(graph: ProgramGraph, pieces: int) -> Plan:
+    """The program fused in ``pieces`` consecutive segments (a segment of one node is that node's own step).
+
+    What `auto` runs once a fused run has shown that the whole program holds its devices longer
+    than the run-ahead bound: cancel, Ctrl-C and a higher priority then act between segments,
+    within the bound plus one segment, as they do between a chained run's nodes, while each
+    segment still runs as one XLA executable. Input transfers come first, as in `fused`.
+    """
+    devices: dict = {}
+    steps = [_step_for(n, graph, n.fn, n.inputs, n.outputs, devices) for n in graph.nodes if n.kind == "transfer"]
+    work = [n for n in graph.nodes if n.kind != "transfer"]
+    pieces = max(1, min(pieces, len(work)))
+    bounds = [round(k * len(work) / pieces) for k in range(pieces + 1)]
+    chunks = [work[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]
+    read_after: dict[int, int] = {}  # slot -> index of the last chunk that reads it
+    for c, chunk in enumerate(chunks):
+        for n in chunk:
+            for i in n.inputs:
+                read_after[i] = c
+    outputs = set(graph.outputs)
+    for c, chunk in enumerate(chunks):
+        if len(chunk) == 1:
+            n = chunk[0]
+            steps.append(_step_for(n, graph, n.fn, n.inputs, n.outputs, devices))
+            continue
+        made = {o for n in chunk for o in n.outputs}
+        ins = list(dict.fromkeys(i for n in chunk for i in n.inputs if i not in made))
+        outs = [o for n in chunk for o in n.outputs if o in outputs or read_after.get(o, -1) > c]
+        call = _segment_call(graph, chunk, ins, outs, f"{graph.name}[{c}]")
+        step = _step_for(chunk[0], graph, call, ins, outs, devices, name=f"{graph.name}[{c + 1}/{len(chunks)}]",
+                         kind="compute")
+        steps.append(step | dict(shapes=f"{len(chunk)} nodes fused ({chunk[0].name} .. {chunk[-1].name})",
+                                 host_callbacks=any(n.host_callbacks for n in chunk)))
+    return _finish("fused", graph, steps, graph.outputs, len(graph.values))
+
+
+def _segment_call(graph: ProgramGraph, chunk: list[Node], ins: list[int], outs: list[int], name: str):
+    """One `jax.jit` that calls the chunk's node executables in order (XLA inlines them: one executable)."""
+    fns = [(n.fn, n.inputs, n.outputs) for n in chunk]
+
+    def segment(*args):
+        env = dict(zip(ins, args))
+        for fn, n_ins, n_outs in fns:
+            env.update(zip(n_outs, fn(*[env[i] for i in n_ins])))
+        return tuple(env[o] for o in outs)
+
+    segment.__name__ = segment.__qualname__ = name
+    vals = graph.values
+    return jax.jit(segment, in_shardings=tuple(vals[i].sharding for i in ins),
+                   out_shardings=tuple(vals[o].sharding for o in outs), keep_unused=True)
+
+
+def auto_segments(graph: ProgramGraph, fused_plan: Plan, bound_ns: int | None) -> int:
+    """How many segments `auto` cuts ``graph`` into: 1 (stay one executable) until a fused run has shown that
+    the whole program holds its devices for longer than the run-ahead bound; then enough that each holds
+    them for about the bound, on the nodes' share of the measured time (nodes of one program are often alike)."""
+    if not bound_ns or fused_plan.mode != "fused" or len(fused_plan.steps) < 1:
+        return 1
+    step = fused_plan.steps[-1]
+    if step.remote or step.host_callbacks or step.exe.cost <= bound_ns:
+        return 1
+    return math.ceil(step.exe.cost / bound_ns)
+
+
 #: Programs up to this many equations fuse in auto mode whatever they repeat: compiling them is quick.
 FUSE_SMALL_EQNS = 300
 
@@ -423,8 +489,9 @@ def auto_mode(graph: ProgramGraph) -> str:
     return "fused" if whole <= max(FUSE_SMALL_EQNS, 2 * once) else "chained"
 
 
-def plan_for(graph: ProgramGraph, mode: str) -> Plan:
-    """The cached plan of ``graph`` for ``mode`` ('auto': see `auto_mode`)."""
+def plan_for(graph: ProgramGraph, mode: str, bound_s: float | None = None) -> Plan:
+    """The cached plan of ``graph`` for ``mode`` ('auto': see `auto_mode`; ``bound_s``: the run-ahead bound,
+    which a fused program that turns out to be longer is cut into segments for, `auto_segments`)."""
     if mode not in ("auto", "fused", "chained"):
         raise ArgumentError(f"`mode` must be 'auto', 'fused' or 'chained'; got {mode!r}.")
     plan = graph._plans.get(mode)
@@ -434,4 +501,8 @@ def plan_for(graph: ProgramGraph, mode: str) -> Plan:
         else:
             plan = fused(graph) if mode == "fused" else chained(graph)
         graph._plans[mode] = plan
+    elif mode == "auto" and bound_s and plan is graph._plans.get("fused"):
+        pieces = auto_segments(graph, plan, int(bound_s * 1e9))
+        if pieces > 1:  # learned once: the cut plan replaces the whole one for auto
+            plan = graph._plans["auto"] = segmented(graph, pieces)
     return plan
