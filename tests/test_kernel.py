@@ -378,6 +378,42 @@ def test_ctrl_c_cancels_a_blocking_run_and_the_kernel_stays_usable(gated):
     assert "Array([2., 3.], dtype=float32)" in again.text
 
 
+def test_ctrl_c_in_a_plain_loop_cancels_the_runs_that_cell_submitted_and_no_others(gated):
+    k = gated
+    k.run("earlier = [held(v), held(v)]\nmark = pw.controller().runs[-1].id")  # an earlier cell's runs, gated
+    msg_id = k.submit(
+        "for i in range(100_000):\n"
+        "    y = held(v)\n"
+        "    if i == 60:\n"
+        "        print('dozens queued', flush=True)\n"
+        "    if i >= 60:\n"
+        "        time.sleep(0.02)  # the loop goes on: the person presses Ctrl-C while it runs\n"
+    )
+    k.wait_for(
+        lambda m: m["parent_header"].get("msg_id") == msg_id
+        and m["msg_type"] == "stream"
+        and "dozens queued" in m["content"]["text"],
+        timeout=60,
+    )
+    k.km.interrupt_kernel()
+    reply = k.finish(msg_id, timeout=30)
+    assert reply.status == "error" and reply.ename == "KeyboardInterrupt"
+    cancelled = re.search(r"pw_kernel: Ctrl-C cancelled (\d+) runs \(ids \d+-\d+: 'held'\): ", reply.stderr)
+    assert cancelled, reply.stderr
+    assert not RUNTIME_FRAME.search(reply.traceback), reply.traceback
+    n = int(cancelled.group(1))
+    assert n > 60
+
+    after = k.run(
+        "mine = [r for r in pw.controller().runs if r.id > mark]\n"
+        "print(len(mine), sorted({r.state for r in mine}), [f.done() for f in earlier])"
+    )
+    assert after.stdout.strip() == f"{n} ['cancelled'] [False, False]"  # none queued or running; earlier ones wait
+    k.run("gate.set()")
+    done = k.run("print([f.result(timeout=30).tolist() for f in earlier])")
+    assert done.stdout.strip() == "[[1.0, 2.0], [1.0, 2.0]]"
+
+
 def test_load_ext_in_a_plain_kernel_whose_jax_has_one_device_says_how_to_get_more(tmp_path):
     spec_dir = tmp_path / "kernels" / "plain"
     spec_dir.mkdir(parents=True)

@@ -118,9 +118,39 @@ def test_load_ext_registers_the_magics_and_unload_removes_them(ip):
             ip.run_cell_magic("pathways", "", "y = 1\n")
         hooks = [getattr(cb, "__self__", None) for cb in ip.events.callbacks["post_run_cell"]]
         assert not any(type(h).__name__ == "FailureReporter" for h in hooks)
+        assert _ctrl_c_hooks(ip) == {"pre_run_cell": 0, "post_run_cell": 0}
+        assert KeyboardInterrupt not in ip.custom_exceptions
     finally:
         ip.run_line_magic("load_ext", "pw_kernel")
     assert ip.find_cell_magic("pathways") is not None
+    assert _ctrl_c_hooks(ip) == {"pre_run_cell": 1, "post_run_cell": 1}
+    assert KeyboardInterrupt in ip.custom_exceptions
+
+
+def test_ctrl_c_handling_joins_a_custom_exception_handler_set_before_and_gives_it_back(ip):
+    saved = ip.custom_exceptions, ip.CustomTB
+    seen = []
+    ip.run_line_magic("unload_ext", "pw_kernel")
+    try:
+        ip.set_custom_exc((ValueError,), lambda shell, etype, value, tb, tb_offset=None: seen.append(value))
+        theirs = ip.CustomTB
+        ip.run_line_magic("load_ext", "pw_kernel")
+        assert ip.custom_exceptions == (ValueError, KeyboardInterrupt)
+        with capture_output():
+            ip.run_cell("raise ValueError('theirs')")
+        assert [str(e) for e in seen] == ["theirs"]
+        ip.run_line_magic("unload_ext", "pw_kernel")
+        assert ip.custom_exceptions == (ValueError,) and ip.CustomTB is theirs
+    finally:
+        ip.custom_exceptions, ip.CustomTB = saved
+        ip.run_line_magic("load_ext", "pw_kernel")
+
+
+def _ctrl_c_hooks(ip) -> dict[str, int]:
+    """How many of the hooks that make Ctrl-C cancel a cell's runs are registered, per event."""
+    owners = {event: [type(getattr(cb, "__self__", None)).__name__ for cb in ip.events.callbacks[event]]
+              for event in ("pre_run_cell", "post_run_cell")}
+    return {event: names.count("CellInterrupts") for event, names in owners.items()}
 
 
 def test_loading_outside_ipython_is_a_clear_error():
@@ -580,6 +610,50 @@ y = b(x)
     nb.ns["gate"].set()
     assert nb.run("%%pathways --block\nz = b(v)\n").error is None  # the shell stays usable
     np.testing.assert_allclose(nb.ns["z"], [2.0, 3.0])
+
+
+def test_ctrl_c_in_a_plain_loop_cancels_only_the_runs_that_cell_submitted(nb):
+    nb.run("earlier = held(v)\nsubmitted = threading.Event()")  # an earlier cell's run, waiting at the gate
+    mark = pw.controller().runs[-1].id
+    others = []
+
+    def person():  # meanwhile another thread submits a run; then Ctrl-C (a real SIGINT) reaches the loop
+        if nb.ns["submitted"].wait(30):
+            others.append(nb.ns["held"](nb.ns["v"]))
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+    ctrl_c = threading.Thread(target=person)
+    ctrl_c.start()
+    cell = nb.fail(
+        """for i in range(100_000):
+    y = held(v)
+    if i == 40:
+        submitted.set()
+    if i >= 40:
+        time.sleep(0.01)  # the loop goes on slowly: Ctrl-C lands while it runs
+"""
+    )
+    ctrl_c.join()
+    assert isinstance(cell.error, KeyboardInterrupt)
+    c = pw.controller()
+    other = others[0].run
+    mine = [r for r in c.runs if r.id > mark and r is not other]
+    assert len(mine) > 40 and all(r.state == "cancelled" for r in mine)
+    assert f"pw_kernel: Ctrl-C cancelled {len(mine)} runs (ids " in cell.stderr
+    assert "'held'" in cell.stderr
+    # The earlier cell's run and the other thread's are left alone: they finish once the gate opens.
+    earlier = nb.ns["earlier"]
+    assert not earlier.done() and other.state in ("queued", "running")
+    nb.ns["gate"].set()
+    np.testing.assert_allclose(earlier.result(timeout=30), [1.0, 2.0])
+    np.testing.assert_allclose(others[0].result(timeout=30), [1.0, 2.0])
+
+
+def test_a_cell_that_fails_otherwise_than_by_ctrl_c_cancels_nothing(nb):
+    nb.fail("z = held(v)\nw = held(v)\nraise ValueError('not a Ctrl-C')")
+    assert not nb.ns["z"].done() and not nb.ns["w"].done()
+    nb.ns["gate"].set()
+    np.testing.assert_allclose(nb.ns["w"].result(timeout=30), [1.0, 2.0])
 
 
 # -------------------------------------------------------------- %pathways

@@ -8,6 +8,7 @@ works where no notebook stack is installed. What lives where:
 * ``line_magic.py``: the `%pathways` commands (status, devices, timeline, graph, wait, cancel, reset).
 * ``live.py``: run displays that follow their run, and blocking waits with progress (both on the views' ticker).
 * ``tracebacks.py``: errors that point at cells, with only the user's frames.
+* ``ctrl_c.py``: Ctrl-C in any cell cancels the runs that cell submitted; the one wording of what it cancelled.
 * ``reporting.py``: failures of runs the user moved on from; ``kernelspec.py``; ``errors.py``.
 
 It draws nothing: what a run, a timeline, the status or the graph look like is the views'
@@ -34,7 +35,7 @@ _loaded: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
 def load_ipython_extension(ip: Any) -> None:
-    """Register `%%pathways` / `%pathways` and the post-run failure report on the IPython shell ``ip``."""
+    """Register `%%pathways` / `%pathways`, Ctrl-C cancelling a cell's runs and the failure report on ``ip``."""
     if ip is None or not hasattr(ip, "register_magics"):
         raise RuntimeError(
             f"`pw_kernel.load_ipython_extension` needs an IPython shell; got {ip!r}. Run `%load_ext pw_kernel` in "
@@ -51,6 +52,7 @@ def load_ipython_extension(ip: Any) -> None:
         return
     magics = PathwaysMagics(ip)
     ip.register_magics(magics)
+    magics.interrupts.register()  # (before the reporter: a cell's runs are cancelled first)
     magics.reporter.register()
     _loaded[ip] = magics
     from ..runtime.extend import backends_started
@@ -60,10 +62,11 @@ def load_ipython_extension(ip: Any) -> None:
 
 
 def unload_ipython_extension(ip: Any) -> None:
-    """`%unload_ext pw_kernel`: remove the magics and the post-run hook (runs in flight keep running)."""
+    """`%unload_ext pw_kernel`: remove the magics and the pre-/post-run hooks (runs in flight keep running)."""
     magics = _loaded.pop(ip, None)
     if magics is None:
         return
+    magics.interrupts.unregister()
     magics.reporter.unregister()
     magics.close()
     manager = ip.magics_manager

@@ -21,6 +21,7 @@ from ..runtime import Future, PathwaysError, Program, TracingError, VirtualSlice
 from ..widgets import WithText, describe_outputs, graph_view, run_view, timeline_view
 from .cell import RESULT, analyze, build_function
 from .cell_cache import CellCache, CellTrace, fresh, rebindable
+from .ctrl_c import ctrl_c_message
 from .errors import CellError
 from .live import LiveDisplays, Progress, in_kernel, update_display, wait_for, widgets_here
 from .reporting import FailureReporter
@@ -125,7 +126,7 @@ class CellMagic:
             return self._show_and_wait(run, graph, outputs, result, args)
         except KeyboardInterrupt as e:
             if run.cancel():
-                print(f"pw_kernel: Ctrl-C cancelled run {run.id} ({run.name!r}).", file=sys.stderr)
+                print(ctrl_c_message([run]), file=sys.stderr)
             raise self.presenter.presentable(e) from None
 
     def _reusable(self, line: str, cell: str, slice_) -> CellTrace | None:

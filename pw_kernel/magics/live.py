@@ -26,6 +26,7 @@ from typing import Any
 
 from ..runtime import TimeoutError as WaitTimeoutError
 from ..widgets import progress_line, run_view, ticker
+from .ctrl_c import ctrl_c_message
 
 #: Blocking waits show progress once they have lasted this long (seconds).
 PROGRESS_AFTER_S = 2.0
@@ -229,17 +230,9 @@ def wait_for(runs: list[Any], timeout: float | None, api: str, progress: Progres
         progress.stop()
         for r in runs:
             r.cancel()  # Run.wait already cancelled the one it was waiting for
-        for r in runs:
-            if r.state == "cancelled":
-                done, total = r.progress
-                dropped = total - r.nodes_dispatched
-                running = r.nodes_on_devices  # XLA runs what it was given: at most Config.run_ahead_s of work
-                still = f"; {running} on the devices finish first" if running > 0 else ""
-                print(
-                    f"pw_kernel: Ctrl-C cancelled run {r.id} ({r.name!r}): {done} of {total} nodes had "
-                    f"finished; {dropped} not yet dispatched were dropped{still}.",
-                    file=sys.stderr,
-                )
+        cancelled = [r for r in runs if r.state == "cancelled"]
+        if cancelled:
+            print(ctrl_c_message(cancelled), file=sys.stderr)
         raise present(e) from None
     finally:
         progress.stop()

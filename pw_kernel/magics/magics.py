@@ -12,6 +12,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, out
 from IPython.core.magic_arguments import argument, kwds, magic_arguments, parse_argstring
 
 from .cell_magic import CELL_DOC, CellMagic
+from .ctrl_c import CellInterrupts
 from .line_magic import COMMANDS, LINE_DOC, LineCommands
 from .live import LiveDisplays
 from .reporting import FailureReporter
@@ -29,6 +30,8 @@ class PathwaysMagics(Magics):
         self.live = LiveDisplays()
         self.cells = CellMagic(shell, self.presenter, self.reporter, self.live)
         self.commands = LineCommands(shell, self.presenter, self.reporter)
+        # Ctrl-C in any cell cancels the runs that cell submitted (and shows only the user's frames).
+        self.interrupts = CellInterrupts(shell, self.presenter.presentable)
 
     def close(self) -> None:
         self.live.close()

@@ -378,6 +378,33 @@ class Controller:
         """Cancel every run not yet final; returns how many were cancelled."""
         return sum(self.cancel(r) for r in list(self.runs))
 
+    def submitted_by(self, thread: threading.Thread, after: int = -1) -> list[Run]:
+        """The kept runs with ids above ``after`` that ``thread`` submitted, oldest first.
+
+        The submitter is the thread of a run's first transition in the story log, read from its end
+        (a run whose first row the log no longer keeps is left out). Example (what a notebook's Ctrl-C
+        cancels)::
+
+            mark = c.runs[-1].id if c.runs else -1      # before the cell
+            mine = c.submitted_by(threading.current_thread(), after=mark)
+        """
+        with self.lock:
+            newer: dict[int, Run] = {}
+            for r in reversed(self.runs):  # ids increase along the list
+                if r.id <= after:
+                    break
+                newer[r.id] = r
+            mine = []
+            for row in reversed(self.lifecycle.log):
+                if not newer:
+                    break
+                _, run_id, start, *_, by = row  # (a `story.Row`)
+                if start == "new" and run_id in newer:
+                    run = newer.pop(run_id)
+                    if by is thread:
+                        mine.append(run)
+            return mine[::-1]
+
     def shutdown(self, timeout: float | None = 10.0) -> None:
         """Fail runs still in flight with ControllerShutdownError, stop and join the controller's threads."""
         with self.lock:
