@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import signal
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -213,8 +215,8 @@ def test_a_save_that_fails_is_reported_once_and_the_last_checkpoint_stays(ctl, t
     ckpt.close()
 
 
-def test_a_process_killed_while_saving_leaves_the_last_finished_checkpoint_whole(tmp_path):
-    directory = str(tmp_path / "ck")
+def kill_while_saving(directory: str) -> list[str]:
+    """Save step 1, then kill the process (SIGKILL) while orbax writes step 2; the folders it was writing."""
     script = textwrap.dedent(f"""
         import sys, numpy as np, jax.numpy as jnp
         import pw_kernel as pw
@@ -236,8 +238,15 @@ def test_a_process_killed_while_saving_leaves_the_last_finished_checkpoint_whole
     writing = [n for n in os.listdir(directory) if n.startswith("2.")]
     child.send_signal(signal.SIGKILL)
     child.wait(30)
-    left = os.listdir(directory)
+    child.stdout.close()
     assert writing, "the child was killed before it started writing step 2"
+    return writing
+
+
+def test_a_process_killed_while_saving_leaves_the_last_finished_checkpoint_whole(tmp_path):
+    directory = str(tmp_path / "ck")
+    kill_while_saving(directory)
+    left = os.listdir(directory)
     assert "1" in left and "2" not in left, left  # step 2 never committed
     out = run_python(textwrap.dedent(f"""
         import numpy as np, pw_kernel as pw
@@ -246,6 +255,119 @@ def test_a_process_killed_while_saving_leaves_the_last_finished_checkpoint_whole
         print(ckpt.latest_step(), ckpt.all_steps(), float(w.sum()))
     """))
     assert out.split() == ["1", "[1]", str(float(np.arange(1000.0).sum()))]
+
+
+def test_the_next_start_after_a_killed_save_clears_what_it_left_and_says_nothing(ctl, tmp_path, caplog):
+    directory = str(tmp_path / "ck")
+    writing = kill_while_saving(directory)
+    assert set(os.listdir(directory)) == {"1", *writing} and all(".orbax-checkpoint-tmp" in n for n in writing)
+    caplog.set_level(logging.WARNING)  # orbax warns through absl's logger when it finds a leftover
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ckpt = pw.CheckpointManager(directory)  # the next start
+        assert sorted(os.listdir(directory)) == ["1"]
+        ckpt.save(2, {"w": np.arange(3.0)})  # the step that was cut short, saved again
+        ckpt.wait_until_finished()
+    assert [str(w.message) for w in caught] == []
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert ckpt.all_steps() == [1, 2]
+    np.testing.assert_array_equal(ckpt.restore(2)["w"], np.arange(3.0))
+    np.testing.assert_array_equal(ckpt.restore(1)["w"], np.arange(1000.0))
+    # A second manager opened while the first may be saving leaves its temporary folders alone.
+    os.mkdir(os.path.join(directory, "3.orbax-checkpoint-tmp"))  # as if the first were writing step 3 now
+    reader = pw.CheckpointManager(directory)
+    assert reader.all_steps() == [1, 2] and "3.orbax-checkpoint-tmp" in os.listdir(directory)
+    reader.close()
+    ckpt.close()
+    pw.CheckpointManager(directory).close()  # no one else has it open: the leftover goes
+    assert sorted(os.listdir(directory)) == ["1", "2"]
+
+
+def test_a_target_of_arrays_futures_and_numbers_gives_each_back_as_its_kind(ctl, tmp_path):
+    s = pw.slice(4, mesh={"d": 4})
+    w = pw.compiled(lambda a: a * 2, slice=s, in_specs=P("d"), out_specs=P("d"))(jnp.arange(8.0))
+    opt = optax.adam(1e-2)
+    params = {"b": jnp.arange(3.0)}
+    opt_state = opt.update(params, opt.init(params), params)[1]  # moments that are not zeros
+    ckpt = pw.CheckpointManager(tmp_path / "ck")
+    ckpt.save(7, {"w": w, "params": params, "opt_state": opt_state, "step": 7, "lr": 0.25, "done": True,
+                  "scale": np.float32(1.5)})
+    # a new run's state, as its first cell makes it: what each leaf comes back as
+    w0 = pw.compiled(lambda a: a * 0, slice=s, in_specs=P("d"), out_specs=P("d"))(jnp.arange(8.0))
+    fresh = {"b": jnp.zeros(3)}
+    back = ckpt.restore(7, target={"w": w0, "params": fresh, "opt_state": opt.init(fresh), "step": 0, "lr": 0.0,
+                                   "done": False, "scale": np.float32(0)})
+    np.testing.assert_array_equal(np.asarray(back["w"]), np.arange(8.0) * 2)
+    assert back["w"].sharding == w0.sharding
+    leaves_equal(back["opt_state"], opt_state)
+    assert back["opt_state"][0].mu["b"].shape == (3,)  # an optax state, as the target's
+    assert (back["step"], back["lr"], back["done"]) == (7, 0.25, True)
+    assert [type(back[k]) for k in ("step", "lr", "done", "scale")] == [int, float, bool, np.float32]
+    assert back["scale"] == np.float32(1.5)
+    # without a target: numbers as they were saved, the optax state as optax's named tuples
+    host = ckpt.restore(7)
+    assert (host["step"], host["lr"], host["done"]) == (7, 0.25, True)
+    assert [type(host[k]) for k in ("step", "lr", "done", "scale")] == [int, float, bool, np.float32]
+    assert type(host["opt_state"]) is tuple and isinstance(host["opt_state"][1], optax.EmptyState)
+    np.testing.assert_array_equal(host["opt_state"][0].mu["b"], np.asarray(opt_state[0].mu["b"]))
+    assert int(host["opt_state"][0].count) == 1
+    ckpt.close()
+
+
+def test_a_data_parallel_run_and_a_pipeline_restore_the_same_way(ctl, tmp_path):
+    ckpt = pw.CheckpointManager(tmp_path / "ck")
+    # data parallel: params replicated on a slice, the batch split over its data axis
+    s = pw.slice(4, mesh={"data": 4})
+
+    def loss_fn(p, x, y):
+        return jnp.mean((jnp.tanh(x @ p["w"] + p["b"]) - y) ** 2)
+
+    def train_step(p, o, x, y):
+        loss, g = jax.value_and_grad(loss_fn)(p, x, y)
+        updates, o = OPT.update(g, o, p)
+        return optax.apply_updates(p, updates), o, loss
+
+    dp_step = pw.compiled(train_step, slice=s)
+    on_data = lambda a: jax.device_put(a, s.sharding("data"))  # noqa: E731
+    p = jax.device_put(params()[0], s.sharding())
+    o = OPT.init(p)
+    for k in range(2):
+        p, o, _ = dp_step(p, o, *map(on_data, batch(k)))
+    ckpt.save(2, {"params": p, "opt_state": o, "step": 2})
+    # a pipeline: 4 stages on 4 slices
+    pipe = pw.pipeline([stage] * 4, slices=four_slices(), microbatches=4, schedule="1f1b", optimizer=OPT)
+    state = pipe.init(params())
+    for k in range(2):
+        state, _ = pipe.step(state, *batch(k))
+    ckpt.save(3, {"state": state, "step": 3})
+    ckpt.wait_until_finished()
+
+    # restored the same way: a target that stands for each part of the state
+    fresh = jax.device_put(params()[1], s.sharding())
+    dp = ckpt.restore(2, target={"params": fresh, "opt_state": OPT.init(fresh), "step": 0})
+    other = pw.pipeline([stage] * 4, slices=[pw.slice(4, mesh={"data": 2, "model": 2}) for _ in range(2)], microbatches=4,
+                        schedule="interleaved", optimizer=OPT)
+    pp = ckpt.restore(3, target={"state": other, "step": 0})
+    assert dp["step"] == 2 and pp["step"] == 3 and type(pp["step"]) is int
+    leaves_equal(dp["params"], p)
+    leaves_equal(dp["opt_state"], o)
+    assert isinstance(pp["state"], pw.PipelineState)
+    leaves_equal(pp["state"], pw.get(state))
+    leaves_equal(pp["state"], other.restore(ckpt, 3))  # the pipeline's own restore gives the same state
+    assert set(pp["state"].params[1]["w"].sharding.device_set) == set(other.stages[1].slice.devices)
+    # and each trains on as the run it came from
+    _, _, l1 = dp_step(p, o, *map(on_data, batch(2)))
+    _, _, l2 = dp_step(dp["params"], dp["opt_state"], *map(on_data, batch(2)))
+    np.testing.assert_allclose(float(l2.result()), float(l1.result()), rtol=1e-6)
+    _, l1 = pipe.step(state, *batch(2))
+    _, l2 = other.step(pp["state"], *batch(2))
+    np.testing.assert_allclose(float(l2.result()), float(l1.result()), rtol=1e-6)
+    with pytest.raises(pw.CheckpointError, match=re.escape(
+        "the target at ['step'] is the pipeline 'pipeline', but no pipeline state was saved there; "
+        "pipeline states are at [\"['state']\"]"
+    )):
+        ckpt.restore(3, target={"state": None, "step": other})
+    ckpt.close()
 
 
 def test_a_data_iterator_resumes_at_the_batch_the_loop_had_reached(ctl, tmp_path):

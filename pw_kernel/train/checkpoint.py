@@ -23,6 +23,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import os
+import shutil
 import sys
 import threading
 import time
@@ -37,7 +38,7 @@ from .errors import CheckpointError
 from .island_io import ITEM_PREFIX, handler_types, islands_items, read_item, read_onto_island, remote_leaf
 from .restore import OnIsland, restore_tree
 from .state import PipelineState
-from .tree import canonical, encode_iterator_state, flat, is_iterator_with_state, is_leaf
+from .tree import canonical, containers, encode_iterator_state, flat, is_iterator_with_state, is_leaf, path_key
 
 STATE, DATA = "state", "data"  # the orbax items of a step
 
@@ -90,7 +91,11 @@ class CheckpointManager:
             state, loss = pipe.step(state, x, y)
             ckpt.save(step, {"state": state, "loss": loss})   # returns at once
         ckpt.wait_until_finished()
-        state = pipe.restore(ckpt)                             # the latest step, on pipe's slices
+        back = ckpt.restore(target={"state": pipe, "loss": None})  # the latest step, the state on pipe's slices
+        state = back["state"]
+
+    Opening a directory removes the temporary folders of a save that a killed process left
+    there (orbax's ``<step>.orbax-checkpoint-tmp``), unless another pw manager has it open.
     """
 
     def __init__(self, directory: str | os.PathLike, max_to_keep: int | None = None, save_interval_steps: int = 1):
@@ -103,10 +108,17 @@ class CheckpointManager:
             create=True,
         )
         self._ocp = ocp
+        # what a killed save left is removed here, unless another manager has the directory open
+        self._lock = _open_directory(self.directory, ocp.utils.TMP_DIR_SUFFIX)
         self._island_save = handler_types()[1]
         # No fixed item handlers: orbax picks each item's handler from its args, so a save may
         # hold as many island items as islands hold its leaves.
-        self._mngr = ocp.CheckpointManager(self.directory, options=options)
+        try:
+            self._mngr = ocp.CheckpointManager(self.directory, options=options)
+        except BaseException:
+            if self._lock is not None:
+                os.close(self._lock)
+            raise
         self.save_interval_steps = save_interval_steps
         self._last_step = self._mngr.latest_step()  # the newest step saved or queued
         self._cond = threading.Condition()
@@ -157,9 +169,11 @@ class CheckpointManager:
     def _snapshot(self, step: int, tree: Any) -> SaveRecord:
         """What the save writes, fixed now: later steps make new arrays; numpy arrays are copied."""
         leaves, treedef = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_leaf)
-        out, pipelines, iterators, nbytes = [], [], {}, 0
+        out, pipelines, iterators, numpy_scalars, nbytes = [], [], {}, [], 0
         for path, leaf in leaves:
             key = jax.tree_util.keystr(path)
+            if isinstance(leaf, np.generic):  # orbax reads it back as a 0-d array: say it was a scalar
+                numpy_scalars.append(path_key(path))
             if isinstance(leaf, PipelineState):
                 pipelines.append(key)
                 leaf = canonical(leaf)
@@ -182,7 +196,12 @@ class CheckpointManager:
                     nbytes += nbytes_of(x.shape, x.dtype)
             out.append(leaf)
         saved = jax.tree_util.tree_unflatten(treedef, out)
-        data = {"pipeline_states": pipelines, "iterators": iterators}
+        data = {
+            "pipeline_states": pipelines,
+            "iterators": iterators,
+            "numpy_scalars": numpy_scalars,
+            "containers": containers(saved),  # tuples and named tuples, which orbax writes as lists and dicts
+        }
         # a step submitted next would donate these (its update reuses their buffers): not while we still read them
         return SaveRecord(step, nbytes, time.time(), tree=saved, data=data, held=hold(saved))
 
@@ -363,10 +382,29 @@ class CheckpointManager:
     def restore(self, step: int | None = None, target: Any = None) -> Any:
         """The tree saved at ``step`` (default: the latest), each leaf placed as ``target`` says.
 
-        ``target`` mirrors the saved tree: arrays, futures and `jax.ShapeDtypeStruct` (with a
-        sharding) say where a leaf goes; a data iterator is set to the saved position and
-        returned; None reads what was saved there as numpy. Without ``target`` arrays come back as numpy arrays on the host and a
-        pipeline state as its layout-free dict (``pipe.restore`` places it).
+        ``target`` mirrors the saved tree; each of its leaves says what comes back there:
+
+        - an array, a future, a `jax.ShapeDtypeStruct` with a sharding: an array on its devices;
+        - a `pw.Pipeline`: the pipeline state saved there, on that pipeline's slices with its
+          specs (what ``pipe.restore`` gives), whatever slices saved it;
+        - a `pw.PipelineState` (``pipe.abstract_state(params)``): placed as its leaves say;
+        - an int, float, bool or numpy scalar: the saved number as that type;
+        - a data iterator: set to the saved position, and returned;
+        - None: what was saved there, as without a target.
+
+        Without ``target``: arrays come back as numpy arrays on the host, numbers as the Python
+        or numpy scalars they were saved as, a pipeline state as its layout-free dict, and tuples
+        and named tuples (an optax state) as saved, when the named tuple's module is imported in
+        this process; otherwise (or from a checkpoint that did not record them) a named tuple is a
+        dict of its fields, and ``target=`` (e.g. ``opt.init(params)``) gives it back.
+
+        A data-parallel run and a pipeline restore the same way::
+
+            # data parallel: the state as the run makes it says where each leaf goes
+            back = ckpt.restore(target={"params": params, "opt_state": opt.init(params), "step": 0})
+            # a pipeline: the pipeline says where its state goes
+            back = ckpt.restore(target={"state": pipe, "step": 0, "data": batches})
+            state, start = back["state"], back["step"] + 1
         """
         step = self.finished_step(step, "CheckpointManager.restore")
         saved, data = self.metadata(step)
@@ -419,6 +457,9 @@ class CheckpointManager:
             if self._thread.is_alive():  # still waiting for its futures: leave orbax to it
                 return
         self._mngr.close()
+        if self._lock is not None:
+            os.close(self._lock)  # releases the directory to the next manager that opens it
+            self._lock = None
         if self in _managers:
             _managers.remove(self)
 
@@ -448,6 +489,37 @@ class CheckpointManager:
     def __repr__(self) -> str:
         busy = len(self.in_progress)
         return f"<pw.CheckpointManager {self.directory}: steps {self.all_steps()}, {busy} saving>"
+
+
+def _open_directory(directory: str, tmp_suffix: str) -> int | None:
+    """Create ``directory``, remove the temporary folders a save cut short left there, and hold it open.
+
+    Orbax writes a step into ``<step>.orbax-checkpoint-tmp`` (``tmp_suffix``) and renames it
+    when the step is whole; a process killed meanwhile leaves that folder (and orbax warns about
+    it when that step is saved again). It is removed only when no other pw manager, in this
+    process or another one, has the directory open: each holds a shared lock on it (``flock``,
+    which the system releases when its process dies), and this one first tries the lock
+    exclusively. A plain orbax manager holds no such lock. Returns the locked file descriptor
+    (None where ``flock`` is not available: then nothing is removed).
+    """
+    os.makedirs(directory, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: leave the leftovers to orbax
+        return None
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # another manager has it open and may be saving: leave its folders alone
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        return fd
+    try:
+        for name in os.listdir(directory):
+            if tmp_suffix in name:
+                shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+    return fd
 
 
 #: Managers alive in this process, for the notebook front's status and failure reports.

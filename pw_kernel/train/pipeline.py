@@ -169,14 +169,19 @@ class Pipeline:
         Whatever slices saved it: the same stages on fewer or more slices, other mesh
         shapes, other ``param_specs``; the optimizer state comes back sharded like its
         params. ``key``: where the state sits in the saved tree, when it holds several.
+        ``ckpt.restore(step, target={"state": pipe, ...})`` gives the same state, and the rest
+        of the tree with it, as a data-parallel run restores its own.
 
         Example::
 
-            ckpt.save(step, {"state": state})
+            ckpt.save(step, {"state": state, "step": step})
             ...                                         # a new kernel, other slices
             state = pipe.restore(ckpt)
+            # or the whole tree at once:
+            back = ckpt.restore(target={"state": pipe, "step": 0})
+            state, start = back["state"], back["step"] + 1
         """
-        return restore_pipeline(self, self._placement, manager, step, key)
+        return restore_pipeline(self, manager, step, key)
 
     def place(self, params: Sequence[Any]) -> list[Any]:
         """Put each stage's params on its slice (for a pipeline without shared params or optimizer); see `init`."""

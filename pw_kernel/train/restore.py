@@ -9,7 +9,9 @@ pipeline's target comes from the pipeline itself (`abstract_state`): its
 stages' slices and specs, the optimizer state's structure from
 `jax.eval_shape` of the optimizer's init over the whole model, each of its
 leaves where the parameter it mirrors lives (`optimizer.py`). Nothing is placed
-to find that out.
+to find that out; a `Pipeline` in a target stands for that state, so a pipeline
+restores through `CheckpointManager.restore` as a data-parallel run does. A
+number comes back as the Python or numpy scalar its target (or its save) was.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import numpy as np
 from ..runtime import Future, RemoteArray, VirtualSlice
 from .errors import CheckpointError
 from .state import PipelineState
-from .tree import canonical, decode_iterator_state, flat, is_iterator_with_state, is_leaf, path_key
+from .tree import canonical, decode_iterator_state, flat, is_iterator_with_state, is_leaf, path_key, rebuild
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -42,6 +44,26 @@ class OnIsland:
         return self.abstract.dtype
 
 
+@dataclasses.dataclass(frozen=True)
+class Scalar:
+    """A restore destination for a Python or numpy scalar: read on the host as saved, returned as ``kind``."""
+
+    kind: type  # int, float, bool, complex, or a numpy scalar type
+    shape: tuple = ()
+    dtype: Any = None  # read with the saved dtype; ``kind`` converts it
+
+
+SCALARS = (bool, int, float, complex, np.generic)
+
+
+def _scalar_kind(m: Any) -> type | None:
+    """The Python type of a leaf orbax saved as a Python scalar (its ScalarMetadata), else None."""
+    if type(m).__name__ != "ScalarMetadata":
+        return None
+    kind = np.dtype(m.dtype).kind
+    return {"b": bool, "i": int, "u": int, "f": float, "c": complex}.get(kind)
+
+
 def on_slice(slice_: VirtualSlice | None, abstract: Any) -> Any:
     """``abstract`` as a destination on ``slice_``: an `OnIsland` when the slice is on a remote island."""
     if slice_ is not None and slice_.remote and isinstance(abstract, jax.ShapeDtypeStruct):
@@ -58,17 +80,27 @@ def _abstract_of(x: Any) -> Any:
         return x
     if isinstance(x, np.ndarray):
         return np.zeros(x.shape, x.dtype)
+    if isinstance(x, SCALARS):
+        return Scalar(type(x))
     return x
 
 
-def _host(saved: Any) -> Any:
-    """Numpy targets for a saved tree (what a restore without a target gives)."""
+def _host(saved: Any, data: dict, prefix: str = "") -> Any:
+    """Host targets for a saved tree (what a restore without a target gives): numpy arrays, and
+    scalars as the Python or numpy scalars they were saved as."""
+    numpy_scalars = set(data.get("numpy_scalars", ()))
 
-    def one(m):
+    def one(path, m):
+        kind = _scalar_kind(m)
+        if kind is not None:
+            return Scalar(kind)
         shape = getattr(m, "shape", None)
-        return np.zeros(shape, m.dtype) if shape is not None else m
+        if shape is None:
+            return m
+        key = prefix + path_key(path)
+        return Scalar(np.dtype(m.dtype).type) if key in numpy_scalars and shape == () else np.zeros(shape, m.dtype)
 
-    return jax.tree_util.tree_map(one, saved)
+    return jax.tree_util.tree_map_with_path(one, saved)
 
 
 def check_shapes(saved: Any, abstract: Any, where: str) -> None:
@@ -96,18 +128,25 @@ def read(mngr: Any, step: int, data: dict, abstract: Any) -> Any:
     """``abstract`` (a tree of destinations) with each leaf read from ``step``."""
     leaves, treedef = jax.tree_util.tree_flatten_with_path(abstract)
     values = mngr.read_leaves(step, data, [(path_key(p), d) for p, d in leaves])
+    values = [d.kind(v) if isinstance(d, Scalar) else v for (_, d), v in zip(leaves, values, strict=True)]
     return jax.tree_util.tree_unflatten(treedef, values)
 
 
 def restore_tree(mngr: Any, step: int, saved: Any, data: dict, target: Any) -> Any:
     """`CheckpointManager.restore`: read ``step`` placed as ``target`` says (numpy without one)."""
+    kinds = data.get("containers", {})
     if target is None:
-        return read(mngr, step, data, _host(saved))
+        return rebuild(read(mngr, step, data, _host(saved, data)), kinds)
+    api = f"CheckpointManager.restore(step={step})"
     leaves, treedef = jax.tree_util.tree_flatten_with_path(target, is_leaf=is_leaf)
     abstract, after = [], []
     for path, leaf in leaves:
         key = jax.tree_util.keystr(path)
-        if isinstance(leaf, PipelineState):
+        if _is_pipeline(leaf):  # the pipeline places its own state: its stages' slices and specs
+            like = pipeline_destinations(leaf, _pipeline_state_at(saved, data, key, leaf, api), step, api)
+            abstract.append(canonical(like))
+            after.append(("pipeline", like))
+        elif isinstance(leaf, PipelineState):
             abstract.append(canonical(jax.tree_util.tree_map(_abstract_of, leaf)))
             after.append(("pipeline", leaf))
         elif is_iterator_with_state(leaf):
@@ -117,9 +156,9 @@ def restore_tree(mngr: Any, step: int, saved: Any, data: dict, target: Any) -> A
             leaf.set_state(decode_iterator_state(states[key]))
             abstract.append(None)
             after.append(("iterator", leaf))
-        elif leaf is None:  # no place given: what was saved there comes back as numpy
-            abstract.append(_host(_at(saved, key)))
-            after.append(("leaf", None))
+        elif leaf is None:  # no place given: what was saved there comes back as without a target
+            abstract.append(_host(_at(saved, key), data, path_key(path)))
+            after.append(("host", path_key(path)))
         else:
             abstract.append(jax.tree_util.tree_map(_abstract_of, leaf))
             after.append(("leaf", None))
@@ -132,6 +171,8 @@ def restore_tree(mngr: Any, step: int, saved: Any, data: dict, target: Any) -> A
             out.append(_copies_like(mngr, step, data, path_key(path), value, leaf))
         elif kind == "iterator":
             out.append(leaf)
+        elif kind == "host":
+            out.append(rebuild(value, kinds, leaf))
         else:
             out.append(value)
     return jax.tree_util.tree_unflatten(treedef, out)
@@ -173,7 +214,40 @@ def abstract_pipeline_state(pipe: Any, placement: Any, params: Any, shared: Any 
     return state
 
 
-def restore_pipeline(pipe: Any, placement: Any, mngr: Any, step: int | None, key: str | None) -> PipelineState:
+def _is_pipeline(x: Any) -> bool:
+    from .pipeline import Pipeline  # pipeline.py imports this module
+
+    return isinstance(x, Pipeline)
+
+
+def _pipeline_state_at(saved: Any, data: dict, key: str, pipe: Any, api: str) -> Any:
+    """The saved pipeline state at ``key`` (a target's path), or CheckpointError saying where they are."""
+    where = data.get("pipeline_states", [])
+    if key not in where:
+        raise CheckpointError(
+            f"`{api}`: the target at {key} is the pipeline {pipe.name!r}, but no pipeline state was saved there; "
+            f"pipeline states are at {where}. Put the pipeline where its state was saved."
+        )
+    return _at(saved, key)
+
+
+def pipeline_destinations(pipe: Any, node: Any, step: int, api: str) -> PipelineState:
+    """Where ``pipe`` puts the saved pipeline state ``node`` (its metadata): a `PipelineState` of
+    destinations on its stages' slices. Raises CheckpointError unless the stages and optimizer match."""
+    placement = pipe._placement  # the pipeline's own layout
+    V = len(pipe.stages)
+    if len(node["params"]) != V:
+        raise CheckpointError(
+            f"`{api}`: step {step} saved {len(node['params'])} stages' params, but the pipeline {pipe.name!r} "
+            f"has {V} stages. Restore into a pipeline of the same stages (on any slices)."
+        )
+    if (node.get("opt_state") is None) != (pipe.optimizer is None):
+        had = "no optimizer state" if node.get("opt_state") is None else "an optimizer state"
+        raise CheckpointError(f"`{api}`: step {step} saved {had}; this pipeline's optimizer is {pipe.optimizer!r}.")
+    return _on_stage_slices(pipe, placement, abstract_pipeline_state(pipe, placement, node["params"], node["shared"]))
+
+
+def restore_pipeline(pipe: Any, mngr: Any, step: int | None, key: str | None) -> PipelineState:
     """`Pipeline.restore`: the pipeline state saved at ``step``, on ``pipe``'s own slices."""
     api = f"{pipe.name}.restore"
     step = mngr.finished_step(step, api)
@@ -188,16 +262,7 @@ def restore_pipeline(pipe: Any, placement: Any, mngr: Any, step: int | None, key
     elif key not in where:
         raise CheckpointError(f"`{api}(key={key!r})`: step {step} holds pipeline states at {where}.")
     node = _at(saved, key)
-    V = len(pipe.stages)
-    if len(node["params"]) != V:
-        raise CheckpointError(
-            f"`{api}`: step {step} saved {len(node['params'])} stages' params, but this pipeline has {V} stages. "
-            f"Restore into a pipeline of the same stages (on any slices)."
-        )
-    if (node.get("opt_state") is None) != (pipe.optimizer is None):
-        had = "no optimizer state" if node.get("opt_state") is None else "an optimizer state"
-        raise CheckpointError(f"`{api}`: step {step} saved {had}; this pipeline's optimizer is {pipe.optimizer!r}.")
-    abstract = _on_stage_slices(pipe, placement, abstract_pipeline_state(pipe, placement, node["params"], node["shared"]))
+    abstract = pipeline_destinations(pipe, node, step, api)
     target = canonical(abstract)
     check_shapes(node, target, api)
     leaves, treedef = jax.tree_util.tree_flatten_with_path(target)  # only this state's leaves are read
@@ -250,4 +315,4 @@ def _replaced(tree: Any, keys: list[str], value: Any) -> Any:
     return {**tree, k: _replaced(tree[k], rest, value)}
 
 
-__all__ = ["abstract_pipeline_state", "restore_pipeline", "restore_tree"]
+__all__ = ["abstract_pipeline_state", "pipeline_destinations", "restore_pipeline", "restore_tree"]
