@@ -32,9 +32,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 import common
-from pw_kernel.runtime.core.lifecycle import Lifecycle
-from pw_kernel.runtime.core.records import RunRecord
-from pw_kernel.runtime.core.scheduler import FairShare
+from pw_kernel.runtime.extend import Lifecycle, RunRecord
 
 
 def setup(devices: int, width: int, nodes: int):
@@ -106,7 +104,7 @@ def pick_us(depth: int, calls: int = 200) -> float:
         const_slots: dict = {}
         n_slots = 0
 
-    life = Lifecycle(max_inflight=1 << 20, n_islands=1, policy=FairShare(), gate=Full())
+    life = Lifecycle(max_inflight=1 << 20, n_islands=1, policy=pw.FairShare(), gate=Full())
     plan = Plan()
     for i in range(depth):
         life.submit(RunRecord(i + 1, "job", "job", plan, (), tenant=f"T{i % 8}"))

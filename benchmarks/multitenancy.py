@@ -12,10 +12,14 @@ tenant) and wall clock; raw JAX dispatching the same nodes op-by-op from one
 thread is the throughput reference.
 
 Cancel and priority, with the run-ahead unbounded (``Config.run_ahead_s=None``,
-as before the bound) and bounded (the default): a long program of slow nodes on
-one device; after `cancel()`, how long the next tiny call on that device waits,
-and how long a priority-10 call submitted behind it waits, each in units of the
-slow node's own device time (so the figures mean the same on any machine).
+as before the bound) and bounded (the default), in each mode: a long program of
+slow nodes on one device; after `cancel()`, how long the next tiny call on that
+device waits, and how long a priority-10 call submitted behind it waits, each in
+units of the slow node's own device time (so the figures mean the same on any
+machine). ``auto`` fuses the program, and once a run has measured it longer than
+the bound, cuts it into fused segments of about the bound; ``fused`` keeps it one
+executable. Fused segments' throughput against one executable: programs of 20 and
+128 small nodes, each longer than the bound, auto against fused, interleaved.
 """
 
 from __future__ import annotations
@@ -107,7 +111,7 @@ def slow_program(iters: int, nodes: int):
     return long, urgent, x, v
 
 
-def cancel_and_priority(run_ahead_s, iters: int, nodes: int, repeats: int) -> dict:
+def cancel_and_priority(run_ahead_s, iters: int, nodes: int, repeats: int, mode: str = "chained") -> dict:
     """Next call's wait after cancel, and a priority-10 call's wait, over the slow node's device time."""
     c = pw.init(max_inflight=64, run_ahead_s=run_ahead_s)
     c.set_policy(pw.Priority())
@@ -115,11 +119,13 @@ def cancel_and_priority(run_ahead_s, iters: int, nodes: int, repeats: int) -> di
     for _ in range(2):  # compiled, and every node's device time measured
         long.submit(x, mode="chained").result()
         urgent.submit(v, priority=10).result()
+    for _ in range(2):  # the mode's own plan compiled (auto: measured whole, then cut)
+        long.submit(x, mode=mode).result()
     grinds = [e.end - e.start for r in c.runs for e in r.events if e.node.startswith("grind")]  # grind, grind:1, ...
     node_s = statistics.median(grinds) / 1e9
     after_cancel, priority, still = [], [], []
     for _ in range(repeats):
-        run = long.submit(x, mode="chained", priority=0)
+        run = long.submit(x, mode=mode, priority=0)
         time.sleep(2.5 * node_s)  # under way (its nodes are reported in batches: `nodes_done` lags, unbounded)
         run.cancel()
         still.append(run.nodes_on_devices)
@@ -127,7 +133,7 @@ def cancel_and_priority(run_ahead_s, iters: int, nodes: int, repeats: int) -> di
         urgent.submit(v, priority=10).result()
         after_cancel.append((time.perf_counter() - t0) / node_s)
 
-        run = long.submit(x, mode="chained", priority=0)
+        run = long.submit(x, mode=mode, priority=0)
         time.sleep(2.5 * node_s)
         t0 = time.perf_counter()
         urgent.submit(v, priority=10).result()
@@ -137,6 +143,7 @@ def cancel_and_priority(run_ahead_s, iters: int, nodes: int, repeats: int) -> di
     pw.shutdown()
     return {
         "run_ahead_s": run_ahead_s,
+        "mode": mode,
         "node_ms": node_s * 1e3,
         "nodes": nodes,
         "next_call_after_cancel_over_node": statistics.median(after_cancel),
@@ -150,11 +157,27 @@ def print_cancel_and_priority(rows: list[dict]) -> None:
     r0 = rows[0]
     print(f"cancel and priority: a {r0['nodes']}-node program of {r0['node_ms']:.1f} ms nodes on one device, "
           f"waits in node times (median of {r0['repeats']}):")
-    print(f"  {'run_ahead_s':<14} {'next call after cancel':>23} {'priority-10 call':>17} {'still on device':>16}")
+    print(f"  {'run_ahead_s':<14} {'mode':<8} {'next call after cancel':>23} {'priority-10 call':>17} "
+          f"{'steps still on device':>22}")
     for r in rows:
         label = "None (before)" if r["run_ahead_s"] is None else f"{r['run_ahead_s']:g}"
-        print(f"  {label:<14} {r['next_call_after_cancel_over_node']:>23.2f} {r['priority_10_wait_over_node']:>17.2f} "
-              f"{r['nodes_still_on_device_at_cancel']:>16.0f}")
+        print(f"  {label:<14} {r['mode']:<8} {r['next_call_after_cancel_over_node']:>23.2f} "
+              f"{r['priority_10_wait_over_node']:>17.2f} {r['nodes_still_on_device_at_cancel']:>22.0f}")
+
+
+def segment_throughput(nodes: int, iters: int) -> dict:
+    """Runs/s of a program of ``nodes`` small slow nodes, auto (cut into fused segments) against fused (one executable)."""
+    c = pw.init(max_inflight=64)
+    long, _, x, _ = slow_program(iters, nodes)
+    for _ in range(2):
+        long.submit(x, mode="fused").result()
+        long.submit(x, mode="auto").result()
+    segments = len(c.plan(long.trace(x), "auto").steps)
+    samples = common.interleaved({m: (lambda m=m: long.submit(x, mode=m).result()) for m in ("fused", "auto")}, 5)
+    pw.shutdown()
+    fused, auto = statistics.median(samples["fused"]), statistics.median(samples["auto"])
+    return {"nodes": nodes, "segments": segments, "fused_ms": fused * 1e3, "auto_ms": auto * 1e3,
+            "auto_over_fused_throughput": fused / auto, "window_s": common.window(samples)}
 
 
 def main(argv=None) -> dict:
@@ -165,9 +188,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--slow-iters", type=int, default=100, help="matmuls in the slow node (cancel and priority)")
     ap.add_argument("--slow-nodes", type=int, default=20, help="slow nodes in the long program")
     ap.add_argument("--slow-repeats", type=int, default=3)
+    ap.add_argument("--seg-iters", type=int, default=8, help="matmuls in a node of the segment-throughput programs")
     ap.add_argument("--json", default=None)
     args = common.parse_args(
-        ap, argv, {"width": 64, "nodes": 4, "runs": 4, "slow_iters": 20, "slow_nodes": 8, "slow_repeats": 1}
+        ap, argv, {"width": 64, "nodes": 4, "runs": 4, "slow_iters": 20, "slow_nodes": 8, "slow_repeats": 1, "seg_iters": 4}
     )
     pw.init(max_inflight=64)
     s, f, job, x, w = setup(args.width, args.nodes)
@@ -230,9 +254,20 @@ def main(argv=None) -> dict:
     for t in weights:
         print(f"  {t}: {shares[t]:.3f} (ideal {ideal[t]:.3f})")
     pw.shutdown()
-    rows = [cancel_and_priority(ra, args.slow_iters, args.slow_nodes, args.slow_repeats) for ra in (None, 0.02)]
+    rows = [cancel_and_priority(ra, args.slow_iters, args.slow_nodes, args.slow_repeats, mode)
+            for ra, mode in ((None, "chained"), (0.02, "chained"), (0.02, "fused"), (0.02, "auto"))]
     result["cancel_and_priority"] = rows
     print_cancel_and_priority(rows)
+    seg = [segment_throughput(n, args.seg_iters) for n in (20, 128)]
+    result["segments"] = seg
+    print(f"fused segments against one executable (auto / fused throughput, medians; "
+          f"{common.window_note(min(r['window_s'] for r in seg))}):")
+    for r in seg:
+        print(f"  {r['nodes']:4d} nodes: {r['segments']} segments, {r['auto_ms']:.1f} ms a run against {r['fused_ms']:.1f} ms: "
+              f"{r['auto_over_fused_throughput']:.2f}x")
+    result["targets"] = [common.target(f"fused-segment throughput, {r['nodes']} nodes, auto / fused",
+                                       r["auto_over_fused_throughput"], 0.95, below=False, unit="x") for r in seg]
+    common.print_targets(result["targets"])
     common.write_json(args.json, result)
     return result
 

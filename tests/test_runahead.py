@@ -202,8 +202,9 @@ def test_auto_cuts_a_program_longer_than_the_bound_into_fused_segments_that_canc
     ctl, long, tiny, x, v = slow_notebook(run_ahead_s=0.1)
     try:
         want = long.submit(x, mode="chained").result()
-        first = long.submit(x).wait()  # auto: fused, its device time measured
-        assert first.mode == "fused" and [e.node for e in first.events if e.kind != "compile"] == ["long[fused]"]
+        for _ in range(2):  # auto: fused, its device time measured (twice: a first run often runs slow)
+            first = long.submit(x).wait()
+            assert first.mode == "fused" and [e.node for e in first.events if e.kind != "compile"] == ["long[fused]"]
         cut = long.submit(x).wait()
         segments = [e for e in cut.events if e.kind != "compile"]
         assert cut.mode == "fused" and 2 <= len(segments) <= NODES and cut.nodes_total == len(segments)

@@ -24,8 +24,8 @@ Example::
 from __future__ import annotations
 
 from .config import DEFAULT_CPU_DEVICES, backends_started, configure_cpu_devices
-from .core.lifecycle import transition_edges
-from .core.records import FINAL
+from .core.lifecycle import Lifecycle, transition_edges
+from .core.records import FINAL, RunRecord
 from .core.story import Story, Transition
 from .donation import hold
 from .errors import short_error
@@ -39,8 +39,11 @@ __all__ = [
     "Controller",
     "EventLog",
     "Status",
-    # the run lifecycle, for the views that draw it, and a run's story (`Run.story()`) with its rows
+    # the run lifecycle (the state machine itself, and its records: for benchmarks of its decisions), for the
+    # views that draw it, and a run's story (`Run.story()`) with its rows
     "FINAL",
+    "Lifecycle",
+    "RunRecord",
     "Story",
     "Transition",
     "transition_edges",

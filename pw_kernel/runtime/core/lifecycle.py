@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import CancelledError, ControllerShutdownError, InvalidTransition
 from .failures import input_error, node_error
 from .records import NOTHING, WAKE, Emit, OutputCell, Resolve, Reject, Finish, RunRecord, RunState, Work
+from .pick import pick
 from .ready import ReadyIndex
 from .scheduler import FIFO, Policy
 from .story import Row, Story, transition
@@ -184,7 +185,7 @@ class Lifecycle:
         was submitted, ``("new", "submit")``, and waits in the queue, with a WAKE among the effects).
         """
         steps = rec.plan.steps
-        if self.queue or (steps and self.out_of_credit(steps[0])) or self._blocker(rec) is not None:
+        if self.queue or (steps and self.out_of_credit(steps[0])) or self.blocker(rec) is not None:
             return None, self.handle(rec, "submit", now)
         effects = self.handle(rec, "start", now)
         if rec.state != "running" or rec.cursor >= len(steps):
@@ -241,57 +242,8 @@ class Lifecycle:
         return self.gate is not None and self.gate.full(step, self.inflight)
 
     def next_work(self, now: float) -> tuple[Work | None, list]:
-        """The policy's choice among runs that can dispatch now; a queued run it picks starts.
-
-        Each credit class of next steps is asked once, and only its groups' heads are looked at
-        (`ReadyIndex`): the cost does not grow with the queue. A queued head that cannot start is
-        parked (on the producer it waits for, or on memory) and the next one looked at.
-        """
-        effects: list = []
-        stimulus: list = []  # the pick's one stimulus, begun at its first transition
-        while True:
-            runnable = self._runnable(now, effects, stimulus)
-            self.blocked = self.ready.parked
-            if not runnable:
-                return None, effects
-            runnable.sort(key=_submitted)  # the order a policy without ranks sees (FIFO takes the first)
-            rec = self.policy.pick(runnable)
-            if rec.state == "queued":
-                effects += self.handle(rec, "start", now, stimulus=_begun(self, stimulus))
-                if rec.state != "running" or rec.cursor >= len(rec.plan.steps):
-                    continue  # finished at start (nothing to dispatch): pick again
-            elif rec.waiting_for is not None:
-                effects += self.handle(rec, "wait", now, None, stimulus=_begun(self, stimulus))
-            return Work(rec, self.policy.quantum), effects
-
-    def _runnable(self, now: float, effects: list, stimulus: list) -> list[RunRecord]:
-        """The heads that may dispatch now (`next_work`); transitions for those that wait go to ``effects``."""
-        runnable: list[RunRecord] = []
-        self.credit_wanted = False
-        ready = self.ready
-        for cls in ready.classes():
-            if cls.step is not None and self.out_of_credit(cls.step):
-                self.credit_wanted = True
-                for rec in ready.heads(cls):  # those next in line say why they wait
-                    if rec.waiting_for != "credit":
-                        effects += self.handle(rec, "wait", now, "credit", stimulus=_begun(self, stimulus))
-                continue
-            for rec in ready.heads(cls):
-                if rec.state == "queued":
-                    blocked = self._blocker(rec)
-                    if blocked is not None:
-                        if blocked == "failed":
-                            effects += self.handle(rec, "input_failed", now, stimulus=_begun(self, stimulus))
-                            continue
-                        if rec.waiting_for != blocked:
-                            effects += self.handle(rec, "wait", now, blocked, stimulus=_begun(self, stimulus))
-                        if blocked == "memory":
-                            ready.park_on_memory(rec)
-                        else:
-                            ready.park_on_producer(rec, _awaited(rec))
-                        continue
-                runnable.append(rec)
-        return runnable
+        """The policy's choice among runs that can dispatch now; a queued run it picks starts (`pick.py`)."""
+        return pick(self, now)
 
     def has_work(self) -> bool:
         """Whether some run is queued or has steps left to dispatch (what `next_work` might pick)."""
@@ -306,7 +258,7 @@ class Lifecycle:
         check_invariants(self, rec)
 
     # --------------------------------------------------------------- helpers
-    def _blocker(self, rec: RunRecord) -> str | None:
+    def blocker(self, rec: RunRecord) -> str | None:
         """Why a queued run cannot start: 'failed' (an input failed), 'input', 'memory', or None."""
         for x in rec.inputs:
             if isinstance(x, OutputCell):
@@ -434,22 +386,6 @@ class Lifecycle:
             cell = next(c for c in reader.upstream if c.producer is rec)
             reader.upstream.remove(cell)
             self.recommend(reader, event, now, cell)
-
-
-def _submitted(rec: RunRecord) -> int:
-    return rec.id
-
-
-def _begun(life: Lifecycle, stimulus: list) -> tuple[str, int, Any]:
-    """A pick's one stimulus (kept in ``stimulus``), begun at its first transition."""
-    if not stimulus:
-        stimulus.append(life.begin("pick"))
-    return stimulus[0]
-
-
-def _awaited(rec: RunRecord) -> RunRecord:
-    """The run whose output queued ``rec`` waits for (its `_blocker` said 'input')."""
-    return next(x.producer for x in rec.inputs if isinstance(x, OutputCell) and x.value is None)
 
 
 # ---------------------------------------------------------------- handlers

@@ -184,7 +184,8 @@ class RunAhead:
         (``Executable.cost``, which fair share charges) and, on a gated island, its estimate here.
         """
         exe = step.exe
-        exe.cost += (device_ns - exe.cost) >> 2
+        exe.cost = exe.cost + ((device_ns - exe.cost) >> 2) if exe.measured else device_ns
+        exe.measured += 1
         if not self.on or step.remote:
             return
         track = self._tracks.get(exe) or self._track(step)

@@ -33,12 +33,13 @@ class Executable:
     (device time).
     """
 
-    __slots__ = ("compile_first", "collectives", "cost")
+    __slots__ = ("compile_first", "collectives", "cost", "measured")
 
     def __init__(self, compile_first: bool = False):
         self.compile_first = compile_first  # a jax.jit not yet run by this step: compile it ahead (its own event)
         self.collectives = False  # its compiled executable holds collectives (known once compiled)
         self.cost = 1000  # ns of device time, a running mean (`RunAhead.finished`; fair share charges it)
+        self.measured = 0  # how many executions ``cost`` has seen (the first sets it)
 
     def __repr__(self) -> str:
         return f"Executable(compile_first={self.compile_first}, collectives={self.collectives}, cost={self.cost})"
@@ -429,13 +430,14 @@ def _segment_call(graph: ProgramGraph, chunk: list[Node], ins: list[int], outs: 
 
 
 def auto_segments(graph: ProgramGraph, fused_plan: Plan, bound_ns: int | None) -> int:
-    """How many segments `auto` cuts ``graph`` into: 1 (stay one executable) until a fused run has shown that
-    the whole program holds its devices for longer than the run-ahead bound; then enough that each holds
-    them for about the bound, on the nodes' share of the measured time (nodes of one program are often alike)."""
+    """How many segments `auto` cuts ``graph`` into: 1 (stay one executable) until fused runs (two: the first
+    often runs slow) have shown that the whole program holds its devices for longer than the run-ahead bound;
+    then enough that each holds them for about the bound, on the nodes' share of the measured time (nodes of
+    one program are often alike)."""
     if not bound_ns or fused_plan.mode != "fused" or len(fused_plan.steps) < 1:
         return 1
     step = fused_plan.steps[-1]
-    if step.remote or step.host_callbacks or step.exe.cost <= bound_ns:
+    if step.remote or step.host_callbacks or step.exe.measured < 2 or step.exe.cost <= bound_ns:
         return 1
     return math.ceil(step.exe.cost / bound_ns)
 
