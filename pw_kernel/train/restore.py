@@ -25,6 +25,7 @@ import numpy as np
 from ..runtime import Future, RemoteArray, VirtualSlice
 from .errors import CheckpointError
 from .state import PipelineState
+from .targets import is_pipeline
 from .tree import canonical, decode_iterator_state, flat, is_iterator_with_state, is_leaf, path_key, rebuild
 
 
@@ -142,7 +143,7 @@ def restore_tree(mngr: Any, step: int, saved: Any, data: dict, target: Any) -> A
     abstract, after = [], []
     for path, leaf in leaves:
         key = jax.tree_util.keystr(path)
-        if _is_pipeline(leaf):  # the pipeline places its own state: its stages' slices and specs
+        if is_pipeline(leaf):  # the pipeline places its own state: its stages' slices and specs
             like = pipeline_destinations(leaf, _pipeline_state_at(saved, data, key, leaf, api), step, api)
             abstract.append(canonical(like))
             after.append(("pipeline", like))
@@ -212,12 +213,6 @@ def abstract_pipeline_state(pipe: Any, placement: Any, params: Any, shared: Any 
     if opt is not None:  # the whole model's optimizer state, each leaf where its parameter lives
         state.opt_state = opt.layout(opt.whole(state.params, placement.owned(state))).state
     return state
-
-
-def _is_pipeline(x: Any) -> bool:
-    from .pipeline import Pipeline  # pipeline.py imports this module
-
-    return isinstance(x, Pipeline)
 
 
 def _pipeline_state_at(saved: Any, data: dict, key: str, pipe: Any, api: str) -> Any:

@@ -62,11 +62,11 @@ class BatchTarget:
     def __init__(self, to: Any, axis: str | None = AUTO):
         self.to = to
         self.axis = axis
-        self.multiple = int(getattr(to, "M", 1)) if _is_pipeline(to) else 1  # a pipeline cuts M microbatches
+        self.multiple = int(getattr(to, "M", 1)) if is_pipeline(to) else 1  # a pipeline cuts M microbatches
         self._plans: dict[Any, tuple[list[Part], list[NamedSharding]]] = {}
         self._put: dict[Any, Any] = {}  # (slice id, specs) -> identity node placing leaves on a remote slice
         self.describe = _describe(to)
-        if not (isinstance(to, (VirtualSlice, Sharding)) or _is_pipeline(to) or _is_sharding_tree(to)):
+        if not (isinstance(to, (VirtualSlice, Sharding)) or is_pipeline(to) or _is_sharding_tree(to)):
             raise PrefetchError(
                 f"`pw.prefetch(to=...)` takes a slice (`pw.slice(...)`), a `jax.sharding.NamedSharding` (or a "
                 f"pytree of them matching the batch) or a pipeline (`pw.pipeline(...)`); got {to!r}."
@@ -97,7 +97,7 @@ class BatchTarget:
             return [_on(to, P(self.axis) if self.axis else P(), shape) for shape in shapes]
         if isinstance(to, Sharding):
             return [_named(to) for _ in shapes]
-        if _is_pipeline(to):
+        if is_pipeline(to):
             return self._pipeline_shardings(batch, treedef, shapes)
         try:  # a pytree of shardings, a prefix of the batch's structure
             full = jax.tree_util.tree_map(
@@ -144,7 +144,7 @@ class BatchTarget:
         """The pw slice whose mesh a sharding is on, if any."""
         if isinstance(self.to, VirtualSlice):
             return self.to
-        if _is_pipeline(self.to):
+        if is_pipeline(self.to):
             for s, _ in (v for k, v in self.to.batch_placement().items() if k != "fields"):
                 if s.mesh == sh.mesh:
                     return s
@@ -216,7 +216,8 @@ def what(path: str) -> str:
     return f"leaf {path}" if path else "the batch"
 
 
-def _is_pipeline(x: Any) -> bool:
+def is_pipeline(x: Any) -> bool:
+    """Whether ``x`` is a `pw.Pipeline` (known by what it does: this module is below pipeline.py)."""
     return callable(getattr(x, "batch_placement", None))
 
 
@@ -260,7 +261,7 @@ def _data_axis(s: VirtualSlice, axis: str | None) -> str | None:
 def _describe(to: Any) -> str:
     if isinstance(to, VirtualSlice):
         return f"slice {to.name!r}"
-    if _is_pipeline(to):
+    if is_pipeline(to):
         return f"pipeline {getattr(to, 'name', '?')!r}"
     if isinstance(to, NamedSharding):
         return f"NamedSharding({to.spec}, mesh {dict(to.mesh.shape)})"
