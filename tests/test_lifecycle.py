@@ -333,7 +333,7 @@ def test_a_run_with_nothing_to_dispatch_is_done_at_start():
 # ------------------------------------------------------------------ policies
 def test_fifo_takes_the_oldest_runnable_run():
     runs = [record(i, make_plan(1)) for i in range(3)]
-    assert FIFO().pick(runs[1:]) is runs[1] and FIFO.first_runnable_wins
+    assert FIFO().pick(runs[1:]) is runs[1] and FIFO.rank(runs[2]) > FIFO.rank(runs[1])
 
 
 def test_fair_share_splits_picks_by_weight():
@@ -430,3 +430,69 @@ def test_a_failure_spreads_through_10000_chained_runs_in_flight_without_recursio
     assert "late host callback error" in last and len(last) < 1000  # the first failure, not 9,999 nested messages
     assert kinds(effects).count("Finish") == n and not life.queue
     life.check()
+
+
+# ------------------------------------------------------------------ the pick at depth
+class CountingGate:
+    """A run-ahead gate that is full, counting how often it is asked."""
+
+    def __init__(self):
+        self.asked = 0
+
+    def full(self, step, inflight):
+        self.asked += 1
+        return True
+
+
+@pytest.mark.parametrize("policy", [FIFO, FairShare, Priority])
+def test_a_pick_asks_credit_once_per_kind_of_next_step_however_deep_the_queue(policy):
+    # A deep backlog of one program behind a reached run-ahead bound: the pick asks once and
+    # looks at each tenant's next run only, with 10 runs queued as with 1,000.
+    looked = {}
+    for depth in (10, 1000):
+        gate = CountingGate()
+        life = Lifecycle(max_inflight=1 << 20, n_islands=1, policy=policy(), gate=gate, validate=True)
+        plan = make_plan(4)
+        runs = [record(i, plan, tenant=f"T{i % 4}") for i in range(depth)]
+        for rec in runs:
+            life.submit(rec)
+        work, _ = life.next_work(0.0)  # nothing may go; the runs next in line say why they wait
+        assert work is None and life.credit_wanted
+        gate.asked = 0
+        work, effects = life.next_work(0.0)
+        assert work is None and effects == []
+        looked[depth] = (gate.asked, sum(r.waiting_for == "credit" for r in runs))
+    assert looked[10] == looked[1000] == (1, 1 if policy is not FairShare else 4)
+
+
+def test_a_queued_reader_is_parked_on_its_producer_until_that_run_publishes():
+    life = Lifecycle(max_inflight=8, n_islands=1, validate=True)
+    producer = record(0, make_plan(2))
+    life.submit(producer)
+    reader = record(1, make_plan(1, n_inputs=1), inputs=[producer.cells[0]])
+    life.submit(reader)
+    work, _ = life.next_work(0.0)
+    assert work.rec is producer and reader.waiting_for == "input" and reader in life.ready
+    assert [r.id for r in life.ready.runs()] == [0]  # parked: no pick looks at it
+    dispatch_all(life, producer)  # publishes its output: the reader may start on it
+    work, _ = life.next_work(1.0)
+    assert work.rec is reader and reader.state == "running"
+
+
+def test_a_policy_without_ranks_sees_every_runnable_run_in_submission_order():
+    class Newest:  # a user's policy: the newest runnable run first
+        name, quantum = "newest", 1
+
+        def pick(self, runnable):
+            assert [r.id for r in runnable] == sorted(r.id for r in runnable)
+            return runnable[-1]
+
+        def charge(self, run, cost_ns):
+            pass
+
+    life = Lifecycle(max_inflight=8, n_islands=1, policy=Newest(), validate=True)
+    plan = make_plan(1)
+    for i in range(5):
+        life.submit(record(i, plan))
+    work, _ = life.next_work(0.0)
+    assert work.rec.id == 4

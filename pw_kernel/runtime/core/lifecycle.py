@@ -455,10 +455,12 @@ def _start(life: Lifecycle, rec: RunRecord, now: float) -> list:
     rec.state = "running"
     rec.started_at = now
     rec.waiting_for = None
+    set_now = False
     for j, k in enumerate(plan.output_step):
         if k < 0:  # an output that is an input or a constant: dispatched from the start
             rec.cells[j].value = slots[plan.output_slots[j]]
-    if rec.id in life.ready.on_producer:
+            set_now = True
+    if set_now and rec.id in life.ready.on_producer:
         life.ready.producer_moved(rec)
     if rec.total:
         return [Emit(rec, "running")]

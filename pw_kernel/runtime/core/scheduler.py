@@ -37,8 +37,6 @@ class Policy(Protocol):
     """Chooses among runnable runs.
 
     ``quantum``: how many nodes one pick may dispatch in a row.
-    ``first_runnable_wins``: the policy always picks the first runnable run in
-    submission order.
 
     A policy may also say how its choice decomposes, so that a pick looks at a
     few runs however deep the queue (`ReadyIndex`): ``group(run)`` and
@@ -49,7 +47,6 @@ class Policy(Protocol):
 
     name: str
     quantum: int
-    first_runnable_wins: bool
 
     def pick(self, runnable: Sequence[R]) -> R: ...
 
@@ -66,7 +63,6 @@ class FIFO:
 
     name = "fifo"
     quantum = 1 << 30  # run until blocked: FIFO never interleaves runnable runs
-    first_runnable_wins = True  # the dispatcher may stop scanning at the first runnable run
 
     def pick(self, runnable: Sequence[R]) -> R:
         return runnable[0]
@@ -104,7 +100,6 @@ class FairShare:
 
     name = "fair"
     quantum = 1
-    first_runnable_wins = False
 
     def __init__(self, weights: Mapping[str, float] | None = None):
         self.weights: dict[str, float] = {}
@@ -163,7 +158,6 @@ class Priority:
 
     name = "priority"
     quantum = 1
-    first_runnable_wins = False
 
     def pick(self, runnable: Sequence[R]) -> R:
         return min(runnable, key=lambda r: (-r.priority, r.id))

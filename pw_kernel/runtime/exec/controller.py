@@ -335,7 +335,7 @@ class Controller:
         if not isinstance(policy, Policy):
             raise ArgumentError(
                 f"`Controller.set_policy` needs a policy such as pw.FIFO(), pw.FairShare() or pw.Priority() "
-                f"(an object with name, quantum, first_runnable_wins, pick and charge); got {policy!r}."
+                f"(an object with name, quantum, pick and charge); got {policy!r}."
             )
         with self.lock:
             self.lifecycle.policy = policy
