@@ -96,9 +96,10 @@ def test_fused_equals_chained(ctl):
     assert p.submit(x).mode == "fused"  # auto picks fused on one slice
 
 
-def test_auto_runs_a_training_loop_chained_rather_than_compiling_every_step(ctl):
+def test_auto_runs_a_training_loop_in_segments_alike_rather_than_compiling_every_step(ctl):
     # fused, 100 calls of one step are 100 inlined copies for XLA to compile (about a minute for
-    # an optimizer step); chained compiles the step once, as a jax.jit loop does
+    # an optimizer step); auto cuts the loop into equal segments of about FUSE_SMALL_EQNS
+    # equations, which compile once between them (as a jax.jit loop compiles its step once)
     s = pw.slice(4, mesh={"data": 4}, name="s")
 
     def sgd(w, x):
@@ -118,8 +119,10 @@ def test_auto_runs_a_training_loop_chained_rather_than_compiling_every_step(ctl)
         return step(w, x) * 2
 
     w, x = jnp.eye(8) / 2, jnp.ones((16, 8))
-    run = train.submit(w, x)
-    assert run.mode == "chained"  # 40 step nodes, the step compiled once
+    run = train.submit(w, x).wait()
+    steps = [e for e in run.events if e.kind != "compile"]
+    assert run.mode == "fused" and 2 <= len(steps) < 40  # 40 step nodes in a few segments
+    assert len([e for e in run.events if e.kind == "compile"]) == 1  # alike: one compile
     ref = w
     for _ in range(40):
         ref = jax.jit(sgd)(ref, x)

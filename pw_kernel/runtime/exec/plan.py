@@ -388,9 +388,12 @@ def segmented(graph: ProgramGraph, pieces: int) -> Plan:
     devices: dict = {}
     steps = [_step_for(n, graph, n.fn, n.inputs, n.outputs, devices) for n in graph.nodes if n.kind == "transfer"]
     work = [n for n in graph.nodes if n.kind != "transfer"]
-    pieces = max(1, min(pieces, len(work)))
-    bounds = [round(k * len(work) / pieces) for k in range(pieces + 1)]
-    chunks = [work[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]
+    n = len(work)
+    pieces = max(1, min(pieces, n))
+    # Segments of one length where a count up to twice as many allows it: alike, they compile once.
+    pieces = next((p for p in range(pieces, min(2 * pieces, n) + 1) if n % p == 0), pieces)
+    size = math.ceil(n / pieces)
+    chunks = [work[a : a + size] for a in range(0, n, size)]
     read_after: dict[int, int] = {}  # slot -> index of the last chunk that reads it
     for c, chunk in enumerate(chunks):
         for n in chunk:
@@ -413,8 +416,31 @@ def segmented(graph: ProgramGraph, pieces: int) -> Plan:
     return _finish("fused", graph, steps, graph.outputs, len(graph.values))
 
 
+_SEGMENTS: dict[Any, Any] = {}  # a segment's structure -> its jax.jit (segments alike compile once)
+
+
 def _segment_call(graph: ProgramGraph, chunk: list[Node], ins: list[int], outs: list[int], name: str):
-    """One `jax.jit` that calls the chunk's node executables in order (XLA inlines them: one executable)."""
+    """One `jax.jit` that calls the chunk's node executables in order (XLA inlines them: one executable).
+
+    Segments alike (the same executables wired the same way, on values placed alike: a loop's
+    repeats) share one jit, so a program cut into N equal segments of a repeated step compiles one.
+    """
+    local = {slot: ("in", k) for k, slot in enumerate(ins)}
+    wiring = []
+    for j, n in enumerate(chunk):
+        wiring.append((id(n.fn), tuple(local[i] for i in n.inputs)))
+        for k, o in enumerate(n.outputs):
+            local[o] = ("node", j, k)
+    vals = graph.values
+    in_sh = tuple(vals[i].sharding for i in ins)
+    out_sh = tuple(vals[o].sharding for o in outs)
+    try:
+        key = (tuple(wiring), tuple(local[o] for o in outs), in_sh, out_sh)
+        hit = _SEGMENTS.get(key)
+    except TypeError:  # an unhashable sharding: not shared
+        key, hit = None, None
+    if hit is not None:
+        return hit[1]
     fns = [(n.fn, n.inputs, n.outputs) for n in chunk]
 
     def segment(*args):
@@ -424,22 +450,30 @@ def _segment_call(graph: ProgramGraph, chunk: list[Node], ins: list[int], outs: 
         return tuple(env[o] for o in outs)
 
     segment.__name__ = segment.__qualname__ = name
-    vals = graph.values
-    return jax.jit(segment, in_shardings=tuple(vals[i].sharding for i in ins),
-                   out_shardings=tuple(vals[o].sharding for o in outs), keep_unused=True)
+    call = jax.jit(segment, in_shardings=in_sh, out_shardings=out_sh, keep_unused=True)
+    if key is not None:
+        if len(_SEGMENTS) >= 4096:
+            _SEGMENTS.clear()
+        _SEGMENTS[key] = ([n.fn for n in chunk], call)  # (the fns keep their ids from being reused)
+    return call
 
 
-def auto_segments(graph: ProgramGraph, fused_plan: Plan, bound_ns: int | None) -> int:
-    """How many segments `auto` cuts ``graph`` into: 1 (stay one executable) until fused runs (two: the first
-    often runs slow) have shown that the whole program holds its devices for longer than the run-ahead bound;
-    then enough that each holds them for about the bound, on the nodes' share of the measured time (nodes of
-    one program are often alike)."""
-    if not bound_ns or fused_plan.mode != "fused" or len(fused_plan.steps) < 1:
-        return 1
-    step = fused_plan.steps[-1]
-    if step.remote or step.host_callbacks or step.exe.measured < 2 or step.exe.cost <= bound_ns:
-        return 1
-    return math.ceil(step.exe.cost / bound_ns)
+def auto_segments(graph: ProgramGraph, plan: Plan, bound_ns: int | None) -> int:
+    """How many segments `auto` cuts ``graph`` into, given its current ``plan``: 0 (keep the plan) until
+    runs (two: the first often runs slow) have shown that a step of several nodes holds its devices for
+    longer than the run-ahead bound; then enough that each holds them for about the bound, on the nodes'
+    share of the measured time (nodes of one program are often alike)."""
+    if not bound_ns or plan.mode != "fused":
+        return 0
+    total, long = 0, False
+    for step in plan.steps:
+        if step.kind == "transfer":
+            continue
+        if step.remote or step.host_callbacks or step.exe.measured < 2:
+            return 0
+        total += step.exe.cost
+        long = long or (step.exe.cost > bound_ns and step.node is not None and "nodes fused" in step.shapes)
+    return math.ceil(total / bound_ns) if long else 0
 
 
 #: Programs up to this many equations fuse in auto mode whatever they repeat: compiling them is quick.
@@ -480,7 +514,9 @@ def auto_mode(graph: ProgramGraph) -> str:
 
     A loop of N calls of one step compiles that step once chained but N inlined copies
     fused, and XLA's compile time grows faster than the program (100 optimizer steps:
-    about a minute fused, under a second chained), so auto runs such a program chained.
+    about a minute fused, under a second chained), so auto runs such a program in segments
+    of about `FUSE_SMALL_EQNS` equations (segments alike compile once, `_segment_call`),
+    or chained where a node alone is that big.
     """
     work = sum(1 for n in graph.nodes if n.kind != "transfer")
     if work <= 1 or fusable(graph) is not None:
@@ -488,7 +524,12 @@ def auto_mode(graph: ProgramGraph) -> str:
     if any(n.donated for n in graph.nodes):  # chained, each node donates what it was given
         return "chained"
     whole, once = compile_sizes(graph.jaxpr.jaxpr)
-    return "fused" if whole <= max(FUSE_SMALL_EQNS, 2 * once) else "chained"
+    if whole <= max(FUSE_SMALL_EQNS, 2 * once):
+        return "fused"
+    if any(n.host_callbacks for n in graph.nodes):
+        return "chained"
+    per_segment = FUSE_SMALL_EQNS * work // whole  # nodes in a segment of about FUSE_SMALL_EQNS equations
+    return "segments" if per_segment >= 2 else "chained"
 
 
 def plan_for(graph: ProgramGraph, mode: str, bound_s: float | None = None) -> Plan:
@@ -499,12 +540,18 @@ def plan_for(graph: ProgramGraph, mode: str, bound_s: float | None = None) -> Pl
     plan = graph._plans.get(mode)
     if plan is None:
         if mode == "auto":
-            plan = plan_for(graph, auto_mode(graph))
+            how = auto_mode(graph)
+            if how == "segments":
+                whole, _ = compile_sizes(graph.jaxpr.jaxpr)
+                plan = segmented(graph, math.ceil(whole / FUSE_SMALL_EQNS))
+            else:
+                plan = plan_for(graph, how)
         else:
             plan = fused(graph) if mode == "fused" else chained(graph)
         graph._plans[mode] = plan
-    elif mode == "auto" and bound_s and plan is graph._plans.get("fused"):
+    elif mode == "auto" and bound_s and not graph._plans.get("auto cut"):
         pieces = auto_segments(graph, plan, int(bound_s * 1e9))
-        if pieces > 1:  # learned once: the cut plan replaces the whole one for auto
+        if pieces > len(plan.steps):  # learned once: the cut plan replaces the other for auto
             plan = graph._plans["auto"] = segmented(graph, pieces)
+            graph._plans["auto cut"] = plan
     return plan
