@@ -50,6 +50,7 @@ STEPS: dict[str, tuple[str, list[str], int]] = {
     "input": ("input.py", [], 420),
     "memory": ("memory.py", [], 420),
     "tracing": ("tracing.py", [], 300),
+    "training_loop": ("training_loop.py", [], 420),
 }
 
 

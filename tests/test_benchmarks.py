@@ -165,6 +165,15 @@ QUICK = {
          rf"^  mlp, 5 steps\s+5(\s+{NUM} /\s*{NUM}){{3}}\s+{NUM}%\s+{NUM}%$",
          rf"^  pipeline, 1 steps\s+\d+(\s+{NUM} /\s*{NUM}){{3}}\s+{NUM}%\s+{NUM}%$"],
     ),
+    "training_loop": (
+        "training_loop.py",
+        ["--load", "1"],  # the busy process beside it starts and is killed
+        (),
+        [r"^training loop: .*data axis of \d+; 1 busy processes beside; load average .*$",
+         *(rf"^  {v}\s+{NUM}\s+{NUM}\s+{NUM}  \(\d+ rounds of \d+ steps, each figure timed over >= .*\)$"
+           for v in ("placed", "input", "checkpoint")),
+         rf"^  last loss read: pw {NUM}, JAX {NUM}; load average .*$"],
+    ),
 }
 
 
@@ -240,7 +249,7 @@ def test_run_all_quick_runs_every_step_on_a_one_device_host(tmp_path):
     assert not failed, f"{failed}\n{proc.stdout[-5000:]}\n{proc.stderr[-5000:]}"
     assert set(status["steps"]) == {"dispatch", "interactive", "parity", "utilization", "profile_overhead",
                                     "multitenancy", "pipeline", "timeline_redraw", "remote", "checkpoint", "input",
-                                    "memory", "tracing"}
+                                    "memory", "tracing", "training_loop"}
     # what needs more devices says what it measured instead
     assert "allreduce: asks 4 devices, 1 present: measured on 1 instead" in proc.stdout
     assert "layout 2x1 asks 2 devices, 1 present: its 2 stages share 1 device" in proc.stdout
