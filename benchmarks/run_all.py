@@ -51,6 +51,7 @@ STEPS: dict[str, tuple[str, list[str], int]] = {
     "memory": ("memory.py", [], 420),
     "tracing": ("tracing.py", [], 300),
     "training_loop": ("training_loop.py", [], 420),
+    "depth": ("depth.py", [], 300),
 }
 
 

@@ -174,6 +174,14 @@ QUICK = {
            for v in ("placed", "input", "checkpoint")),
          rf"^  last loss read: pw {NUM}, JAX {NUM}; load average .*$"],
     ),
+    "depth": (
+        "depth.py",
+        [],
+        (),
+        [r"^the pick alone \(`Lifecycle.next_work`, bound reached, no devices\), µs a call:$",
+         rf"^\s+24 queued:\s+{NUM} µs$", rf"^\s+480 queued:\s+{NUM} µs$",
+         *(rf"^\s+{d}\s+{t}\s+{q}\s+{NUM}\s+{NUM}\s+{NUM}$" for d in (1, 8) for t in (1, 8) for q in (24, 480))],
+    ),
 }
 
 
@@ -249,7 +257,7 @@ def test_run_all_quick_runs_every_step_on_a_one_device_host(tmp_path):
     assert not failed, f"{failed}\n{proc.stdout[-5000:]}\n{proc.stderr[-5000:]}"
     assert set(status["steps"]) == {"dispatch", "interactive", "parity", "utilization", "profile_overhead",
                                     "multitenancy", "pipeline", "timeline_redraw", "remote", "checkpoint", "input",
-                                    "memory", "tracing", "training_loop"}
+                                    "memory", "tracing", "training_loop", "depth"}
     # what needs more devices says what it measured instead
     assert "allreduce: asks 4 devices, 1 present: measured on 1 instead" in proc.stdout
     assert "layout 2x1 asks 2 devices, 1 present: its 2 stages share 1 device" in proc.stdout
