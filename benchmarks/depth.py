@@ -7,7 +7,7 @@ costs to pick, complete and retire a node must not grow with what is queued.
 Each row keeps ``depth`` runs of a 16-node program of small nodes outstanding
 (a closed loop: every finished run is replaced by a new one, from ``tenants``
 threads under fair share), and counts nodes finished per second over a window
-of at least 0.5 s. Target: the deepest row >= 0.9x the shallowest, each layout
+of at least 0.5 s, the depths interleaved round by round (medians of ``--rounds``). Target: the deepest row >= 0.9x the shallowest, each layout
 and tenant count. Raw JAX dispatching the same nodes op-by-op from one thread
 is the reference.
 
@@ -120,8 +120,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--depths", default="24,96,480,2400")
     ap.add_argument("--nodes", type=int, default=16)
     ap.add_argument("--width", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=3, help="rounds, each timing every depth once (medians)")
     ap.add_argument("--json", default=None)
-    args = common.parse_args(ap, argv, {"depths": "24,480"})
+    args = common.parse_args(ap, argv, {"depths": "24,480", "rounds": 1})
     depths = [int(d) for d in args.depths.split(",")]
     window = common.MIN_WINDOW_S
     picks = {d: pick_us(d) for d in depths}
@@ -144,14 +145,20 @@ def main(argv=None) -> dict:
         v.block_until_ready()
         raw = k / (time.perf_counter() - t)
         for tenants in (1, 8):
+            rates: dict[int, list[float]] = {d: [] for d in depths}
+            walls: dict[int, float] = {d: 0.0 for d in depths}
+            for r in range(args.rounds):  # the depths interleaved round by round: noise hits them alike
+                for d in depths[r % len(depths):] + depths[: r % len(depths)]:
+                    runs_per_s, wall = closed_loop(job, x, d, tenants, window)
+                    rates[d].append(runs_per_s * args.nodes)
+                    walls[d] += wall
             for d in depths:
-                runs_per_s, wall = closed_loop(job, x, d, tenants, window)
-                rate = runs_per_s * args.nodes
-                rows.append({"devices": devices, "tenants": tenants, "depth": d, "nodes_per_s": rate, "window_s": wall,
-                             "raw_jax_nodes_per_s": raw})
+                rows.append({"devices": devices, "tenants": tenants, "depth": d,
+                             "nodes_per_s": statistics.median(rates[d]), "samples": rates[d],
+                             "window_s": walls[d], "raw_jax_nodes_per_s": raw})
     pw.shutdown()
-    print(f"depth: programs of {args.nodes} small nodes kept queued in a closed loop, fair share "
-          f"({common.window_note(min(r['window_s'] for r in rows))})")
+    print(f"depth: programs of {args.nodes} small nodes kept queued in a closed loop, fair share; medians of "
+          f"{args.rounds} interleaved rounds ({common.window_note(min(r['window_s'] for r in rows))})")
     print(f"{'devices':>8} {'tenants':>8} {'queued':>7} {'nodes/s':>10} {'vs first':>9} {'vs raw JAX':>11}")
     targets = []
     for devices in layouts:
