@@ -184,7 +184,8 @@ class RunAhead:
         (``Executable.cost``, which fair share charges) and, on a gated island, its estimate here.
         """
         exe = step.exe
-        exe.cost = exe.cost + ((device_ns - exe.cost) >> 2) if exe.measured else device_ns
+        # the first execution of a new executable often runs slow (caches, pages): the second replaces it
+        exe.cost = exe.cost + ((device_ns - exe.cost) >> 2) if exe.measured >= 2 else device_ns
         exe.measured += 1
         if not self.on or step.remote:
             return

@@ -461,8 +461,8 @@ def _segment_call(graph: ProgramGraph, chunk: list[Node], ins: list[int], outs: 
 def auto_segments(graph: ProgramGraph, plan: Plan, bound_ns: int | None) -> int:
     """How many segments `auto` cuts ``graph`` into, given its current ``plan``: 0 (keep the plan) until
     runs (two: the first often runs slow) have shown that a step of several nodes holds its devices for
-    longer than the run-ahead bound; then enough that each holds them for about the bound, on the nodes'
-    share of the measured time (nodes of one program are often alike)."""
+    longer than the run-ahead bound; then enough that each holds them for about half the bound, on the
+    nodes' share of the measured time (nodes of one program are often alike)."""
     if not bound_ns or plan.mode != "fused":
         return 0
     total, long = 0, False
@@ -473,7 +473,8 @@ def auto_segments(graph: ProgramGraph, plan: Plan, bound_ns: int | None) -> int:
             return 0
         total += step.exe.cost
         long = long or (step.exe.cost > bound_ns and step.node is not None and "nodes fused" in step.shapes)
-    return math.ceil(total / bound_ns) if long else 0
+    # segments of half the bound: two fit under it, so the next is queued while one runs (no gap between)
+    return math.ceil(2 * total / bound_ns) if long else 0
 
 
 #: Programs up to this many equations fuse in auto mode whatever they repeat: compiling them is quick.
