@@ -100,8 +100,9 @@ QUICK = {
             rf"^\[chained\] unprofiled {NUM} µs per node; under cProfile {NUM} µs per node",
             rf"^\[opbyop\] unprofiled {NUM} µs per node",
             rf"^  caller\s+pw_kernel/runtime/\S+\.py\s+{NUM}\s+{NUM}%$",  # the thread that submits
-            # and the watcher (the dispatcher thread may have nothing to do: callers dispatch small runs)
-            rf"^  pw-watcher\s+.*\s+{NUM}\s+{NUM}%$",
+            # and every pw thread named, though the dispatcher and the watcher may have nothing to do (callers
+            # dispatch and complete small runs; the watcher sleeps 20 ms after its last batch)
+            r"^\s+pw-watcher: most own time in$", r"^\s+pw-dispatcher: most own time in$",
             rf"^  one_node_round_trip\s+{NUM}$",
         ],
     ),
