@@ -448,3 +448,44 @@ def test_a_kernel_restart_with_runs_in_flight_comes_back_clean(kernel_dir, tmp_p
         k.run("%%pathways --block\ny = pw.compiled(lambda x: x + 1, slice=s)(jnp.ones(2))\n")
     finally:
         k.shutdown()
+
+
+def test_ctrl_c_in_a_plain_loop_of_pipeline_steps_leaves_nothing_running(kernel):
+    # A researcher's loop of `pipe.step` calls, interrupted: the steps still queued are cancelled
+    # and the cell says so; nothing of that cell runs on afterwards.
+    kernel.run(
+        "import time\nimport jax, jax.numpy as jnp, numpy as np\nimport pw_kernel as pw\npw.init()\n"
+        "slices = [pw.slice(1, name=f'p{i}') for i in range(2)]\n"
+        "layer = lambda p, x: jnp.tanh(x @ p['w'])\n"
+        "pipe = pw.pipeline([layer, layer], slices=slices, microbatches=2, schedule='1f1b', name='loop')\n"
+        "state = pipe.init([{'w': np.eye(64, dtype=np.float32)}] * 2)\n"
+        "x = np.ones((8, 64), np.float32)\n"
+        "state, loss = pipe.step(state, x, x); loss.result()\n"
+        "mark = pw.controller().runs[-1].id"
+    )
+    msg_id = kernel.submit(
+        "for i in range(100_000):\n"
+        "    state, loss = pipe.step(state, x, x)\n"
+        "    if i == 40:\n"
+        "        print('steps queued', flush=True)\n"
+        "    if i >= 40:\n"
+        "        time.sleep(0.02)  # the loop goes on: the person presses Ctrl-C while it runs\n"
+    )
+    kernel.wait_for(
+        lambda m: m["parent_header"].get("msg_id") == msg_id
+        and m["msg_type"] == "stream"
+        and "steps queued" in m["content"]["text"],
+        timeout=120,
+    )
+    kernel.km.interrupt_kernel()
+    reply = kernel.finish(msg_id, timeout=60)
+    assert reply.status == "error" and reply.ename == "KeyboardInterrupt"
+    said = re.search(r"pw_kernel: Ctrl-C cancelled (\d+) runs? ", reply.stderr)
+    assert said, reply.stderr
+    after = kernel.run(
+        "pw.controller().wait_all(timeout=60)\n"
+        "mine = [r for r in pw.controller().runs if r.id > mark]\n"
+        "print(sorted({r.state for r in mine}), sum(r.state == 'cancelled' for r in mine))"
+    )
+    states, n = after.stdout.strip().rsplit(" ", 1)
+    assert int(n) == int(said.group(1)) >= 1 and "'queued'" not in states and "'running'" not in states
