@@ -380,10 +380,12 @@ def fused(graph: ProgramGraph) -> Plan:
 def segmented(graph: ProgramGraph, pieces: int) -> Plan:
     """The program fused in ``pieces`` consecutive segments (a segment of one node is that node's own step).
 
-    What `auto` runs once a fused run has shown that the whole program holds its devices longer
-    than the run-ahead bound: cancel, Ctrl-C and a higher priority then act between segments,
-    within the bound plus one segment, as they do between a chained run's nodes, while each
-    segment still runs as one XLA executable. Input transfers come first, as in `fused`.
+    What `auto` runs for a long program of repeated calls (segments alike share one jit:
+    `_segment_call`), and once runs have shown that a step holds its devices longer than the
+    run-ahead bound: cancel, Ctrl-C and a higher priority then act between segments, within
+    the bound plus one segment, as they do between a chained run's nodes, while each segment
+    still runs as one XLA executable. Input transfers come first, as in `fused`. Local slices
+    only (a segment calls node executables inside a local jit).
     """
     devices: dict = {}
     steps = [_step_for(n, graph, n.fn, n.inputs, n.outputs, devices) for n in graph.nodes if n.kind == "transfer"]
@@ -527,8 +529,10 @@ def auto_mode(graph: ProgramGraph) -> str:
     whole, once = compile_sizes(graph.jaxpr.jaxpr)
     if whole <= max(FUSE_SMALL_EQNS, 2 * once):
         return "fused"
-    if any(n.host_callbacks for n in graph.nodes):
-        return "chained"
+    if any(n.host_callbacks for n in graph.nodes) or any(
+        n.slice is not None and n.slice.island.remote is not None for n in graph.nodes
+    ):
+        return "chained"  # (segments call node executables inside a local jit: not remote ones)
     per_segment = FUSE_SMALL_EQNS * work // whole  # nodes in a segment of about FUSE_SMALL_EQNS equations
     return "segments" if per_segment >= 2 else "chained"
 
