@@ -378,25 +378,33 @@ def test_ctrl_c_cancels_a_blocking_run_and_the_kernel_stays_usable(gated):
     assert "Array([2., 3.], dtype=float32)" in again.text
 
 
-def test_ctrl_c_in_a_plain_loop_cancels_the_runs_that_cell_submitted_and_no_others(gated):
-    k = gated
-    k.run("earlier = [held(v), held(v)]\nmark = pw.controller().runs[-1].id")  # an earlier cell's runs, gated
+def ctrl_c_in_a_loop(k, body: str, after: int):
+    """Run a plain loop of ``body`` in a cell; once ``after`` calls are queued and it goes on, press Ctrl-C.
+
+    Returns the cell's reply.
+    """
     msg_id = k.submit(
         "for i in range(100_000):\n"
-        "    y = held(v)\n"
-        "    if i == 60:\n"
+        f"    {body}\n"
+        f"    if i == {after}:\n"
         "        print('dozens queued', flush=True)\n"
-        "    if i >= 60:\n"
+        f"    if i >= {after}:\n"
         "        time.sleep(0.02)  # the loop goes on: the person presses Ctrl-C while it runs\n"
     )
     k.wait_for(
         lambda m: m["parent_header"].get("msg_id") == msg_id
         and m["msg_type"] == "stream"
         and "dozens queued" in m["content"]["text"],
-        timeout=60,
+        timeout=120,
     )
     k.km.interrupt_kernel()
-    reply = k.finish(msg_id, timeout=30)
+    return k.finish(msg_id, timeout=60)
+
+
+def test_ctrl_c_in_a_plain_loop_cancels_the_runs_that_cell_submitted_and_no_others(gated):
+    k = gated
+    k.run("earlier = [held(v), held(v)]\nmark = pw.controller().runs[-1].id")  # an earlier cell's runs, gated
+    reply = ctrl_c_in_a_loop(k, "y = held(v)", after=60)
     assert reply.status == "error" and reply.ename == "KeyboardInterrupt"
     cancelled = re.search(r"pw_kernel: Ctrl-C cancelled (\d+) runs \(ids \d+-\d+: 'held'\): ", reply.stderr)
     assert cancelled, reply.stderr
@@ -463,22 +471,7 @@ def test_ctrl_c_in_a_plain_loop_of_pipeline_steps_leaves_nothing_running(kernel)
         "state, loss = pipe.step(state, x, x); loss.result()\n"
         "mark = pw.controller().runs[-1].id"
     )
-    msg_id = kernel.submit(
-        "for i in range(100_000):\n"
-        "    state, loss = pipe.step(state, x, x)\n"
-        "    if i == 40:\n"
-        "        print('steps queued', flush=True)\n"
-        "    if i >= 40:\n"
-        "        time.sleep(0.02)  # the loop goes on: the person presses Ctrl-C while it runs\n"
-    )
-    kernel.wait_for(
-        lambda m: m["parent_header"].get("msg_id") == msg_id
-        and m["msg_type"] == "stream"
-        and "steps queued" in m["content"]["text"],
-        timeout=120,
-    )
-    kernel.km.interrupt_kernel()
-    reply = kernel.finish(msg_id, timeout=60)
+    reply = ctrl_c_in_a_loop(kernel, "state, loss = pipe.step(state, x, x)", after=40)
     assert reply.status == "error" and reply.ename == "KeyboardInterrupt"
     said = re.search(r"pw_kernel: Ctrl-C cancelled (\d+) runs? ", reply.stderr)
     assert said, reply.stderr
