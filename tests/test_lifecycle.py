@@ -496,3 +496,21 @@ def test_a_policy_without_ranks_sees_every_runnable_run_in_submission_order():
         life.submit(record(i, plan))
     work, _ = life.next_work(0.0)
     assert work.rec.id == 4
+
+
+def test_a_failed_input_fails_a_chain_of_parked_readers_in_one_pick():
+    # c reads a, which reads b; both wait parked. b is cancelled: the next pick fails a, and c,
+    # woken by a's end in the middle of the pick, fails too (the index changes while it is read).
+    life = Lifecycle(max_inflight=8, n_islands=1, validate=True)
+    b = record(0, make_plan(2))
+    a = record(1, make_plan(1, n_inputs=1), inputs=[b.cells[0]])
+    c = record(2, make_plan(1, n_inputs=1), inputs=[a.cells[0]])
+    for rec in (b, a, c):
+        life.submit(rec)
+    work, _ = life.next_work(0.0)
+    assert work.rec is b and a.waiting_for == c.waiting_for == "input"
+    life.next_work(0.5)  # a pick that finds a's and c's kinds of step empty (dropped)
+    life.handle(b, "cancel", 1.0)
+    for _ in range(3):
+        work, _ = life.next_work(2.0)
+    assert work is None and (a.state, c.state) == ("failed", "failed") and not life.queue

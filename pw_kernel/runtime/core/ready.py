@@ -145,15 +145,16 @@ class ReadyIndex:
 
     # ---------------------------------------------------------------- the pick
     def classes(self) -> Iterator[_Class]:
-        """Each credit class with runs (empty ones are dropped as they are met)."""
-        empty = []
-        for key, cls in self.by_class.items():
+        """Each credit class with runs (empty ones are dropped as they are met).
+
+        Over a snapshot: what the caller does to a head may index runs anew (a failed run's
+        parked readers), under a class not seen yet.
+        """
+        for key, cls in list(self.by_class.items()):
             if self._trim(cls):
                 yield cls
-            else:
-                empty.append(key)
-        for key in empty:
-            del self.by_class[key]
+            elif self.by_class.get(key) is cls:
+                del self.by_class[key]
 
     def heads(self, cls: _Class) -> Iterator[RunRecord]:
         """The current head of each group of ``cls`` (the caller may park or start it, then asks again)."""
