@@ -67,6 +67,7 @@ class Step:
     donates: tuple[int, ...] = ()  # slots whose buffers its outputs may reuse (donated arguments)
     outs_donated: bool = False  # a later step donates one of its outputs: completion must not wait on them
     exe: Executable = dataclasses.field(default_factory=Executable)
+    fused_nodes: int = 1  # graph nodes it runs as one executable (fused, or a segment)
     #: what its arguments will be (shape, dtype, sharding), for compiling it before they exist
     in_values: tuple[Value, ...] = ()
 
@@ -370,6 +371,7 @@ def fused(graph: ProgramGraph) -> Plan:
             outs=tuple(out_slots),
             nbytes=sum(graph.values[v].nbytes for v in graph.outputs),
             shapes=f"{len(work)} nodes fused",
+            fused_nodes=len(work),
             host_callbacks=any(n.host_callbacks for n in work),
             exe=Executable(compile_first=hasattr(call, "lower")),
         )
@@ -414,6 +416,7 @@ def segmented(graph: ProgramGraph, pieces: int) -> Plan:
         step = _step_for(chunk[0], graph, call, ins, outs, devices, name=f"{graph.name}[{c + 1}/{len(chunks)}]",
                          kind="compute")
         steps.append(step | dict(shapes=f"{len(chunk)} nodes fused ({chunk[0].name} .. {chunk[-1].name})",
+                                 fused_nodes=len(chunk),
                                  host_callbacks=any(n.host_callbacks for n in chunk)))
     return _finish("fused", graph, steps, graph.outputs, len(graph.values))
 
@@ -474,7 +477,7 @@ def auto_segments(graph: ProgramGraph, plan: Plan, bound_ns: int | None) -> int:
         if step.remote or step.host_callbacks or step.exe.measured < 2:
             return 0
         total += step.exe.cost
-        long = long or (step.exe.cost > bound_ns and step.node is not None and "nodes fused" in step.shapes)
+        long = long or (step.exe.cost > bound_ns and step.fused_nodes > 1)
     # segments of half the bound: two fit under it, so the next is queued while one runs (no gap between)
     return math.ceil(2 * total / bound_ns) if long else 0
 
