@@ -165,15 +165,23 @@ def print_cancel_and_priority(rows: list[dict]) -> None:
               f"{r['priority_10_wait_over_node']:>17.2f} {r['nodes_still_on_device_at_cancel']:>22.0f}")
 
 
+#: seconds of runs per figure of the segment-throughput table (`--quick`: `common.MIN_WINDOW_S`)
+SEGMENT_WINDOW_S = 3.0
+
+
 def segment_throughput(nodes: int, iters: int) -> dict:
     """Runs/s of a program of ``nodes`` small slow nodes, auto (cut into fused segments) against fused (one executable)."""
-    c = pw.init(max_inflight=64)
+    pw.init(max_inflight=64)
     long, _, x, _ = slow_program(iters, nodes)
     for _ in range(2):
         long.submit(x, mode="fused").result()
         long.submit(x, mode="auto").result()
-    segments = len(c.plan(long.trace(x), "auto").steps)
-    samples = common.interleaved({m: (lambda m=m: long.submit(x, mode=m).result()) for m in ("fused", "auto")}, 5)
+    # The two differ by a few percent, less than this machine's noise over a short window: at least
+    # 3 s of runs per figure (the --quick mode keeps its short window).
+    samples = common.interleaved({m: (lambda m=m: long.submit(x, mode=m).result()) for m in ("fused", "auto")},
+                                 1000, budget_s=0.0,
+                                 min_window_s=common.MIN_WINDOW_S if common.QUICK else SEGMENT_WINDOW_S)
+    segments = long.submit(x, mode="auto").wait().nodes_total  # (auto's plan, cut once measured)
     pw.shutdown()
     fused, auto = statistics.median(samples["fused"]), statistics.median(samples["auto"])
     return {"nodes": nodes, "segments": segments, "fused_ms": fused * 1e3, "auto_ms": auto * 1e3,

@@ -8,6 +8,7 @@ publishes, which devices it occupies) is decided here, once per graph and mode.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from typing import Any, Literal
 
@@ -379,8 +380,12 @@ def fused(graph: ProgramGraph) -> Plan:
     return _finish("fused", graph, steps, tuple(out_slots), len(graph.values) + len(graph.outputs))
 
 
-def segmented(graph: ProgramGraph, pieces: int) -> Plan:
+def segmented(graph: ProgramGraph, pieces: int, *, alike: bool = True) -> Plan:
     """The program fused in ``pieces`` consecutive segments (a segment of one node is that node's own step).
+
+    ``alike``: up to twice as many segments where that makes them all one length (segments alike
+    compile once: what a cut for compile size wants); else exactly ``pieces``, their lengths
+    differing by one at most (a cut for time: each segment launch costs, on the CPU ~0.5 ms).
 
     What `auto` runs for a long program of repeated calls (segments alike share one jit:
     `_segment_call`), and once runs have shown that a step holds its devices longer than the
@@ -394,10 +399,14 @@ def segmented(graph: ProgramGraph, pieces: int) -> Plan:
     work = [n for n in graph.nodes if n.kind != "transfer"]
     n = len(work)
     pieces = max(1, min(pieces, n))
-    # Segments of one length where a count up to twice as many allows it: alike, they compile once.
-    pieces = next((p for p in range(pieces, min(2 * pieces, n) + 1) if n % p == 0), pieces)
-    size = math.ceil(n / pieces)
-    chunks = [work[a : a + size] for a in range(0, n, size)]
+    if alike:
+        pieces = next((p for p in range(pieces, min(2 * pieces, n) + 1) if n % p == 0), pieces)
+        size = math.ceil(n / pieces)
+        chunks = [work[a : a + size] for a in range(0, n, size)]
+    else:
+        size, longer = divmod(n, pieces)  # the first ``longer`` segments have one node more
+        ends = itertools.accumulate(size + (k < longer) for k in range(pieces))
+        chunks = [work[b - size - (k < longer) : b] for k, b in enumerate(ends)]
     read_after: dict[int, int] = {}  # slot -> index of the last chunk that reads it
     for c, chunk in enumerate(chunks):
         for n in chunk:
@@ -466,8 +475,8 @@ def _segment_call(graph: ProgramGraph, chunk: list[Node], ins: list[int], outs: 
 def auto_segments(graph: ProgramGraph, plan: Plan, bound_ns: int | None) -> int:
     """How many segments `auto` cuts ``graph`` into, given its current ``plan``: 0 (keep the plan) until
     runs (two: the first often runs slow) have shown that a step of several nodes holds its devices for
-    longer than the run-ahead bound; then enough that each holds them for about half the bound, on the
-    nodes' share of the measured time (nodes of one program are often alike)."""
+    longer than the run-ahead bound; then enough that each holds them for at most about the bound, on
+    the nodes' share of the measured time (nodes of one program are often alike)."""
     if not bound_ns or plan.mode != "fused":
         return 0
     total, long = 0, False
@@ -478,8 +487,11 @@ def auto_segments(graph: ProgramGraph, plan: Plan, bound_ns: int | None) -> int:
             return 0
         total += step.exe.cost
         long = long or (step.exe.cost > bound_ns and step.fused_nodes > 1)
-    # segments of half the bound: two fit under it, so the next is queued while one runs (no gap between)
-    return math.ceil(2 * total / bound_ns) if long else 0
+    # Segments of at most the bound: the next is queued while one runs as long as what is queued is
+    # under the bound (`RunAhead`), and each boundary costs a launch. Half-bound segments (two
+    # always queued) measured 0.965-0.971x a 20-node program's fused throughput on the CPU, these
+    # 0.983-0.995x (benchmarks/multitenancy.py, 3 s a figure).
+    return math.ceil(total / bound_ns) if long else 0
 
 
 #: Programs up to this many equations fuse in auto mode whatever they repeat: compiling them is quick.
@@ -560,6 +572,6 @@ def plan_for(graph: ProgramGraph, mode: str, bound_s: float | None = None) -> Pl
     elif mode == "auto" and bound_s and not graph._plans.get("auto cut"):
         pieces = auto_segments(graph, plan, int(bound_s * 1e9))
         if pieces > len(plan.steps):  # learned once: the cut plan replaces the other for auto
-            plan = graph._plans["auto"] = segmented(graph, pieces)
+            plan = graph._plans["auto"] = segmented(graph, pieces, alike=False)
             graph._plans["auto cut"] = plan
     return plan
