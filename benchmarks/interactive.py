@@ -138,6 +138,42 @@ def contenders(n: int, k: int) -> dict:
     }
 
 
+#: objects walked between two timed jit calls by the "after touching" context (a working set like a pw call's)
+TOUCHED = 4000
+
+
+def jit_call_after(modes: dict, rounds: int, per_round: int) -> dict[str, float]:
+    """µs of one ``jax.jit`` call (waited), timed alone, after each of three things done untimed before it.
+
+    Why a waited pw call costs more than its Python: the jit call inside it is itself slower
+    than in a loop of jit calls, because what runs between two calls (pw's ~75 functions and the
+    objects they touch) takes the processor's caches from JAX's C++ dispatch path. Contexts,
+    interleaved round by round: another jit call (JAX's hot loop), a pw call
+    (``f(x).result()``), and a walk over `TOUCHED` Python objects (no pw at all).
+    """
+    jax_single, pw_single = modes["jax/single"], modes["pw/single"]
+    junk = [object() for _ in range(TOUCHED * 50)]
+
+    def touch():
+        for _ in junk[::50]:
+            pass
+
+    contexts = {"after a jit call": jax_single, "after a pw call": pw_single,
+                f"after touching {TOUCHED:,} objects": touch}
+    clock = time.perf_counter_ns
+    samples: dict[str, list[float]] = {c: [] for c in contexts}
+    for r in range(rounds):
+        for name, before in contexts.items():
+            total = 0
+            for _ in range(per_round):
+                before()
+                t = clock()
+                jax_single()
+                total += clock() - t
+            samples[name].append(total / per_round / 1e3)
+    return {c: sorted(v)[len(v) // 2] for c, v in samples.items()}
+
+
 def first_calls(modes: dict) -> float:
     """Run every mode once (traces and compiles everything) and check that pairs agree; seconds taken."""
     t = time.perf_counter()
@@ -195,6 +231,7 @@ def main(argv=None) -> dict:
             "ratio": us[pm] / us[jm], "limit": limit,
         }
     result["targets"] = targets(result)
+    result["jit_call_after"] = jit_call_after(modes, 3 if common.QUICK else 7, 200 if common.QUICK else 2000)
     result["machine"]["loadavg_end"] = common.loadavg()
 
     rep = result["repeats"]
@@ -204,6 +241,10 @@ def main(argv=None) -> dict:
     for r in result["rows"].values():
         tgt = f"<= {r['limit']:g}x" if r["limit"] is not None else "reported"
         print(f"  {r['label']:<44}{r['pw_us']:>10.1f}{r['jax_us']:>10.1f}{r['ratio']:>9.2f}  {tgt}")
+    print("\none jax.jit call (waited, the row above's), timed alone after something untimed "
+          "(µs, medians of interleaved rounds; see jit_call_after):")
+    for name, us in result["jit_call_after"].items():
+        print(f"  {name:<44}{us:>10.1f}")
     print(f"  load average at end: {result['machine']['loadavg_end']}")
     return common.finish(args.json, result)
 
