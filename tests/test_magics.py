@@ -127,7 +127,9 @@ def test_load_ext_registers_the_magics_and_unload_removes_them(ip):
     assert KeyboardInterrupt in ip.custom_exceptions
 
 
-def test_ctrl_c_handling_joins_a_custom_exception_handler_set_before_and_gives_it_back(ip):
+def test_the_fronts_exception_handlers_join_one_set_before_and_give_it_back(ip):
+    # Ctrl-C (cancel the cell's runs) and pw_kernel's errors (shown at the user's lines) each add
+    # their exceptions to IPython's one custom handler and pass every other one on.
     saved = ip.custom_exceptions, ip.CustomTB
     seen = []
     ip.run_line_magic("unload_ext", "pw_kernel")
@@ -135,10 +137,12 @@ def test_ctrl_c_handling_joins_a_custom_exception_handler_set_before_and_gives_i
         ip.set_custom_exc((ValueError,), lambda shell, etype, value, tb, tb_offset=None: seen.append(value))
         theirs = ip.CustomTB
         ip.run_line_magic("load_ext", "pw_kernel")
-        assert ip.custom_exceptions == (ValueError, KeyboardInterrupt)
-        with capture_output():
+        assert ip.custom_exceptions == (ValueError, KeyboardInterrupt, pw.PathwaysError)
+        with capture_output() as cap:
             ip.run_cell("raise ValueError('theirs')")
+            ip.run_cell("import pw_kernel as pw; pw.slice(0)")
         assert [str(e) for e in seen] == ["theirs"]
+        assert "SliceError" in cap.stdout and not RUNTIME_FRAME.search(cap.stdout), cap.stdout
         ip.run_line_magic("unload_ext", "pw_kernel")
         assert ip.custom_exceptions == (ValueError,) and ip.CustomTB is theirs
     finally:
@@ -426,6 +430,57 @@ bad = jnp.ones(3) + x
     assert f"at Cell In[{cell.number}], line 3:\n    bad = jnp.ones(3) + x" in str(cell.error)
     shown = cell.stdout
     assert f"Cell In[{cell.number}], line 3" in shown and "----> 3 bad = jnp.ones(3) + x" in shown
+    assert not RUNTIME_FRAME.search(shown), shown
+
+
+def test_a_wrong_shape_into_a_compiled_step_in_a_plain_cell_points_at_the_users_call_and_line(nb):
+    nb.run(
+        """def loss(w, x):
+    return jnp.sum(x @ w)
+
+step = pw.compiled(loss, slice=s, name="step")
+"""
+    )
+    defined = nb.ip.execution_count - 1
+    cell = nb.fail(
+        """w = jnp.ones((4, 3))
+x = jnp.ones((5, 5))
+out = step(w, x)
+"""
+    )
+    assert isinstance(cell.error, pw.TracingError)
+    assert f"at Cell In[{defined}], line 2:\n    return jnp.sum(x @ w)" in str(cell.error)
+    shown = cell.stdout
+    # the user's call first, then the line of theirs it failed in; none of pw_kernel's or JAX's frames
+    call, line = shown.index(f"Cell In[{cell.number}], line 3"), shown.index(f"Cell In[{defined}], line 2, in loss")
+    assert call < line and "----> 3 out = step(w, x)" in shown
+    assert not RUNTIME_FRAME.search(shown) and "ipykernel" not in shown and "ipython-input" not in shown, shown
+
+
+def test_an_error_inside_a_library_names_the_users_line_first_and_the_librarys_below_it(nb):
+    optax = pytest.importorskip("optax")
+    nb.run(
+        """import numpy as np, optax
+
+def layer(p, x):
+    return jnp.tanh(x @ p)
+
+def xent(logits, target):
+    return optax.softmax_cross_entropy(logits, target).mean()
+
+halves = pw.slice(1, name="h0"), pw.slice(1, name="h1")
+pipe = pw.pipeline([layer, layer], halves, microbatches=2, loss=xent)
+state = pipe.init([np.full((8, 8), 0.1, np.float32)] * 2)
+"""
+    )
+    defined = nb.ip.execution_count - 1
+    cell = nb.fail("state, loss = pipe.step(state, np.ones((4, 8), np.float32), np.ones((4, 5), np.float32))\n")
+    message = str(cell.error)
+    user = message.index(f"at Cell In[{defined}], line 7:\n    return optax.softmax_cross_entropy(logits, target).mean()")
+    library = message.index(f"in {os.path.dirname(optax.__file__)}")
+    assert user < library, message
+    shown = cell.stdout
+    assert f"Cell In[{cell.number}], line 1" in shown and f"Cell In[{defined}], line 7, in xent" in shown
     assert not RUNTIME_FRAME.search(shown), shown
 
 

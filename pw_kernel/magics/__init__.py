@@ -54,6 +54,7 @@ def load_ipython_extension(ip: Any) -> None:
     ip.register_magics(magics)
     magics.interrupts.register()  # (before the reporter: a cell's runs are cancelled first)
     magics.reporter.register()
+    magics.presenter.register()  # any cell's pw_kernel errors point at its lines
     _loaded[ip] = magics
     from ..runtime.extend import backends_started
 
@@ -66,8 +67,9 @@ def unload_ipython_extension(ip: Any) -> None:
     magics = _loaded.pop(ip, None)
     if magics is None:
         return
-    magics.interrupts.unregister()
+    magics.presenter.unregister()  # (the reverse of loading: each custom exception handler finds its own)
     magics.reporter.unregister()
+    magics.interrupts.unregister()
     magics.close()
     manager = ip.magics_manager
     for kind in ("line", "cell"):

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..runtime import controller
+from .custom_exc import ChainedHandler
 
 
 def ctrl_c_message(runs: Sequence[Any]) -> str:
@@ -81,16 +82,13 @@ class CellInterrupts:
         self.present = present  # readies an error for the notebook (`Presenter.presentable`)
         # Before the cell: (its controller, weakly, or None; that controller's newest run id; the cell's thread).
         self._mark: tuple[weakref.ReferenceType | None, int, threading.Thread] | None = None
-        self._previous: tuple[tuple, Any] | None = None  # the custom exceptions and handler found at `register`
-        self._installed: Any = None  # the handler IPython holds for us (to tell whether it still does)
+        self._hook = ChainedHandler(shell, (KeyboardInterrupt,), self._custom_tb)
 
     def register(self) -> None:
         shell = self.shell
         shell.events.register("pre_run_cell", self.pre_run_cell)
         shell.events.register("post_run_cell", self.post_run_cell)
-        self._previous = (shell.custom_exceptions, shell.CustomTB)
-        shell.set_custom_exc((*shell.custom_exceptions, KeyboardInterrupt), self._custom_tb)
-        self._installed = shell.CustomTB
+        self._hook.register()
 
     def unregister(self) -> None:
         shell = self.shell
@@ -99,9 +97,7 @@ class CellInterrupts:
                 shell.events.unregister(event, hook)
             except ValueError:
                 pass
-        if self._previous is not None and shell.CustomTB is self._installed:  # (else another one replaced ours)
-            shell.custom_exceptions, shell.CustomTB = self._previous
-        self._previous = self._installed = None
+        self._hook.unregister()
 
     def pre_run_cell(self, info=None) -> None:
         c = controller(create=False)  # (creating one would start JAX)
@@ -128,10 +124,7 @@ class CellInterrupts:
         return bool(cancelled)
 
     def _custom_tb(self, shell, etype, value, tb, tb_offset=None):
-        """IPython's handler for the custom exceptions: ours is KeyboardInterrupt, the rest the previous one's."""
-        previous_types, previous = self._previous or ((), None)
-        if not isinstance(value, KeyboardInterrupt) and previous is not None and isinstance(value, previous_types):
-            return previous(etype, value, tb, tb_offset=tb_offset)
+        """IPython's handler for a KeyboardInterrupt (`ChainedHandler`): cancel the cell's runs, then show it."""
         try:
             if self.interrupted():  # as `--block` shows it; other interrupts keep IPython's whole traceback
                 value = self.present(value)

@@ -18,26 +18,13 @@ import functools
 import linecache
 import re
 import sys
-import sysconfig
 import types
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-import jax
-
-#: Files that are never the user's: the standard library, site-packages, pw_kernel itself and JAX.
-_LIB_DIRS = tuple(
-    {
-        str(Path(p).resolve())
-        for p in (
-            *(sysconfig.get_paths().get(k, "") for k in ("stdlib", "platstdlib", "purelib", "platlib")),
-            Path(__file__).resolve().parents[1],  # the pw_kernel package
-            Path(jax.__file__).parent,
-        )
-        if p
-    }
-)
+from ..runtime import PathwaysError
+from ..runtime.extend import is_library, set_file_labels
+from .custom_exc import ChainedHandler
 
 _FRAME = re.compile(r'^(\s*)File "([^"]+)", line (\d+), in (.+)$')
 
@@ -99,6 +86,25 @@ class Presenter:
     def __init__(self, shell: Any):
         self.shell = shell
         self._cell_files: dict[str, int] = {}  # filenames this magic compiled -> execution count
+        self._hook = ChainedHandler(shell, (PathwaysError,), self._show)
+
+    def register(self) -> None:
+        """Any cell's pw_kernel error points at the user's cells, not only a `%%pathways` cell's.
+
+        The runtime's messages name a cell's file ``Cell In[N]`` (`set_file_labels`), and a
+        `PathwaysError` raised in a plain cell (a `pw.compiled` call, a pipeline's step) is
+        shown with the user's frames only, through IPython's custom exception handler.
+        """
+        set_file_labels(self.cell_label)
+        self._hook.register()
+
+    def unregister(self) -> None:
+        set_file_labels(None)
+        self._hook.unregister()
+
+    def _show(self, shell: Any, etype: type, value: BaseException, tb: Any, tb_offset: int | None = None) -> None:
+        """IPython's handler for a `PathwaysError` (`ChainedHandler`): show it as `presentable` makes it."""
+        shell.showtraceback((etype, self.presentable(value), tb), tb_offset=tb_offset)
 
     def add_cell_file(self, filename: str, number: int) -> None:
         """``filename`` holds the code of cell ``In[number]``."""
@@ -162,11 +168,7 @@ class Presenter:
             return True
         if filename.startswith("<"):
             return False
-        try:
-            path = str(Path(filename).resolve())
-        except OSError:
-            return False
-        return not path.startswith(_LIB_DIRS) and "/IPython/" not in path
+        return not is_library(filename) and "/IPython/" not in filename
 
     def presentable(self, err: BaseException, relabel: bool = True) -> BaseException:
         """``err`` for the notebook: cell filenames read ``Cell In[N]``; its traceback shows only user frames.
@@ -201,28 +203,24 @@ def _render_user_traceback(shell, err: BaseException, is_user, condense) -> list
 
 
 def _user_traceback(err: BaseException, is_user) -> types.TracebackType | None:
-    """A traceback of only the user's frames, from the deepest exception in the chain that has any."""
+    """A traceback of only the user's frames: ``err``'s (the user's call), then those of the exceptions it
+    chains to, outermost first (the user's function it failed in), each frame once."""
     best: list[types.TracebackType] = []
+    frames: set[int] = set()
     seen: set[int] = set()
-    stack = [err]
-    while stack:
-        e = stack.pop()
-        if id(e) in seen:
-            continue
+    e: BaseException | None = err
+    while e is not None and id(e) not in seen:
         seen.add(id(e))
-        entries = []
         tb = e.__traceback__
         while tb is not None:
             nxt = tb.tb_next
             calls_magic = nxt is not None and nxt.tb_frame.f_code.co_name in ("run_cell_magic", "run_line_magic")
-            if is_user(tb.tb_frame.f_code.co_filename) and not calls_magic:  # a magic's own line says nothing
-                entries.append(tb)
+            # (a magic's own line says nothing; a frame both exceptions passed through shows once)
+            if is_user(tb.tb_frame.f_code.co_filename) and not calls_magic and id(tb.tb_frame) not in frames:
+                frames.add(id(tb.tb_frame))
+                best.append(tb)
             tb = nxt
-        if entries:
-            best = entries
-        for nxt in (e.__context__, e.__cause__):
-            if nxt is not None:
-                stack.append(nxt)
+        e = e.__cause__ if e.__cause__ is not None else e.__context__
     new = None
     for t in reversed(best):
         new = types.TracebackType(new, t.tb_frame, t.tb_lasti, t.tb_lineno)

@@ -32,6 +32,7 @@ from .errors import short_error
 from .exec.controller import Controller, Status
 from .exec.events import EventLog, TraceRow, busy_time, chrome_trace
 from .trace.graph import describe_sharding, nbytes_of
+from .trace.sources import is_library, set_file_labels
 from .trace.tracing import context_mesh_hint
 
 __all__ = [
@@ -56,6 +57,9 @@ __all__ = [
     "describe_sharding",
     "nbytes_of",
     "short_error",
+    # where an error comes from: the user's files as the front names them (`Cell In[N]`), and which are not theirs
+    "is_library",
+    "set_file_labels",
     # values pw itself still reads (an unfinished checkpoint save), so they are not donated
     "hold",
     # the simulated CPU devices, chosen before JAX starts

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -28,23 +27,10 @@ from .executables import calls_host, executable_with_chosen_outputs, glue_key, j
 from .graph import Node, ProgramGraph, Value, as_dtype
 from .jax_errors import UNTRACEABLE, JaxErrorKind, classify
 from .signatures import abstract_leaf, home_slice, is_traced_leaf, signature
-
-_JAX_DIR = os.path.dirname(jax.__file__)
-_PW_DIR = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))  # pw_kernel/
-
-
-def user_frame(tb_frames) -> tuple[str, int] | None:
-    """The innermost (file, line) that is user code, not JAX's or pw_kernel's."""
-    for filename, line in tb_frames:
-        if not filename.startswith((_JAX_DIR, _PW_DIR)) and "/importlib/" not in filename:
-            return filename, line
-    return None
-
+from .sources import fmt_exc_source, fmt_sources, is_runtime
 
 def _user_frames(frames) -> tuple[tuple[str, int], ...]:
-    return tuple(
-        (f, line) for f, line in frames if not f.startswith((_JAX_DIR, _PW_DIR)) and "/importlib/" not in f
-    )
+    return tuple((f, line) for f, line in frames if not is_runtime(f))
 
 
 def _eqn_stack(eqn) -> tuple[tuple[str, int], ...]:
@@ -75,22 +61,9 @@ def _eqn_source(eqn) -> tuple[str, int] | None:
     return stack[0] if stack else None
 
 
-def _exc_source(exc: BaseException) -> tuple[str, int] | None:
-    import traceback
-
-    frames = traceback.extract_tb(exc.__traceback__)
-    return user_frame((f.filename, f.lineno) for f in reversed(frames))
-
-
 def _fmt_source(src: tuple[str, int] | None) -> str:
-    if src is None:
-        return ""
-    import linecache
-
-    filename, line = src
-    text = linecache.getline(filename, line).strip()
-    where = f"{filename}, line {line}"
-    return f"\n  at {where}" + (f":\n    {text}" if text else "")
+    """An equation's source line, as an error's ``at ...`` line ("" if unknown)."""
+    return fmt_sources((src,)) if src is not None else ""
 
 
 def context_mesh_hint(slices: Sequence[VirtualSlice | None]) -> str:
@@ -361,7 +334,7 @@ class _Tracer:
         except Exception as e:
             kind = classify(e)
             if kind is not None and not kind.quotes_jax:
-                raise kind.error(e, self.api, _fmt_source(_exc_source(e))) from None
+                raise kind.error(e, self.api, fmt_exc_source(e)) from None
             raise self.untraceable(e, kind) from e
 
     @property
@@ -370,7 +343,7 @@ class _Tracer:
 
     def untraceable(self, e: Exception, kind: JaxErrorKind | None) -> PathwaysError:
         """JAX's error quoted whole, with its entry's hint if any, and why a context mesh may be the cause."""
-        where = _fmt_source(_exc_source(e))
+        where = fmt_exc_source(e)
         mesh_hint = context_mesh_hint([*(cf.slice for cf in self.scope.functions()), self.b.default_slice])
         if kind is not None:
             return kind.becomes(kind.message(e, self.api, where) + mesh_hint)
