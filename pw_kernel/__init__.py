@@ -87,6 +87,8 @@ __version__ = "0.1.0"
 
 #: The views, imported on first use: they need the notebook stack (anywidget), the runtime does not.
 _VIEWS = ("show_mesh", "timeline", "show_pipeline")
+#: The Pathways service's client calls, imported on first use (they need pyzmq and jupyter_client when called).
+_SERVICE = ("connect", "disconnect", "clients", "keep", "kept")
 
 # The documented API, grouped as the README's "API" section lists it (tests/test_runtime_contract.py
 # checks the two agree). Room is left under the 60-name bound for the service and profiling calls to come.
@@ -127,6 +129,12 @@ __all__ = [
     "CheckpointManager",
     "prefetch",
     "elastic_retry",
+    # the Pathways service: many notebooks, one pool of devices
+    "connect",
+    "disconnect",
+    "clients",
+    "keep",
+    "kept",
     # views
     "show_mesh",
     "timeline",
@@ -157,6 +165,10 @@ __all__ = [
 def __getattr__(name: str) -> object:
     if name in _VIEWS:
         value = getattr(_importlib.import_module(".widgets", __name__), name)
+        globals()[name] = value
+        return value
+    if name in _SERVICE:
+        value = getattr(_importlib.import_module(".service.client", __name__), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'pw_kernel' has no attribute {name!r}")

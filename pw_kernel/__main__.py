@@ -1,4 +1,4 @@
-"""``python -m pw_kernel install [--user | --sys-prefix | --prefix DIR] [--devices N]``: the Jupyter kernelspec."""
+"""``python -m pw_kernel install [...]``: the Jupyter kernelspec; ``python -m pw_kernel serve [...]``: the service."""
 
 from __future__ import annotations
 
@@ -22,8 +22,22 @@ def main(argv: list[str] | None = None) -> int:
     inst.add_argument("--devices", type=int, default=None, metavar="N", help="simulated CPU devices (default 8)")
     inst.add_argument("--name", default=None, help="kernelspec name (default 'pathways')")
     inst.add_argument("--display-name", default=None, help="name shown in Jupyter (default 'Python 3 (Pathways)')")
+    srv = sub.add_parser(
+        "serve",
+        help="run the Pathways service: owns this host's devices, notebooks connect with pw.connect()",
+        description="Run the Pathways service in the foreground: it owns this host's devices and runs the "
+        "controller for every notebook that calls pw.connect(). It writes a connection file only this user can "
+        "read; Ctrl-C or SIGTERM stops it and removes the file.",
+    )
+    srv.add_argument("--connection-file", default=None, metavar="PATH",
+                     help="where to write the connection file (default: pw-service.json in Jupyter's runtime dir)")
+    srv.add_argument("--ip", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this host only)")
+    srv.add_argument("--devices", type=int, default=None, metavar="N",
+                     help="simulated CPU devices when there is no accelerator (default 8)")
     args = parser.parse_args(argv)
 
+    if args.command == "serve":
+        return _serve(args, parser)
     if args.command != "install":
         parser.print_help()
         return 2
@@ -40,6 +54,23 @@ def main(argv: list[str] | None = None) -> int:
         display_name=args.display_name or kernelspec.DISPLAY_NAME,
     )
     print(f"Installed kernelspec {args.name or kernelspec.KERNEL_NAME!r} ({devices} CPU devices) in {path}")
+    return 0
+
+
+def _serve(args, parser) -> int:
+    import logging
+
+    import jax
+
+    if args.devices is not None:
+        if args.devices < 1:
+            parser.error(f"--devices must be at least 1; got {args.devices}.")
+        jax.config.update("jax_num_cpu_devices", args.devices)  # (before JAX starts: nothing ran yet)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
+    logging.getLogger("pw_kernel.service").setLevel(logging.INFO)  # clients coming and going, refusals
+    from .service import serve
+
+    serve(args.connection_file, ip=args.ip)
     return 0
 
 

@@ -4,6 +4,7 @@ As `jax.extend` holds JAX's internals for library authors, this module holds
 what the training layer (`pw_kernel.train`), the notebook front
 (`pw_kernel.magics`), the views (`pw_kernel.widgets`), the benchmarks and the
 tests need from the runtime and users do not: the controller's classes, the
+remote island (which the Pathways service, `pw_kernel.service`, drives over its own link), the
 event log's trace rows and their one writer, the run lifecycle's final states
 and transitions, how a sharding or an error is said in one line, values pw
 itself still reads, and how the simulated CPU devices are chosen. Users import
@@ -31,6 +32,9 @@ from .donation import hold
 from .errors import short_error
 from .exec.controller import Controller, Status
 from .exec.events import EventLog, TraceRow, busy_time, chrome_trace
+from .run import pace
+from .remote.actor import from_wire, to_wire
+from .remote.client import RemoteIsland
 from .trace.graph import describe_sharding, nbytes_of
 from .trace.sources import is_library, set_file_labels
 from .trace.tracing import context_mesh_hint
@@ -57,11 +61,16 @@ __all__ = [
     "describe_sharding",
     "nbytes_of",
     "short_error",
+    "pace",
     # where an error comes from: the user's files as the front names them (`Cell In[N]`), and which are not theirs
     "is_library",
     "set_file_labels",
     # values pw itself still reads (an unfinished checkpoint save), so they are not donated
     "hold",
+    # a remote island over another transport (the Pathways service's ZeroMQ link), and how values cross it
+    "RemoteIsland",
+    "from_wire",
+    "to_wire",
     # the simulated CPU devices, chosen before JAX starts
     "DEFAULT_CPU_DEVICES",
     "backends_started",

@@ -24,7 +24,11 @@ Tracing needs a mesh for every slice: a remote island's slices are laid out
 on local stand-in devices of the same count (the controller's simulated CPU
 devices), which never run its work.
 
-Ray is imported only here, and only when `add_ray_islands` is called.
+Ray is imported only here, and only when `add_ray_islands` is called. What an island
+needs of its transport (wait for a reply, read it, ship a value, the errors that
+mean the other side died, how to say where it is) is a `Link`: `RayLink` here;
+the Pathways service (`pw_kernel.service`) reaches its devices through the same
+island code over ZeroMQ with a link of its own.
 """
 
 from __future__ import annotations
@@ -44,6 +48,51 @@ from ..trace.graph import as_dtype
 from .actor import MISSING, IslandActor, from_wire, spec_tuple, to_wire
 
 
+class RayLink:
+    """How a remote island talks to a Ray actor: ``actor.method.remote(...)`` gives a ref, read here.
+
+    Another transport gives the island an object with the same methods (the service's
+    ZeroMQ link, `pw_kernel.service.client`); its actor is then any object whose
+    ``method.remote(*args)`` returns a ref of that link's kind.
+    """
+
+    def ready(self, ref) -> bool:
+        import ray
+
+        done, _ = ray.wait([ref], timeout=0)
+        return bool(done)
+
+    def get(self, ref):
+        import ray
+
+        return ray.get(ref)
+
+    def put(self, value):
+        """A value shipped as an argument of a later call (Ray: through its object store)."""
+        import ray
+
+        return ray.put(value)
+
+    def usable(self) -> bool:
+        """Whether calls can be sent now (False: Ray was shut down; a call would start a new one)."""
+        import ray
+
+        return ray.is_initialized()
+
+    def lost_errors(self) -> tuple[type[BaseException], ...]:
+        """The errors that mean the actor is gone."""
+        import ray
+
+        return (ray.exceptions.RayActorError,)
+
+    @staticmethod
+    def where(info: dict) -> str:
+        return f"Ray actor on {info['host']}, pid {info['pid']}"
+
+    #: What a user does once the island is gone.
+    again = "add it again with `pw.add_ray_islands(...)` and make new slices there"
+
+
 class _Ticket:
     """One actor call that an island's mailbox thread makes: its ref once sent, its result once read."""
 
@@ -55,6 +104,11 @@ class _Ticket:
         self.error: BaseException | None = None
         self.sent = threading.Event()
         self._result: Any = MISSING
+
+    def answered(self, result: Any) -> None:
+        """Mark the call made and answered with ``result`` (for a buffer the island already holds)."""
+        self._result = result
+        self.sent.set()
 
     def wait_ref(self):
         self.sent.wait()
@@ -69,19 +123,15 @@ class _Ticket:
             return False
         if self.error is not None:
             return True
-        import ray
-
-        done, _ = ray.wait([self.ref], timeout=0)
-        return bool(done)
+        return self.island.link.ready(self.ref)
 
     def result(self) -> Any:
         """What the actor returned (read once, then kept: every output of the call shares it)."""
         if self._result is MISSING:
-            import ray
-
+            link = self.island.link
             try:
-                self._result = ray.get(self.wait_ref())
-            except ray.exceptions.RayActorError as e:
+                self._result = link.get(self.wait_ref())
+            except link.lost_errors() as e:
                 raise self.island.lost(e) from None
         return self._result
 
@@ -97,8 +147,9 @@ class RemoteIsland:
     among them travel in one ``run_many`` call.
     """
 
-    def __init__(self, actor, info: dict, offset_ns: int):
+    def __init__(self, actor, info: dict, offset_ns: int, link=None):
         self.actor = actor
+        self.link = RayLink() if link is None else link  # the transport: wait, read, ship, lost errors
         self.info = info
         self.offset_ns = offset_ns  # local perf_counter_ns = remote + offset
         self.alive = True
@@ -117,11 +168,17 @@ class RemoteIsland:
     def new_handle(self) -> int:
         return next(self._handles)
 
+    def existing(self, handle: int, shape, dtype, sharding, slice_) -> RemoteArray:
+        """A handle to a buffer the island already holds (made by an earlier session: a kept array), ready now."""
+        ticket = _Ticket(self)
+        ticket.answered(([(0, 0)], None))
+        return RemoteArray(self, handle, shape, dtype, sharding, ticket, 0, slice_)
+
     def check(self, api: str) -> None:
         if not self.alive:
             raise IslandLostError(
                 f"`{api}`: island {self.island.id if self.island else '?'} ({self._where()}) is gone: {self.error}. "
-                f"Runs on it failed; add it again with `pw.add_ray_islands(...)` and make new slices there."
+                f"Runs on it failed; {self.link.again}."
             )
 
     def lost(self, err: BaseException) -> IslandLostError:
@@ -133,7 +190,7 @@ class RemoteIsland:
         )
 
     def _where(self) -> str:
-        return f"Ray actor on {self.info['host']}, pid {self.info['pid']}"
+        return self.link.where(self.info)
 
     # ------------------------------------------------------------ mailbox
     def run(self, key: str, args: list, out_ids: list[int]) -> tuple[_Ticket, int]:
@@ -180,8 +237,6 @@ class RemoteIsland:
             self._mailbox.put(handle)  # sent after what is queued (the actor forgives a free that comes first)
 
     def _send_loop(self) -> None:
-        import ray
-
         box = self._mailbox
         while True:
             items = [box.get()]
@@ -191,7 +246,7 @@ class RemoteIsland:
             for burst in items:
                 if isinstance(burst, list):
                     self._send(burst)
-            if frees and self.alive and ray.is_initialized():  # else the call would start a new Ray
+            if frees and self.alive and self.link.usable():  # (Ray shut down: a call would start a new Ray)
                 try:
                     self.actor.free.remote(frees)
                 except Exception:  # interpreter shutdown or a dead actor: nothing to free
@@ -242,8 +297,6 @@ class RemoteIsland:
 
             remote_array.island.colocated(write, [remote_array], args=("/shared/x.npy",))
         """
-        import ray
-
         isl = self
         isl.check("colocated")
         if isl.bursts:  # empty off the dispatching thread: what made the inputs was handed over
@@ -259,8 +312,8 @@ class RemoteIsland:
                 for k, (h, o) in enumerate(zip(out_ids, outputs))
             ]
         try:
-            _, failure = ray.get(ticket.wait_ref())
-        except ray.exceptions.RayActorError as e:
+            _, failure = isl.link.get(ticket.wait_ref())
+        except isl.link.lost_errors() as e:
             raise isl.lost(e) from None
         if failure is not None:
             raise RuntimeError(f"on remote island {isl.island.id if isl.island else '?'}: {failure[1]}")
@@ -342,8 +395,6 @@ class RemoteArray:
     def fetch(self):
         """Bring the value to this process (the only place bytes cross to the notebook): a numpy
         array, or a typed PRNG key on this process's default device."""
-        import ray
-
         isl = self.island
         isl.check("fetch")
         if isl.bursts:  # empty off the dispatching thread: what made this value was handed over
@@ -352,8 +403,8 @@ class RemoteArray:
         ticket = _Ticket(isl)
         isl.post([("call", lambda: isl.actor.get.remote(handle), ticket)])
         try:
-            return from_wire(ray.get(ticket.wait_ref()))
-        except ray.exceptions.RayActorError as e:
+            return from_wire(isl.link.get(ticket.wait_ref()))
+        except isl.link.lost_errors() as e:
             raise isl.lost(e) from None
 
     def local(self) -> jax.Array:
@@ -427,8 +478,6 @@ class RemoteTransfer:
         self.lands_remote = dst is not None
 
     def __call__(self, x):
-        import ray
-
         want, v = self.want, self.value
         if self.dst is None:  # remote -> here: the bytes come to this process now (the dispatcher waits)
             return [jax.device_put(x.fetch(), want)]
@@ -443,7 +492,7 @@ class RemoteTransfer:
             payload = src.call(lambda: src.actor.get.remote(x.handle))  # in the source's order
             ticket = dst.call(lambda: dst.actor.put.remote(handle, payload.wait_ref(), layout, spec))
         else:  # from this process: waiting for the value and serialising it is the mailbox's, not ours
-            ticket = dst.call(lambda: dst.actor.put.remote(handle, ray.put(to_wire(x)), layout, spec))
+            ticket = dst.call(lambda: dst.actor.put.remote(handle, dst.link.put(to_wire(x)), layout, spec))
         return [RemoteArray(dst, handle, v.shape, v.dtype, want, ticket)]
 
 

@@ -1,0 +1,104 @@
+"""Many notebooks, one accelerator pool: the controller as a service that kernels attach to.
+
+Design
+------
+* **The service** (`server.py`, ``python -m pw_kernel serve``) is one process
+  that owns this host's devices and runs one ordinary `pw.controller()` with
+  `pw.FairShare`: every client is a tenant of its ``weight``, so the
+  per-island queues order all clients' nodes in one order and share device
+  time by weight; cancel, run-ahead, admission and the event log are the
+  controller's own.
+* **A client** (`client.py`, `pw.connect`) keeps its own controller for
+  tracing, planning and dispatch order, and sees the service as one more
+  *remote island* - the code Ray islands use (`RemoteIsland`, `RemoteCall`,
+  `RemoteArray`), with a ZeroMQ link in place of Ray. So programs travel as
+  Ray islands' nodes do: each node's executable once, serialized with
+  `jax.export`, then "run key on handles" messages; arrays stay in the service
+  behind integer handles and cross only when asked (`.result()`). The
+  client's JAX needs no accelerator: its slices are laid out on local
+  stand-in devices of the service's count, which never run anything. After
+  `pw.connect()`, `pw.slice(n)` places slices on the service's devices (pass
+  ``island=`` an island of this process to use local ones).
+* **Why ZeroMQ with Jupyter's `Session`**: it is what every notebook already
+  runs on (pyzmq and jupyter_client are the kernel's own dependencies, no new
+  service to install), it has the authentication model this needs - a
+  connection file only the user can read (0600, in Jupyter's per-user runtime
+  directory) with the address and a key, every message signed with
+  HMAC-SHA256, a replayed signature refused - and `Session` does the signing,
+  checking and serialization, so none of it is written here. gRPC (as JAX's
+  IFRT proxy) would bring TLS and a schema but no per-user key file; Ray
+  would bring a cluster for what is one host.
+* **State that outlives a client**: each client's handles are its own; when
+  it disconnects, or misses heartbeats for a few seconds (killed), its queued
+  runs are cancelled and its buffers freed. `pw.keep(name, tree)` moves
+  buffers under a name of the user's, which `pw.kept(name)` hands to any later
+  client as fresh handles on the same devices.
+* **Faults**: a message with a wrong or no signature is refused, counted and
+  logged, never answered; a client whose service stops answering heartbeats
+  gets `pw.IslandLostError` saying so and that ``pw.connect()`` again is the
+  way back.
+
+Nothing here is imported by ``import pw_kernel``: pyzmq and jupyter_client are
+imported when a service starts or a client connects.
+
+Example::
+
+    # terminal:  python -m pw_kernel serve
+    import pw_kernel as pw
+    pw.connect(name="alice", weight=2)
+    s = pw.slice(4, mesh={"d": 4})
+    f = pw.compiled(lambda x: x * 2, slice=s)
+    f(jnp.ones(8)).result()
+"""
+
+from __future__ import annotations
+
+import importlib as _importlib
+
+__all__ = ["clients", "connect", "disconnect", "keep", "kept", "serve", "stats", "unkeep"]
+
+_CLIENT = ("clients", "connect", "disconnect", "keep", "kept", "stats", "unkeep")
+
+
+def serve(connection_file: str | None = None, *, background: bool = False, ip: str = "127.0.0.1"):
+    """Start the Pathways service in this process: it owns this process's devices and serves clients.
+
+    ``background=True`` returns the `Service` at once (``.stop()`` ends it);
+    otherwise serves until Ctrl-C or SIGTERM, then removes the connection file.
+
+    Example::
+
+        from pw_kernel.service import serve
+        svc = serve(background=True)     # in a notebook: the other notebooks `pw.connect()`
+        svc.stop()
+    """
+    from .server import Service
+
+    svc = Service(connection_file, ip=ip)
+    if background:
+        return svc
+    given = "" if connection_file is None else repr(svc.path)
+    print(f"pw_kernel service: {len(svc.devices)} {svc.info['platform']} devices, pid {svc.info['pid']}", flush=True)
+    print(f"Connection file: {svc.path}", flush=True)
+    print(f"Notebooks connect with: pw.connect({given})   (Ctrl-C stops the service)", flush=True)
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: svc.stop())
+    try:
+        while not svc.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        svc.stop()
+    return svc
+
+
+def __getattr__(name: str):
+    if name in _CLIENT:
+        value = getattr(_importlib.import_module(".client", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'pw_kernel.service' has no attribute {name!r}")

@@ -1,0 +1,497 @@
+"""The service process's side: the controller that owns this host's devices, and its clients' state.
+
+One `Service` per process. Its socket thread (`Hub`) checks every
+message's signature (a bad one is refused, counted and logged, never
+answered) and answers heartbeats; everything else goes, in arrival order, to
+one worker thread that owns the clients' state, so no lock guards it. Nodes
+run as runs of this process's `pw.controller()`, each client a `FairShare`
+tenant of its weight: the controller's per-island queues order every client's
+work in one order. Replies that wait for device work (a run, a value fetched)
+are sent from the thread where that finishes.
+
+The methods a client calls are the remote island's (`describe`, `clock`,
+`load`, `run_many`, `put`, `reshard`, `get`, `free`, `stats`: what a Ray island
+actor answers, `pw_kernel.runtime.remote.actor`) plus the service's own
+(`hello`, `bye`, `keep`, `kept`, `adopt`, `clients`).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import getpass
+import logging
+import os
+import queue
+import socket as _socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from ..runtime import FairShare, Future, NodeEvent, PathwaysError, compiled, controller, init, program
+from ..runtime.extend import from_wire, to_wire
+from .wire import (
+    Hub, decode, default_connection_file, encode, new_key, read_connection_file, session, write_connection_file,
+)
+
+log = logging.getLogger("pw_kernel.service")
+
+#: Clients ping this often; one not heard from for DEAD_AFTER_S is gone (its runs cancelled, buffers freed).
+HEARTBEAT_S = 0.5
+DEAD_AFTER_S = 4.0
+
+_LATER = object()  # a handler's answer: "I reply myself, when the work is done"
+
+
+class _Client:
+    """One connected client: its tenant, and the buffers and executables only it can name."""
+
+    def __init__(self, ident: bytes, name: str, tenant: str, weight: float, user: str, pid: int):
+        self.ident = ident
+        self.name = name
+        self.tenant = tenant
+        self.weight = weight
+        self.user = user
+        self.pid = pid
+        self.buffers: dict[int, Any] = {}  # handle -> jax.Array or this controller's Future
+        self.executables: dict[str, Any] = {}  # export key -> CompiledFunction on a service slice
+        self.programs: dict[tuple, Any] = {}  # the shape of a burst of nodes -> its Program
+        self.live: set = set()  # runs not finished (cancelled if the client goes)
+        self.runs = 0
+        self.device_ns = 0
+        self.last_seen = time.monotonic()
+        self.since = time.time()
+        self.dropping = False
+
+
+class _Kept:
+    """A tree pinned under a name: its leaves (arrays / futures with where they live, or constants)."""
+
+    def __init__(self, leaves: list, treedef: bytes, by: str):
+        self.leaves = leaves  # ("a", value, shape, dtype, layout, spec) or ("c", constant)
+        self.treedef = treedef
+        self.by = by
+        self.at = time.time()
+
+
+class Service:
+    """The Pathways service: owns this process's devices and runs its controller for the clients.
+
+    Example::
+
+        svc = Service()          # writes the connection file
+        ...
+        svc.stop()               # removes it
+    """
+
+    def __init__(self, connection_file: str | None = None, *, ip: str = "127.0.0.1"):
+        import zmq
+
+        # Outputs are the clients' to keep (their handles); the controller keeps none of its own.
+        self.ctrl = controller() if controller(create=False) else init(keep_outputs=0)
+        self.ctrl.set_policy(FairShare())
+        self.devices = jax.devices()
+        self.path = os.path.abspath(os.path.expanduser(connection_file or default_connection_file()))
+        self._check_not_running(self.path)
+        self.ctx = zmq.Context()
+        sock = self.ctx.socket(zmq.ROUTER)
+        sock.linger = 0
+        sock.router_mandatory = False  # a reply to a client gone in between is dropped, not an error
+        port = sock.bind_to_random_port(f"tcp://{ip}")
+        self.info = {
+            "transport": "tcp", "ip": ip, "port": port, "key": new_key(), "signature_scheme": "hmac-sha256",
+            "pid": os.getpid(), "user": getpass.getuser(), "devices": len(self.devices),
+            "platform": self.devices[0].platform, "kind": "pw_kernel service",
+        }
+        self.session = session(self.info, name="pw-service")
+        self.clients: dict[bytes, _Client] = {}
+        self._by_tenant: dict[str, _Client] = {}
+        self.kept: dict[tuple[str, str], _Kept] = {}
+        self._slices: dict[tuple, Any] = {}
+        self.refused = 0
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="pw-service-fetch")
+        self._unsubscribe = self.ctrl.events.subscribe(self._on_event)
+        self._suspect_until = 0.0  # after a connection closed: clients silent past then are gone
+        self._suspect_from = 0.0
+        self.hub = Hub(
+            sock, self._on_frames, self._on_tick, HEARTBEAT_S, "pw-service-socket", on_disconnect=self._on_disconnect
+        )
+        self._worker = threading.Thread(target=self._work, name="pw-service-worker", daemon=True)
+        self.stopped = threading.Event()
+        self.hub.start()
+        self._worker.start()
+        write_connection_file(self.path, self.info)
+        log.info("pw_kernel service: %d %s devices, connection file %s", len(self.devices), self.info["platform"],
+                 self.path)
+
+    @staticmethod
+    def _check_not_running(path: str) -> None:
+        try:
+            _, info = read_connection_file(path, "pw.serve")
+        except PathwaysError:
+            return
+        pid = info.get("pid")
+        try:
+            if pid and pid != os.getpid():
+                os.kill(pid, 0)
+            else:
+                return
+        except OSError:  # (a stale file of a service that died)
+            return
+        raise PathwaysError(
+            f"`pw.serve`: a service (pid {pid}) already runs with connection file {path}. Connect to it "
+            f"(`pw.connect()`), stop it first, or serve with another file (`--connection-file PATH`)."
+        )
+
+    # ------------------------------------------------------------ the socket thread
+    def _on_frames(self, frames: list) -> None:
+        try:
+            idents, msg_list = self.session.feed_identities(frames)
+            msg = self.session.deserialize(msg_list)
+        except Exception as e:  # no key, a wrong key, a replay, garbage: refused, and said where
+            self.refused += 1
+            who = frames[0][:16] if frames else b"?"
+            log.warning("pw_kernel service: refused a message from %r: %s", who, str(e)[:200])
+            return
+        ident = idents[0]
+        if msg["header"]["msg_type"] == "ping":
+            c = self.clients.get(ident)
+            if c is not None:
+                c.last_seen = time.monotonic()
+            self._send(ident, "pong", {"known": c is not None})
+            return
+        self._inbox.put((ident, msg))
+
+    def _on_disconnect(self) -> None:
+        # Some client's connection closed (the monitor does not say whose): whoever stays silent
+        # for three heartbeats from now is the one, and is dropped then instead of after DEAD_AFTER_S.
+        self._suspect_until = time.monotonic() + 3 * HEARTBEAT_S
+        self._suspect_from = time.monotonic()
+
+    def _on_tick(self) -> None:
+        now = time.monotonic()
+        suspect = self._suspect_until and now >= self._suspect_until
+        for ident, c in list(self.clients.items()):
+            silent = now - c.last_seen
+            if not c.dropping and (silent > DEAD_AFTER_S or (suspect and c.last_seen < self._suspect_from)):
+                c.dropping = True
+                self._inbox.put((ident, None))  # the worker drops it (it owns the clients' state)
+        if suspect:
+            self._suspect_until = 0.0
+
+    def _send(self, ident: bytes, kind: str, content: dict, bufs: list = ()) -> None:
+        frames = self.session.serialize(self.session.msg(kind, content), ident=[ident])
+        frames.extend(bufs)
+        self.hub.send(frames)
+
+    def _reply(self, ident: bytes, rid: int, value: Any = None, error: str | None = None) -> None:
+        bufs: list = []
+        content = {"id": rid, "ok": error is None, "value": encode(value, bufs), "error": error}
+        self._send(ident, "reply", content, bufs)
+
+    def _on_event(self, ev) -> None:
+        if isinstance(ev, NodeEvent):
+            c = self._by_tenant.get(ev.tenant)
+            if c is not None:
+                c.device_ns += max(0, ev.end - ev.start)
+
+    # ------------------------------------------------------------ the worker thread
+    def _work(self) -> None:
+        while True:
+            item = self._inbox.get()
+            if item is None:
+                return
+            ident, msg = item
+            if msg is None:
+                self._drop(ident, "its connection closed and its heartbeats stopped (the process died)")
+                continue
+            content = msg["content"]
+            rid = content.get("id")
+            try:
+                method = content["method"]
+                args = decode(content.get("args", []), msg["buffers"])
+                c = self.clients.get(ident)
+                if method == "hello":
+                    value = self._hello(ident, msg["header"].get("username", "?"), *args)
+                elif c is None:
+                    raise PathwaysError(
+                        "this service does not know the client (it was dropped after missing heartbeats, or the "
+                        "service restarted): call `pw.connect()` again."
+                    )
+                else:
+                    handler = getattr(self, f"_m_{method}", None)
+                    if handler is None:
+                        raise PathwaysError(f"the service has no method {method!r}")
+                    value = handler(c, lambda v=None, e=None, _r=rid: self._reply(ident, _r, v, e), *args)
+            except Exception as e:
+                log.debug("pw_kernel service: %s failed", content.get("method"), exc_info=True)
+                if not content.get("oneway"):
+                    self._reply(ident, rid, error=f"{type(e).__name__}: {e}")
+                continue
+            if value is not _LATER and not content.get("oneway"):
+                self._reply(ident, rid, value)
+
+    def _hello(self, ident: bytes, user: str, name: str | None, weight: float, pid: int) -> dict:
+        if ident in self.clients:  # the same client again (reconnected): its old state goes
+            self._drop(ident, "reconnected")
+        name = name or f"client-{pid}"
+        tenant, k = name, 2
+        while tenant in self._by_tenant:
+            tenant, k = f"{name}-{k}", k + 1
+        c = _Client(ident, name, tenant, float(weight), user, pid)
+        self.clients[ident] = c
+        self._by_tenant[tenant] = c
+        log.info("pw_kernel service: client %r (pid %s, weight %g) connected", tenant, pid, weight)
+        return {**self._describe(), "tenant": tenant}
+
+    def _drop(self, ident: bytes, why: str) -> None:
+        """A client is gone: cancel its runs, free what it alone held (kept trees stay)."""
+        c = self.clients.pop(ident, None)
+        if c is None:
+            return
+        self._by_tenant.pop(c.tenant, None)
+        cancelled = 0
+        for run in list(c.live):
+            cancelled += bool(run.cancel())
+        n = len(c.buffers)
+        c.buffers.clear()
+        c.programs.clear()
+        c.executables.clear()
+        log.info("pw_kernel service: client %r dropped (%s): %d runs cancelled, %d buffers freed",
+                 c.tenant, why, cancelled, n)
+
+    # -------------------------------------------------- the remote island's methods
+    def _m_describe(self, c: _Client, reply) -> dict:
+        return self._describe()
+
+    def _describe(self) -> dict:
+        d = self.devices
+        return {
+            "host": _socket.gethostname(), "pid": os.getpid(), "platform": d[0].platform,
+            "devices": [x.id for x in d], "device_kind": d[0].device_kind,
+        }
+
+    def _m_clock(self, c: _Client, reply) -> int:
+        return time.perf_counter_ns()
+
+    def _slice(self, layout) -> Any:
+        """The service slice for a client's layout (mesh shape, axis names, device positions), made once."""
+        key = (tuple(layout[0]), tuple(layout[1]), tuple(layout[2]))
+        s = self._slices.get(key)
+        if s is None or s.released:
+            shape, names, pos = key
+            grid = np.array([self.devices[i] for i in pos], dtype=object).reshape(shape)
+            s = self._slices[key] = self.ctrl.slice(mesh=Mesh(grid, names))
+        return s
+
+    def _m_load(self, c: _Client, reply, key: str, blob: bytes, layout, in_specs, out_specs) -> None:
+        exported = jax.export.deserialize(bytearray(blob))
+        s = self._slice(layout)
+        ins = tuple(PartitionSpec(*sp) for sp in in_specs)
+        outs = jax.tree.unflatten(exported.out_tree, [PartitionSpec(*sp) for sp in out_specs])
+        c.executables[key] = compiled(exported.call, slice=s, in_specs=ins, out_specs=outs, name=f"{c.tenant}:{key}")
+
+    def _m_run_many(self, c: _Client, reply, ops) -> object:
+        return self._submit(c, reply, [(key, list(i), list(o)) for key, i, o in ops])
+
+    def _m_reshard(self, c: _Client, reply, src: int, handle: int, layout, spec) -> object:
+        key = f"reshard{layout!r}{spec!r}"
+        if key not in c.executables:
+            c.executables[key] = compiled(
+                lambda x: x, slice=self._slice(layout), out_specs=PartitionSpec(*spec), name="reshard"
+            )
+        return self._submit(c, reply, [(key, [src], [handle])])
+
+    def _m_put(self, c: _Client, reply, handle: int, value, layout, spec) -> tuple:
+        start = time.perf_counter_ns()
+        sharding = NamedSharding(self._slice(layout).mesh, PartitionSpec(*spec))
+        c.buffers[handle] = jax.device_put(from_wire(value), sharding)
+        return [(start, time.perf_counter_ns())], None
+
+    def _m_get(self, c: _Client, reply, handle: int) -> object:
+        value = c.buffers[handle]
+
+        def fetch():
+            try:
+                reply(to_wire(value.result() if isinstance(value, Future) else value))
+            except Exception as e:
+                reply(None, f"{type(e).__name__}: {e}")
+
+        self._pool.submit(fetch)
+        return _LATER
+
+    def _m_free(self, c: _Client, reply, handles) -> None:
+        for h in handles:
+            c.buffers.pop(h, None)
+
+    def _m_colocated(self, c: _Client, reply, *args) -> None:
+        raise PathwaysError(
+            "host code beside the service's buffers (`colocated`: remote checkpoint shards) does not go through "
+            "the service yet; fetch the values (`fut.result()`) and save them in the client"
+        )
+
+    def _m_stats(self, c: _Client, reply) -> dict:
+        live = jax.live_arrays()
+        return {
+            "buffers": len(c.buffers), "executables": len(c.executables), "clients": len(self.clients),
+            "all_buffers": sum(len(x.buffers) for x in self.clients.values()), "refused": self.refused,
+            "live_arrays": len(live), "live_bytes": int(sum(a.nbytes for a in live)), "kept": len(self.kept),
+        }
+
+    # -------------------------------------------------- runs
+    def _submit(self, c: _Client, reply: Callable, ops: list) -> object:
+        """Run a burst of a client's nodes as one run of its tenant; reply (times, failure) when it finishes."""
+        shape: list = []
+        inputs: list = []
+        where: dict[int, tuple] = {}  # handle -> ("e", input index) or ("o", op, output)
+        for i, (key, in_ids, out_ids) in enumerate(ops):
+            refs = []
+            for h in in_ids:
+                ref = where.get(h)
+                if ref is None:
+                    if h not in c.buffers:
+                        raise PathwaysError(f"no buffer {h} for this client (freed, or another client's)")
+                    ref = where[h] = ("e", len(inputs))
+                    inputs.append(c.buffers[h])
+                refs.append(ref)
+            shape.append((key, tuple(refs), len(out_ids)))
+            for k, h in enumerate(out_ids):
+                where[h] = ("o", i, k)
+        shape_key = tuple(shape)
+        prog = c.programs.get(shape_key)
+        if prog is None:
+            prog = c.programs[shape_key] = self._program(c, shape_key)
+        start = time.perf_counter_ns()
+        run, outs = prog.call_run(*inputs, tenant=c.tenant, weight=c.weight)
+        c.runs += 1
+        per_op = []
+        k = 0
+        for _, out_ids in ((o[0], o[2]) for o in ops):
+            per_op.append(outs[k:k + len(out_ids)])
+            for h, f in zip(out_ids, outs[k:k + len(out_ids)]):
+                c.buffers[h] = f
+            k += len(out_ids)
+        c.live.add(run)
+        left = [len(outs)]
+        lock = threading.Lock()
+
+        def finished(_f=None) -> None:
+            with lock:
+                left[0] -= 1
+                if left[0] > 0:
+                    return
+            c.live.discard(run)
+            end = time.perf_counter_ns()
+            failure = None
+            for i, fs in enumerate(per_op):
+                bad = next((f for f in fs if f.cancelled() or f.exception() is not None), None)
+                if bad is not None:
+                    err = "cancelled" if bad.cancelled() else f"{type(bad.exception()).__name__}: {bad.exception()}"
+                    failure = (i, err)
+                    break
+            reply(([(start, end)] * len(ops), failure))
+
+        if not outs:
+            left[0] = 1
+            finished()
+        for f in outs:
+            f.add_done_callback(finished)
+        return _LATER
+
+    def _program(self, c: _Client, shape: tuple):
+        executables = c.executables
+
+        def burst(*inputs):
+            made: list[list] = []
+            flat: list = []
+            for key, refs, _ in shape:
+                args = [inputs[r[1]] if r[0] == "e" else made[r[1]][r[2]] for r in refs]
+                outs = jax.tree.leaves(executables[key](*args))
+                made.append(outs)
+                flat.extend(outs)
+            return flat
+
+        return program(burst, name=c.name)
+
+    # -------------------------------------------------- the service's own methods
+    def _m_bye(self, c: _Client, reply) -> None:
+        self._drop(c.ident, "disconnected")
+
+    def _m_clients(self, c: _Client, reply) -> list:
+        return [
+            {
+                "name": x.tenant, "weight": x.weight, "device_time_s": x.device_ns / 1e9, "runs": x.runs,
+                "pid": x.pid, "connected_s": time.time() - x.since, "you": x is c,
+            }
+            for x in self.clients.values()
+        ]
+
+    def _m_keep(self, c: _Client, reply, name: str, leaves: list, treedef: bytes) -> None:
+        kept = []
+        for leaf in leaves:
+            if leaf[0] == "c":
+                kept.append(("c", leaf[1]))
+            else:
+                _, h, shape, dtype, layout, spec = leaf
+                if h not in c.buffers:
+                    raise PathwaysError(f"`pw.keep({name!r}, ...)`: buffer {h} is not this client's")
+                kept.append(("a", c.buffers[h], shape, dtype, layout, spec))
+        self.kept[(c.user, name)] = _Kept(kept, treedef, c.tenant)
+
+    def _m_kept(self, c: _Client, reply, name: str | None):
+        if name is None:
+            return sorted(n for (u, n) in self.kept if u == c.user)
+        k = self.kept.get((c.user, name))
+        if k is None:
+            return None
+        return [l if l[0] == "c" else ("a", *l[2:]) for l in k.leaves], k.treedef
+
+    def _m_adopt(self, c: _Client, reply, name: str, handles: list) -> None:
+        k = self.kept[(c.user, name)]
+        arrays = [l[1] for l in k.leaves if l[0] == "a"]
+        for h, v in zip(handles, arrays):
+            c.buffers[h] = v
+
+    def _m_unkeep(self, c: _Client, reply, name: str) -> bool:
+        return self.kept.pop((c.user, name), None) is not None
+
+    # ------------------------------------------------------------ stopping
+    def stop(self) -> None:
+        """Stop serving: clients' runs are cancelled, the connection file removed."""
+        if self.stopped.is_set():
+            return
+        self.stopped.set()
+        self._inbox.put(None)
+        self._worker.join(5)
+        for ident in list(self.clients):
+            self._drop(ident, "the service stops")
+        self.hub.stop()
+        self._unsubscribe()
+        self._pool.shutdown(wait=False)
+        try:
+            _, info = read_connection_file(self.path, "pw.serve")
+            if info.get("key") == self.info["key"]:  # ours, not a newer service's
+                os.remove(self.path)
+        except (PathwaysError, OSError):
+            pass
+        self.ctx.term()
+        log.info("pw_kernel service stopped")
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the service stops (returns whether it did)."""
+        return self.stopped.wait(timeout)
+
+    def __enter__(self) -> Service:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = "stopped" if self.stopped.is_set() else f"{len(self.clients)} clients"
+        return f"Service({len(self.devices)} {self.info['platform']} devices, {self.path}, {state})"

@@ -1,0 +1,229 @@
+"""Many notebooks, one pool of devices: a service process and client processes, as two notebooks use them.
+
+One service (``python -m pw_kernel serve``, 8 simulated CPU devices) runs for the module; each test's
+clients are fresh Python processes, as a user's kernels would be. Times appear only as hang guards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+pytest.importorskip("zmq")
+pytest.importorskip("jupyter_client")
+
+ENV = {**os.environ, "JAX_PLATFORMS": "cpu", "PW_NUM_CPU_DEVICES": "8", "PW_VALIDATE": "0"}
+HANG_S = 120  # a guard against hangs only
+
+
+def _start_service(path, log_path) -> subprocess.Popen:
+    log = open(log_path, "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pw_kernel", "serve", "--connection-file", str(path)],
+        stdout=log, stderr=subprocess.STDOUT, env=ENV,
+    )
+    deadline = time.monotonic() + HANG_S
+    while not os.path.exists(path):
+        assert proc.poll() is None, open(log_path).read()
+        assert time.monotonic() < deadline, "the service did not write its connection file"
+        time.sleep(0.05)
+    return proc
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    """The service process and its connection file."""
+    d = tmp_path_factory.mktemp("service")
+    path, log_path = d / "conn.json", d / "service.log"
+    proc = _start_service(path, log_path)
+    yield str(path), log_path
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(HANG_S)
+
+
+def notebook(code: str, service_path: str, *args: str) -> subprocess.Popen:
+    """A client process ("a notebook") running ``code`` with ``CONN`` (the connection file) and ``ARGS`` defined."""
+    prelude = (
+        "import sys, time, numpy as np, jax, jax.numpy as jnp\nimport pw_kernel as pw\n"
+        f"CONN = {service_path!r}\nARGS = sys.argv[1:]\n"
+    )
+    body = "\n".join(textwrap.dedent(part) for part in code.split("\0"))
+    return subprocess.Popen(
+        [sys.executable, "-c", prelude + body, *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
+    )
+
+
+def finish(proc: subprocess.Popen) -> dict:
+    """Wait for a notebook; the JSON it printed last."""
+    out, err = proc.communicate(timeout=HANG_S)
+    assert proc.returncode == 0, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def observer(service_path: str):
+    """A bare client of the service (no controller): for asking what it holds."""
+    from pw_kernel.service import wire
+    from pw_kernel.service.client import ServiceLink
+
+    path, info = wire.read_connection_file(service_path, "test")
+    link = ServiceLink(path, info)
+    link.call("hello", "observer", 1.0, os.getpid(), timeout=HANG_S)
+    return link
+
+
+def test_the_connection_file_is_the_users_alone_and_a_client_runs_programs_there(service):
+    path, _ = service
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    info = json.load(open(path))
+    assert {"transport", "ip", "port", "key", "signature_scheme"} <= set(info)
+
+    nb = notebook(
+        """
+        import json
+        pw.connect(CONN, name="alice")
+        s = pw.slice(4, mesh={"d": 4})
+        double = pw.compiled(lambda x: x * 2, slice=s, in_specs=jax.sharding.PartitionSpec("d"))
+
+        @pw.program
+        def step(v):
+            return double(double(v) + 1)
+
+        y = step(jnp.arange(8.0))                  # a future at once; the value stays in the service
+        print(json.dumps({
+            "island_remote": s.remote,
+            "value": np.asarray(y.result()).tolist(),
+            "clients": [c.name for c in pw.clients()],
+        }))
+        """,
+        path,
+    )
+    got = finish(nb)
+    assert got["island_remote"] is True
+    assert got["value"] == [(2 * x + 1) * 2 for x in range(8)]
+    assert got["clients"] == ["alice"]
+
+
+def test_a_message_without_the_key_is_refused_and_logged(service):
+    import zmq
+    from jupyter_client.session import Session
+
+    path, log_path = service
+    info = json.load(open(path))
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.linger = 0
+    sock.connect(f"tcp://{info['ip']}:{info['port']}")
+    forged = Session(key=b"not-the-key", signature_scheme="hmac-sha256")
+    forged.send(sock, "request", {"id": 1, "method": "hello", "args": ["mallory", 1.0, 1]})
+    sock.send_multipart([b"<IDS|MSG>", b"", b"{}", b"{}", b"{}", b"{}"])  # unsigned
+    assert sock.poll(1000) == 0, "the service answered a message it should have refused"
+    ctx.destroy(linger=0)
+
+    link = observer(path)
+    try:
+        deadline = time.monotonic() + HANG_S
+        while link.call("stats", timeout=HANG_S)["refused"] < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert "mallory" not in [c["name"] for c in link.call("clients", timeout=HANG_S)]
+    finally:
+        link.call("bye", timeout=HANG_S)
+        link.close()
+    assert "refused a message" in open(log_path).read()
+
+
+TRAIN = """
+    import json
+    pw.connect(CONN, name="trainer")               # first: slices made from now on are the service's
+    P = jax.sharding.PartitionSpec
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(16, 4)).astype(np.float32)
+    y = (x @ np.array([[1.0], [-2.0], [0.5], [3.0]], np.float32)).astype(np.float32)
+    s = pw.slice(2, mesh={"d": 2})
+
+    @pw.compiled(slice=s)
+    def train(w, x, y):
+        loss, g = jax.value_and_grad(lambda w: jnp.mean((x @ w - y) ** 2))(w)
+        return w - 0.05 * g, loss
+"""
+
+
+def test_kept_state_survives_a_client_restart_and_training_goes_on_exactly(service):
+    path, _ = service
+    first = notebook(
+        TRAIN + "\0" + """
+        state = {"w": jnp.zeros((4, 1)), "step": 0}
+        for i in range(3):
+            w, loss = train(state["w"], x, y)
+            state = {"w": w, "step": i + 1}
+        pw.keep("state", state)                    # pinned in the service under a name
+        w4, loss4 = train(state["w"], x, y)        # what an uninterrupted run does next
+        print(json.dumps({"loss4": float(loss4.result())}))
+        """,
+        path,
+    )
+    uninterrupted = finish(first)  # the process ends: its unkept arrays are freed, "state" stays
+
+    second = notebook(  # a new kernel: nothing of the first one's but the kept name
+        TRAIN + "\0" + """
+        names = pw.kept()
+        state = pw.kept("state", slice=s)
+        w4, loss4 = train(state["w"], x, y)
+        print(json.dumps({"names": names, "step": state["step"], "loss4": float(loss4.result()),
+                          "kind": type(state["w"]).__name__}))
+        """,
+        path,
+    )
+    resumed = finish(second)
+    assert "state" in resumed["names"]
+    assert resumed["step"] == 3 and resumed["kind"] == "RemoteArray"
+    assert resumed["loss4"] == uninterrupted["loss4"]
+
+
+SATURATE = """
+    import json, os
+    pw.connect(CONN, name=ARGS[0], weight=float(ARGS[1]))
+    s = pw.slice(1)
+    f = pw.compiled(lambda a: jnp.tanh(a @ a) * 0.5, slice=s)
+    a = f(jnp.eye(320) * 0.1)
+    a.result()                                     # compiled and warm
+    print("ready", flush=True)
+    while not os.path.exists(ARGS[2]):
+        time.sleep(0.01)
+    for _ in range(int(ARGS[3])):
+        a = f(a)                                   # queued in the service, nothing waits here
+    a.result()
+    print(json.dumps({c.name: c.device_time_s for c in pw.clients()}))
+"""
+
+
+def test_two_clients_with_weights_1_and_2_share_device_time_1_to_2(service, tmp_path):
+    path, _ = service
+    go = str(tmp_path / "go")
+    light = notebook(SATURATE, path, "light", "1", go, "400")
+    heavy = notebook(SATURATE, path, "heavy", "2", go, "200")
+    for nb in (light, heavy):
+        assert nb.stdout.readline().strip() == "ready", nb.stderr.read()[-3000:]
+    link = observer(path)
+    try:
+        before = {c["name"]: c["device_time_s"] for c in link.call("clients", timeout=HANG_S)}
+    finally:
+        link.call("bye", timeout=HANG_S)
+        link.close()
+    open(go, "w").close()
+    # The heavy client's 200 nodes are done when the light one, with the same backlog, has had half the time.
+    at_heavy_end = finish(heavy)
+    finish(light)
+    used = {k: at_heavy_end[k] - before[k] for k in ("light", "heavy")}
+    ratio = used["heavy"] / used["light"]
+    print(f"device time while both were busy: {used}, heavy/light = {ratio:.2f}")
+    assert 1.6 < ratio < 2.5, used
