@@ -222,3 +222,28 @@ def test_auto_cuts_a_program_longer_than_the_bound_into_fused_segments_that_canc
         assert [e.node for e in r.events if e.kind != "compile"] == ["short[fused]"]
     finally:
         pw.shutdown()
+
+
+def test_a_long_run_tells_its_pace_and_about_how_long_it_has_left():
+    # Waiting on a long cell, a researcher sees how fast it goes and about when it ends: the run
+    # estimates from what its finished nodes took, and its widget and `%pathways status` say so.
+    from pw_kernel.widgets import RunWidget
+
+    ctl, long, tiny, x, v = slow_notebook()
+    try:
+        longer = pw.program(lambda x: long(long(long(long(long(long(x)))))), name="longer")
+        run = longer.submit(x, mode="chained")
+        wait_until(lambda: run.nodes_done >= run.nodes_total // 2, "half the long run finish")
+        left, since = run.time_left, time.monotonic()
+        assert left > 0 and run.throughput > 0
+        pace = re.compile(r"[\d,.]+ nodes/s, ~[\d.]+ s left")
+        line = next(line for line in str(ctl.status()).splitlines() if "longer" in line)
+        assert pace.search(line), line
+        assert pace.fullmatch(RunWidget(run, live=False).pace)
+        run.wait(120)
+        actual = time.monotonic() - since
+        assert 0.2 < left / actual < 5, (left, actual)  # an estimate: the same order as what it took
+        assert run.time_left == 0.0 and RunWidget(run, live=False).pace == ""
+        assert "nodes/s" not in str(ctl.status())  # a run that is over has no pace to tell
+    finally:
+        pw.shutdown()

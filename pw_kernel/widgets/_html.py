@@ -280,7 +280,8 @@ def run_html(s: Mapping[str, Any]) -> str:
         f'<span style="display:inline-block;width:140px;height:8px;background:#eee;border-radius:4px;'
         f'vertical-align:middle" title="{done}/{total}"><span style="display:block;height:8px;width:{pct:.0f}%;'
         f'background:{colour};border-radius:4px"></span></span> {done}/{total} nodes'
-        f'{" · compiling " + esc(s["compiling"]) if s.get("compiling") else ""} · {s["elapsed"]:.3f} s'
+        f'{" · compiling " + esc(s["compiling"]) if s.get("compiling") else ""}'
+        f'{" · " + esc(s["pace"]) if s.get("pace") else ""} · {s["elapsed"]:.3f} s'
         f" · mode {esc(s['mode'])} · tenant <code>{esc(s['tenant'])}</code></div>{err}"
     )
     rows = s.get("outputs") or []

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import traitlets as t
 
-from ..runtime.extend import FINAL, short_error
+from ..runtime.extend import FINAL, pace, short_error
 from ._base import PwWidget, controller_of
 from ._devices import slice_devices
 from ._html import describe_outputs, run_html
@@ -51,6 +51,7 @@ class RunWidget(PwWidget):
     mode = t.Unicode("").tag(sync=True)
     tenant = t.Unicode("").tag(sync=True)
     compiling = t.Unicode("").tag(sync=True)  # the step XLA is compiling now (a first call), else ""
+    pace = t.Unicode("").tag(sync=True)  # a long run's "85 nodes/s, ~12 s left" (`runtime.run.pace`), else ""
     lanes = t.List(t.Unicode()).tag(sync=True)
     bars = t.List(t.Float()).tag(sync=True)  # flat: lane, start ns, end ns, kind (0 compute, 1 glue, 2 transfer)
     outputs = t.List(t.Dict()).tag(sync=True)  # the names a cell bound: {name, type, sharding}
@@ -147,6 +148,7 @@ class RunWidget(PwWidget):
             self.mode = str(getattr(run, "mode", ""))
             self.tenant = str(getattr(run, "tenant", ""))
             self.compiling = "" if state in FINAL else (run.compiling or "")
+            self.pace = pace(state, run.throughput, run.time_left, done, total)
             if mini:
                 if len(self.lanes) != len(self._lane_names):
                     self.lanes = list(self._lane_names)
@@ -181,7 +183,7 @@ class RunWidget(PwWidget):
     def state_dict(self) -> dict[str, Any]:
         keys = (
             "run_id", "name", "program", "state", "done", "total", "elapsed", "error", "mode", "tenant", "compiling",
-            "outputs",
+            "pace", "outputs",
         )
         return {k: getattr(self, k) for k in keys}
 

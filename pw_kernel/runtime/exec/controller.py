@@ -22,7 +22,7 @@ from ..devices import Island, ResourceManager, VirtualSlice, build_islands
 from ..errors import AdmissionError, ArgumentError, ControllerShutdownError, PathwaysError
 from ..futures import Future
 from ..remote.client import Bursts, stand_in_devices
-from ..run import Run, RunLink, RunLock, describe_state
+from ..run import Run, RunLink, RunLock, describe_state, pace
 from ..trace.graph import ProgramGraph
 from .callback_logs import quiet_while
 from .completion import Completion
@@ -44,6 +44,13 @@ class RunSummary(NamedTuple):
     total: int
     compile_s: float = 0.0  # compiling its executables (a program's first call)
     on_devices: int = 0  # nodes dispatched and not finished (a cancelled run's still run)
+    throughput: float | None = None  # nodes finished per second (`Run.throughput`)
+    time_left: float | None = None  # seconds, estimated (`Run.time_left`)
+
+    @property
+    def pace(self) -> str:
+        """For a run that has run a while: '85 nodes/s, ~12 s left'; else ''."""
+        return pace(self.state, self.throughput, self.time_left, self.done, self.total)
 
     @property
     def state_text(self) -> str:
@@ -90,7 +97,8 @@ class Status:
         shown, hidden = self.recent_runs()
         for r in shown:
             compiled = f"  compiled in {r.compile_s * 1e3:.0f} ms" if r.compile_s else ""
-            lines.append(f"  run {r.id:4d} {r.name:24s} {r.state_text:9s} {r.done}/{r.total}{compiled}")
+            pace = f"  {r.pace}" if r.pace else ""
+            lines.append(f"  run {r.id:4d} {r.name:24s} {r.state_text:9s} {r.done}/{r.total}{compiled}{pace}")
         if hidden:
             lines.append(f"  ... and {hidden} earlier finished runs (`pw.controller().runs` has them all)")
         return "\n".join(lines)
@@ -344,7 +352,8 @@ class Controller:
     def status(self) -> Status:
         with self.lock:
             runs = tuple(
-                RunSummary(r.id, r.name, r.state, r.nodes_done, r.nodes_total, r.compile_time, r.nodes_on_devices)
+                RunSummary(r.id, r.name, r.state, r.nodes_done, r.nodes_total, r.compile_time, r.nodes_on_devices,
+                           *((r.throughput, r.time_left) if r.state == "running" else ()))
                 for r in self.runs
             )
             return Status(

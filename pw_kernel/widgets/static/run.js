@@ -74,7 +74,9 @@ function render({ model, el }) {
     fill.style.background = c;
     bar.title = `${done}/${total} nodes`;
     const compiling = model.get("compiling");
-    count.textContent = compiling ? `${done}/${total} nodes · compiling ${compiling}` : `${done}/${total} nodes`;
+    const pace = model.get("pace");
+    count.textContent =
+      `${done}/${total} nodes` + (compiling ? ` · compiling ${compiling}` : "") + (pace ? ` · ${pace}` : "");
     const prog = model.get("program");
     const bits = [];
     if (prog && prog !== model.get("name")) bits.push(`program ${prog}`);
@@ -150,7 +152,7 @@ function render({ model, el }) {
     }
   }
 
-  const keys = ["run_id", "name", "program", "state", "done", "total", "elapsed", "error", "mode", "tenant", "outputs"];
+  const keys = ["run_id", "name", "program", "state", "done", "total", "elapsed", "error", "mode", "tenant", "pace", "outputs"];
   const offUpdate = onChange(model, keys, update);
   const offMini = onChange(model, ["bars", "lanes"], drawMini);
   const timer = setInterval(tickElapsed, 100);
