@@ -33,7 +33,6 @@ from .errors import short_error
 from .exec.controller import Controller, Status
 from .exec.events import EventLog, TraceRow, busy_time, chrome_trace
 from .run import pace
-from .run import pace
 from .remote.actor import from_wire, to_wire
 from .remote.client import RemoteIsland
 from .trace.graph import describe_sharding, nbytes_of
