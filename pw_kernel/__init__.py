@@ -72,6 +72,7 @@ from .train import (
     PipelineState,
     PrefetchError,
     elastic_retry,
+    log,
     pipeline,
     prefetch,
     replay,
@@ -129,6 +130,7 @@ __all__ = [
     "CheckpointManager",
     "prefetch",
     "elastic_retry",
+    "log",
     # the Pathways service: many notebooks, one pool of devices
     "connect",
     "disconnect",

@@ -139,7 +139,23 @@ def paper(v):
     return y, z
 
 paper.trace(jnp.arange(8.0))""",
+    # the live metrics plot: 200 steps' losses (one run: the live timeline above keeps its legend) logged
+    # from futures with pw.log, drawn as they resolve
+    """plot_step = pw.compiled(lambda w: (w * 0.99 + 0.01, jnp.mean(w)), slice=a, name="plot_step")
+@pw.program
+def train200(w):
+    losses = []
+    for _ in range(200):
+        w, loss = plot_step(w)
+        losses.append(loss)
+    return w, losses
+plot = pw.log.plot(["loss"])
+wl, losses = train200(jax.device_put(jnp.zeros(8), a.sharding()))
+for i, loss in enumerate(losses):
+    pw.log({"loss": loss}, step=i)
+plot""",
 ]
+METRICS_CELL = len(CELLS) - 1
 
 
 def _free_port() -> int:
@@ -470,6 +486,15 @@ def test_run_widget_shows_progress_and_hostile_names_as_text(page):
     assert page.locator("img[src='x']").count() == 0
     assert page.dialogs == []
     _shot(bad, "run_hostile")
+
+
+def test_the_metrics_plot_draws_every_logged_step(page):
+    out = _cell_output(page, METRICS_CELL)
+    line = out.locator(".pw-metrics polyline.pw-metric-line")
+    expect(out.locator(".pw-metric-head")).to_contain_text("at step 199", timeout=120_000)
+    assert len(line.get_attribute("points").split()) == 200  # every step, as its future resolved
+    expect(out.locator(".pw-metric-head b")).to_have_text("loss")
+    _shot(out, "metrics_plot")
 
 
 def _check_graph_text(texts: str, edges: str) -> None:

@@ -17,6 +17,7 @@ futures, orbax underneath), `restore` (reading back onto any slice layout),
 `elastic` (`elastic_retry`: training again on what is left after a lost
 island), `prefetch` (`pw.prefetch`: batches loaded on a thread and placed
 ahead of the step, checkpointable; input nodes inside traced programs),
+`metrics` (`pw.log`: scalars from futures, recorded as they resolve, never blocking),
 `targets` (where a batch goes: a slice's data axis, a sharding, a pipeline's
 stages) and `errors`. For the notebook front (`pw_kernel.magics`), which uses
 this face only: `checkpoint_lines` (``%pathways status``) and
@@ -39,6 +40,7 @@ from .elastic import elastic_retry
 from .errors import CheckpointError, PipelineError, PrefetchError
 from .pipeline import Pipeline
 from .pipeline import pipeline as _pipeline
+from .metrics import MetricsLog, Scalar, log
 from .prefetch import PrefetchIterator, prefetch
 from .schedules import SCHEDULES, Replay, Schedule, replay, schedule_ops, theory_bubble
 from .state import PipelineState
@@ -60,10 +62,13 @@ __all__ = [
     "PipelineStats",
     "PrefetchError",
     "PrefetchIterator",
+    "MetricsLog",
+    "Scalar",
     "Replay",
     "Schedule",
     "SliceStats",
     "elastic_retry",
+    "log",
     "pipeline",
     "prefetch",
     "replay",

@@ -4,6 +4,7 @@
 * `timeline` / `TimelineWidget`: a lane per device and per transfer path, a bar per node, live.
 * `show_pipeline`: a timeline of pipelined steps with their per-slice bubble and live activations beside it.
 * `RunWidget`: a run's state, nodes done / total, elapsed time, error and a mini timeline, live.
+* `MetricsPlot` / `metrics_svg`: a curve per metric `pw.log` records, against step, live.
 * `graph_dot` / `graph_svg` / `graph_html`: the program graph as DOT (``dot.py``), and laid out by
   graphviz ``dot`` (``graph.py``; what `ProgramGraph.to_dot` and its reprs return): a box per slice,
   pipelines as a slices x microbatches grid (`pipeline_rows`).
@@ -39,6 +40,8 @@ _EXPORTS = {
     "TimelineWidget": ".timeline_widget",
     "timeline": ".timeline_widget",
     "RunWidget": ".run",
+    "MetricsPlot": ".metrics",
+    "metrics_svg": ".metrics",
     "show_pipeline": ".pipeline",
     "stats_html": ".pipeline",
     "GraphvizError": ".errors",
@@ -75,6 +78,7 @@ if TYPE_CHECKING:
     from .graph_display import display_graph
     from .graph_widget import GraphWidget
     from .mesh import MeshWidget, show_mesh
+    from .metrics import MetricsPlot, metrics_svg
     from .pipeline import show_pipeline, stats_html
     from .run import RunWidget
     from .timeline_html import static_timeline

@@ -18,6 +18,7 @@ PRELUDE = "prelude.js"
 PARTS: dict[str, tuple[str, ...]] = {
     "graph": ("graph.js",),
     "mesh": ("mesh.js",),
+    "metrics": ("metrics.js",),
     "run": ("run.js",),
     "timeline": ("timeline_store.js", "timeline_draw.js", "timeline.js"),
 }
