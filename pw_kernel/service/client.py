@@ -190,7 +190,7 @@ class ServiceLink:
     def lose(self, why: str) -> IslandLostError:
         """The service is gone for this client: every waiting call and every later one raises, saying why."""
         if self.error is None:
-            self.error = IslandLostError(f"Pathways service lost: {why}. To go on: {self.again}.")
+            self.error = IslandLostError(f"Pathways service lost: {why}")  # (the island adds what to do)
             if self.island is not None:
                 self.island.lost(self.error)
             for rid in list(self.pending):

@@ -18,6 +18,7 @@ actor answers, `pw_kernel.runtime.remote.actor`) plus the service's own
 from __future__ import annotations
 
 import concurrent.futures
+import gc
 import getpass
 import logging
 import os
@@ -227,7 +228,8 @@ class Service:
                     handler = getattr(self, f"_m_{method}", None)
                     if handler is None:
                         raise PathwaysError(f"the service has no method {method!r}")
-                    value = handler(c, lambda v=None, e=None, _r=rid: self._reply(ident, _r, v, e), *args)
+                    # (bound now: a deferred reply runs after this loop has moved on to other clients' messages)
+                    value = handler(c, lambda v=None, e=None, _i=ident, _r=rid: self._reply(_i, _r, v, e), *args)
             except Exception as e:
                 log.debug("pw_kernel service: %s failed", content.get("method"), exc_info=True)
                 if not content.get("oneway"):
@@ -262,6 +264,9 @@ class Service:
         c.buffers.clear()
         c.programs.clear()
         c.executables.clear()
+        # Runs and futures refer to each other: their buffers go only when the cyclic collector runs,
+        # which an idle service's allocations would not trigger for a long while.
+        gc.collect()
         log.info("pw_kernel service: client %r dropped (%s): %d runs cancelled, %d buffers freed",
                  c.tenant, why, cancelled, n)
 
@@ -341,6 +346,7 @@ class Service:
             "buffers": len(c.buffers), "executables": len(c.executables), "clients": len(self.clients),
             "all_buffers": sum(len(x.buffers) for x in self.clients.values()), "refused": self.refused,
             "live_arrays": len(live), "live_bytes": int(sum(a.nbytes for a in live)), "kept": len(self.kept),
+            "live_runs": sum(len(x.live) for x in self.clients.values()), "status": str(self.ctrl.status()),
         }
 
     # -------------------------------------------------- runs

@@ -186,7 +186,7 @@ class RemoteIsland:
         self.error = err
         return IslandLostError(
             f"island {self.island.id if self.island else '?'} ({self._where()}) was lost: "
-            f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+            f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}. To go on: {self.link.again}."
         )
 
     def _where(self) -> str:
