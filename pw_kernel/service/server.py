@@ -45,6 +45,9 @@ log = logging.getLogger("pw_kernel.service")
 HEARTBEAT_S = 0.5
 DEAD_AFTER_S = 4.0
 
+#: Outputs up to this size come back with their run's reply (`.result()` then needs no request).
+INLINE_BYTES = 1024
+
 _LATER = object()  # a handler's answer: "I reply myself, when the work is done"
 
 
@@ -67,6 +70,38 @@ class _Client:
         self.last_seen = time.monotonic()
         self.since = time.time()
         self.dropping = False
+        self._waiting: queue.SimpleQueue | None = None
+
+    def waiter(self) -> queue.SimpleQueue:
+        """Where finished-run replies wait: a thread of this client's that waits for its runs in order.
+
+        It waits with `Future.result`, which completes a run on the waiting thread as soon as it is
+        computed; a done-callback would fire only when the controller's watcher gets to a run nobody
+        waits on (up to 5 ms later: the watcher leaves lone calls to their callers).
+        """
+        if self._waiting is None:
+            self._waiting = queue.SimpleQueue()
+            threading.Thread(target=self._wait_loop, name=f"pw-service-wait-{self.tenant}", daemon=True).start()
+        return self._waiting
+
+    def _wait_loop(self) -> None:
+        box = self._waiting
+        while True:
+            item = box.get()
+            if item is None:
+                return
+            outs, then = item
+            for f in outs:
+                try:
+                    f.result()
+                except BaseException:  # (failed or cancelled: `then` reports it)
+                    pass
+            then()
+            del item, outs, then  # (nothing of a finished run stays alive here while the next is waited for)
+
+    def stop_waiting(self) -> None:
+        if self._waiting is not None:
+            self._waiting.put(None)
 
 
 class _Kept:
@@ -260,6 +295,7 @@ class Service:
         cancelled = 0
         for run in list(c.live):
             cancelled += bool(run.cancel())
+        c.stop_waiting()
         n = len(c.buffers)
         c.buffers.clear()
         c.programs.clear()
@@ -383,14 +419,8 @@ class Service:
                 c.buffers[h] = f
             k += len(out_ids)
         c.live.add(run)
-        left = [len(outs)]
-        lock = threading.Lock()
 
-        def finished(_f=None) -> None:
-            with lock:
-                left[0] -= 1
-                if left[0] > 0:
-                    return
+        def finished() -> None:
             c.live.discard(run)
             end = time.perf_counter_ns()
             failure = None
@@ -400,13 +430,18 @@ class Service:
                     err = "cancelled" if bad.cancelled() else f"{type(bad.exception()).__name__}: {bad.exception()}"
                     failure = (i, err)
                     break
-            reply(([(start, end)] * len(ops), failure))
+            # Small values travel with the reply: a loss read right after its step costs no second round trip.
+            inline = {}
+            if failure is None:
+                for h, f in zip((h for o in ops for h in o[2]), outs):
+                    if f.size * f.dtype.itemsize <= INLINE_BYTES:
+                        inline[h] = to_wire(f.result())
+            reply(([(start, end)] * len(ops), failure, inline))
 
-        if not outs:
-            left[0] = 1
+        if all(f.done() for f in outs):  # computed inside the call (a lone node): no thread hop to reply
             finished()
-        for f in outs:
-            f.add_done_callback(finished)
+        else:
+            c.waiter().put((outs, finished))
         return _LATER
 
     def _program(self, c: _Client, shape: tuple):
