@@ -324,3 +324,58 @@ def test_a_service_that_dies_leaves_its_clients_a_clear_error_and_a_way_back(tmp
     print(got["error"])
     assert got["again"] == [1.0, 1.0, 1.0, 1.0]
     assert got["error"].startswith("IslandLostError") and "pw.connect()" in got["error"], got["error"]
+
+
+def _cell(kc, code: str) -> str:
+    """Run a cell in a kernel; its stdout (a failing cell fails the test with its traceback)."""
+    out: list[str] = []
+
+    def hook(msg):
+        if msg["msg_type"] == "stream" and msg["content"]["name"] == "stdout":
+            out.append(msg["content"]["text"])
+        elif msg["msg_type"] == "error":
+            out.append("\n".join(msg["content"]["traceback"]))
+
+    reply = kc.execute_interactive(textwrap.dedent(code), timeout=HANG_S, output_hook=hook)
+    assert reply["content"]["status"] == "ok", "".join(out)
+    return "".join(out)
+
+
+def test_a_pathways_kernel_restarted_mid_training_goes_on_from_the_kept_state(service):
+    """Two real notebook kernels' worth: the installed "Python 3 (Pathways)" kernel, restarted in between."""
+    from jupyter_client import KernelManager
+    from jupyter_client.kernelspec import NoSuchKernel
+
+    path, _ = service
+    km = KernelManager(kernel_name="pathways")
+    try:
+        km.kernel_spec  # noqa: B018 - (the lookup: is it installed here?)
+    except NoSuchKernel:
+        pytest.skip('the "Python 3 (Pathways)" kernel is not installed (python -m pw_kernel install --sys-prefix)')
+    setup = "import numpy as np, jax, jax.numpy as jnp\nimport pw_kernel as pw\n"
+    setup += textwrap.dedent(TRAIN).replace("CONN", repr(path))
+    km.start_kernel(env={k: v for k, v in ENV.items() if not k.startswith(("PW_", "XLA_"))})
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=HANG_S)
+        _cell(kc, setup)
+        _cell(kc, """
+            state = {"w": jnp.zeros((4, 1)), "step": 0}
+            for i in range(3):
+                w, loss = train(state["w"], x, y)
+                state = {"w": w, "step": i + 1}
+            pw.keep("kernel-state", state)
+        """)
+        expected = _cell(kc, 'print(float(train(state["w"], x, y)[1].result()))').strip()
+        km.restart_kernel(now=True)                # everything in the kernel is gone
+        kc.wait_for_ready(timeout=HANG_S)
+        _cell(kc, setup)
+        got = _cell(kc, """
+            state = pw.kept("kernel-state", slice=s)
+            print(state["step"], float(train(state["w"], x, y)[1].result()))
+        """).split()
+        assert got == ["3", expected]
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
