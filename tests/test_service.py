@@ -379,3 +379,24 @@ def test_a_pathways_kernel_restarted_mid_training_goes_on_from_the_kept_state(se
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+def test_pathways_connect_and_clients_line_magics(service):
+    path, _ = service
+    nb = notebook(
+        """
+        import json
+        from IPython.testing.globalipapp import get_ipython
+        ip = get_ipython()
+        ip.run_line_magic("load_ext", "pw_kernel")
+        shown = [ip.run_line_magic("pathways", f"connect {CONN}")]
+        shown.append(ip.run_line_magic("pathways", "clients"))
+        shown.append(ip.run_line_magic("pathways", "disconnect"))
+        print(json.dumps([repr(v) for v in shown]))
+        """,
+        path,
+    )
+    connected, listed, gone = finish(nb)
+    assert "island" in connected and "pw.slice(n)" in connected
+    assert "* is this kernel" in listed and "weight 1" in listed
+    assert "disconnected" in gone

@@ -1,4 +1,5 @@
-"""`%pathways COMMAND [RUN]`: look at and steer the controller (status, devices, timeline, graph, wait, cancel, story, reset).
+"""`%pathways COMMAND [RUN]`: look at and steer the controller (status, devices, timeline, graph, wait, cancel, story,
+reset) and this kernel's link to a Pathways service (connect, clients, disconnect).
 
 Each command is the plain Python in `LINE_DOC`, with a view that is a live
 widget in a kernel and a text/HTML view elsewhere.
@@ -29,13 +30,20 @@ Commands, and the Python each one is::
     %pathways cancel RUN    pw.controller().run(RUN).cancel()
     %pathways story RUN     print(pw.controller().run(RUN).story())   # its transitions and their causes
     %pathways reset         pw.controller().cancel_all(); [s.release() for s in slices]
+    %pathways connect [FILE] pw.connect(FILE)                      # become a client of the service
+    %pathways clients       pw.clients()                            # its clients: weight, device time, runs
+    %pathways disconnect    pw.disconnect()
 
 RUN is a run id, a run name (``--name`` of a cell, ``In[5]`` by default), or a
 variable holding a Run (``--out``) or a Future. Ctrl-C during ``wait`` cancels
-what it waits for.
+what it waits for. FILE is a service's connection file (default: this user's
+local service, as ``python -m pw_kernel serve`` writes it); for a name or a
+weight, call ``pw.connect(name=..., weight=...)``.
 """
 
-COMMANDS = ("status", "devices", "timeline", "graph", "wait", "cancel", "story", "reset")
+COMMANDS = (
+    "status", "devices", "timeline", "graph", "wait", "cancel", "story", "reset", "connect", "clients", "disconnect",
+)
 
 
 class LineCommands:
@@ -144,6 +152,42 @@ class LineCommands:
         return message_view(
             f"pw_kernel: cancelled {n} runs and released {len(slices)} slices ({names}). "
             f"Create slices and compiled functions again with `pw.slice(...)` and `pw.compiled(...)`."
+        )
+
+    def connect(self, target):
+        from ..service import connect
+
+        try:
+            conn = connect(target)
+        except PathwaysError as e:
+            raise UsageError(f"`%pathways connect{' ' + target if target else ''}`: {e}") from None
+        return message_view(f"pw_kernel: {conn!r}. `pw.slice(n)` now places slices on the service's devices.")
+
+    def clients(self, target):
+        from ..service import clients
+
+        if target is not None:
+            raise UsageError("`%pathways clients` takes no argument.")
+        try:
+            rows = clients()
+        except PathwaysError as e:
+            raise UsageError(f"`%pathways clients`: {e}") from None
+        lines = [
+            f"{'*' if c.you else ' '} {c.name:<20} weight {c.weight:<5g} device time {c.device_time_s:8.3f} s  "
+            f"runs {c.runs:<7} pid {c.pid}"
+            for c in rows
+        ]
+        return message_view(f"pw_kernel service clients ({len(rows)}; * is this kernel):\n" + "\n".join(lines))
+
+    def disconnect(self, target):
+        from ..service import disconnect
+
+        if target is not None:
+            raise UsageError("`%pathways disconnect` takes no argument.")
+        was = disconnect()
+        return message_view(
+            "pw_kernel: disconnected; slices go to this kernel's devices again." if was
+            else "pw_kernel: not connected to a service."
         )
 
     def find_runs(self, target: str, cmd: str) -> list[Any]:
