@@ -105,7 +105,12 @@ def test_the_connection_file_is_the_users_alone_and_a_client_runs_programs_there
             return double(double(v) + 1)
 
         y = step(jnp.arange(8.0))                  # a future at once; the value stays in the service
+        t = pw.slice(4)                            # the other four devices
+        z = pw.compiled(lambda v: v - 1, slice=t)(y)
+        import pw_kernel.service
         print(json.dumps({
+            "z": np.asarray(z.result()).tolist(),
+            "service_slices": pw_kernel.service.stats()["slices"],
             "island_remote": s.remote,
             "value": np.asarray(y.result()).tolist(),
             "clients": [c.name for c in pw.clients()],
@@ -117,9 +122,11 @@ def test_the_connection_file_is_the_users_alone_and_a_client_runs_programs_there
     assert got["island_remote"] is True
     assert got["value"] == [(2 * x + 1) * 2 for x in range(8)]
     assert got["clients"] == ["alice"]
+    assert got["z"] == [(2 * x + 1) * 2 - 1 for x in range(8)]
+    assert [0, 1, 2, 3] in got["service_slices"] and [4, 5, 6, 7] in got["service_slices"]
 
 
-def test_a_message_without_the_key_is_refused_and_logged(service):
+def test_a_message_without_the_key_is_refused_and_logged_and_handles_are_per_client(service):
     import zmq
     from jupyter_client.session import Session
 
@@ -142,6 +149,8 @@ def test_a_message_without_the_key_is_refused_and_logged(service):
             assert time.monotonic() < deadline
             time.sleep(0.05)
         assert "mallory" not in [c["name"] for c in link.call("clients", timeout=HANG_S)]
+        with pytest.raises(RuntimeError, match="no buffer 1 for this client"):  # handles name one's own arrays
+            link.call("get", 1, timeout=HANG_S)
     finally:
         link.call("bye", timeout=HANG_S)
         link.close()

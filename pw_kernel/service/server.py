@@ -354,8 +354,15 @@ class Service:
         c.buffers[handle] = jax.device_put(from_wire(value), sharding)
         return [(start, time.perf_counter_ns())], None
 
+    @staticmethod
+    def _buffer(c: _Client, handle: int) -> Any:
+        value = c.buffers.get(handle)
+        if value is None:
+            raise PathwaysError(f"no buffer {handle} for this client (freed, or another client's)")
+        return value
+
     def _m_get(self, c: _Client, reply, handle: int) -> object:
-        value = c.buffers[handle]
+        value = self._buffer(c, handle)
 
         def fetch():
             try:
@@ -383,6 +390,7 @@ class Service:
             "all_buffers": sum(len(x.buffers) for x in self.clients.values()), "refused": self.refused,
             "live_arrays": len(live), "live_bytes": int(sum(a.nbytes for a in live)), "kept": len(self.kept),
             "live_runs": sum(len(x.live) for x in self.clients.values()), "status": str(self.ctrl.status()),
+            "slices": sorted([d.id for d in sl.devices] for sl in self._slices.values()),
         }
 
     # -------------------------------------------------- runs
@@ -396,10 +404,8 @@ class Service:
             for h in in_ids:
                 ref = where.get(h)
                 if ref is None:
-                    if h not in c.buffers:
-                        raise PathwaysError(f"no buffer {h} for this client (freed, or another client's)")
-                    ref = where[h] = ("e", len(inputs))
-                    inputs.append(c.buffers[h])
+                    inputs.append(self._buffer(c, h))
+                    ref = where[h] = ("e", len(inputs) - 1)
                 refs.append(ref)
             shape.append((key, tuple(refs), len(out_ids)))
             for k, h in enumerate(out_ids):

@@ -303,7 +303,7 @@ class RemoteIsland:
             isl.bursts.flush()
         in_ids = [a.handle for a in inputs]
         out_ids = [isl.new_handle() for _ in outputs]
-        layouts = [(_layout(o.sharding), spec_tuple(o.sharding)) for o in outputs]
+        layouts = [(_layout(o.sharding, isl), spec_tuple(o.sharding)) for o in outputs]
         ticket = _Ticket(isl)
         isl.post([("call", lambda: isl.actor.colocated.remote(fn, in_ids, out_ids, layouts, tuple(args)), ticket)])
         if outputs:
@@ -347,10 +347,16 @@ class Bursts:
             islands.pop().flush()
 
 
-def _layout(sharding) -> tuple:
-    """(mesh shape, axis names, device positions) of a stand-in NamedSharding, for the actor."""
+def _layout(sharding, isl: RemoteIsland) -> tuple:
+    """(mesh shape, axis names, device positions) of a stand-in NamedSharding, for the actor.
+
+    The positions are the slice's devices among the island's stand-ins, so two slices the resource
+    manager put on different devices of the island run on different devices there too.
+    """
     mesh = sharding.mesh
-    return (tuple(mesh.devices.shape), tuple(mesh.axis_names), tuple(range(mesh.devices.size)))
+    home = {d: k for k, d in enumerate(isl.island.devices)} if isl.island is not None else {}
+    positions = tuple(home.get(d, k) for k, d in enumerate(mesh.devices.flat))
+    return (tuple(mesh.devices.shape), tuple(mesh.axis_names), positions)
 
 
 class RemoteArray:
@@ -448,7 +454,7 @@ class RemoteCall:
         args = (
             self.key,
             blob,
-            _layout(ref_sh),
+            _layout(ref_sh, isl),
             [spec_tuple(v.sharding) for v in self.in_values],
             [spec_tuple(v.sharding) for v in self.out_values],
         )
@@ -484,7 +490,7 @@ class RemoteTransfer:
         dst = self.dst
         dst.check("transfer")
         handle = dst.new_handle()
-        layout, spec = _layout(want), spec_tuple(want)
+        layout, spec = _layout(want, dst), spec_tuple(want)
         if isinstance(x, RemoteArray) and x.island is dst:  # a reshard inside the island
             ticket = dst.call(lambda: dst.actor.reshard.remote(x.handle, handle, layout, spec))
         elif isinstance(x, RemoteArray):  # island to island: actor to actor through the object store
