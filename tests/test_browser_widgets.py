@@ -611,6 +611,56 @@ def test_what_a_newcomer_reads_in_jupyterlab(page):
     page.wait_for_function("(v) => +v.dataset.hits === 2", arg=view.element_handle(), timeout=10_000)
 
 
+def _run_new_cell(page: Page, code: str):
+    """Add a cell below the last one, type ``code`` into it and run it, as a person does; its output area."""
+    cells = page.locator(".jp-Notebook .jp-CodeCell")
+    n = cells.count()
+    cells.last.locator(".jp-InputPrompt").click()
+    page.keyboard.press("Escape")
+    page.keyboard.press("b")  # command mode: a new cell below
+    expect(cells).to_have_count(n + 1)
+    cells.last.locator(".cm-content").click()
+    page.keyboard.insert_text(code)
+    page.keyboard.press("Shift+Enter")
+    return _cell_output(page, n)
+
+
+def test_a_profiles_timeline_shows_each_devices_xla_ops_under_its_nodes(page):
+    # typed in after the notebook ran and the tests above read it (its live timelines would show these runs too)
+    expect(_cell_output(page, 6).locator(".pw-run")).to_have_attribute("data-state", "done", timeout=120_000)
+    out = _run_new_cell(
+        page,
+        'step_b = pw.compiled(lambda v: jnp.tanh(v @ v.T) @ v, slice=a, name="matmuls")\n'
+        'vb = jax.device_put(jnp.ones((256, 256)) * 0.01, a.sharding("data", None))\n'
+        "step_b(vb).result()\n"
+        "with pw.profile() as prof:\n"
+        "    step_b(vb).result()\n"
+        "\n"
+        "pw.timeline(prof)",
+    )
+    tl = out.locator(".pw-timeline")
+    ops_lane = tl.locator(".pw-tl-lane-label[data-kind='ops']").first
+    expect(ops_lane).to_contain_text("· XLA ops", timeout=120_000)
+    labels = tl.locator(".pw-tl-lane-label").all_inner_texts()
+    k = labels.index(ops_lane.inner_text())
+    assert labels[k - 1] + " · XLA ops" == labels[k]  # right under its device's lane
+    canvas = tl.locator("canvas")
+    canvas.scroll_into_view_if_needed()
+    cbox = canvas.bounding_box()
+    lane = ops_lane.bounding_box()
+    y = lane["y"] + lane["height"] / 2 - cbox["y"]
+    tip = tl.locator(".pw-tip")
+    for x in range(2, int(cbox["width"]) - 2, 3):  # along the ops lane, as a person would
+        canvas.hover(position={"x": x, "y": y})
+        if tip.is_visible() and "(op)" in tip.inner_text():
+            break
+    text = tip.inner_text()
+    assert re.search(r"^\S+  \(op\)$", text, flags=re.M), text  # the op's name, its kind of event
+    assert re.search(r"^run \d+ · jit_matmuls$", text, flags=re.M), text  # the HLO module: the node's executable
+    assert re.search(r"^(fusion|op|copy|collective|custom-call) in matmuls$", text, flags=re.M), text
+    _shot(tl, "profile_ops")
+
+
 def test_no_widget_errors_in_the_console(page):
     # Run last (file order): every widget rendered without a JavaScript error.
     expect(_cell_output(page, 11).locator(".pw-timeline")).to_be_visible(timeout=120_000)

@@ -23,7 +23,7 @@ Example::
 
 from __future__ import annotations
 
-from .api import add_ray_islands, compiled, devices, islands, program, slice  # noqa: A004
+from .api import add_ray_islands, compiled, devices, islands, profile, program, slice  # noqa: A004
 from .config import Config
 from .core.scheduler import FIFO, FairShare, Policy, Priority
 from .devices import Island, VirtualSlice
@@ -48,6 +48,7 @@ from .errors import (
 from .exec.controller import controller, init, shutdown
 from .exec.events import NodeEvent, RunEvent
 from .futures import Future, get
+from .profiling import Profile
 from .program import Program
 from .remote.client import RemoteArray
 from .run import Run
@@ -103,4 +104,7 @@ __all__ = [
     "get",
     "init",
     "shutdown",
+    # seeing inside a run: XLA's ops inside pw's nodes
+    "Profile",
+    "profile",
 ]

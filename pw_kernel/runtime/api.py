@@ -7,12 +7,14 @@ imports upwards.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from .devices import Island, VirtualSlice
 from .errors import ArgumentError, PathwaysError
 from .exec.controller import controller
+from .profiling import Profile
 from .program import Compiled, Program
 from .remote.client import start_ray_islands
 from .trace.compiled import CompiledFunction
@@ -173,3 +175,20 @@ def add_ray_islands(
         address, count=count, devices_per_island=devices_per_island, platform=platform, env=env
     )
     return controller().add_remote_islands(remotes)
+
+
+def profile(logdir: str | None = None) -> Profile:
+    """Capture XLA's ops while a ``with`` block runs, placed inside pw's nodes; see `Profile`.
+
+    ``logdir``: where JAX's profiler writes (TensorBoard's profile plugin reads it too);
+    default a temporary folder.
+
+    Example::
+
+        with pw.profile() as prof:
+            step(params, opt_state, batch)[2].result()
+        pw.timeline(prof)        # each device's ops on a lane under its nodes
+    """
+    if logdir is not None and not isinstance(logdir, (str, os.PathLike)):
+        raise ArgumentError(f"`pw.profile(logdir=...)` takes a folder path or None; got {type(logdir).__name__}.")
+    return Profile(controller(), None if logdir is None else os.fspath(logdir))

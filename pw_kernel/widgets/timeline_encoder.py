@@ -6,7 +6,8 @@ lane) pair per bar, plus the strings not sent before. `TimelineWidget` ships
 chunks to its front-end as binary buffers; `timeline_html` draws the static
 picture from the same arrays. Lanes are one per device, one per transfer
 path (``island a → island b``), one for the host's compiles and checkpoints,
-and one for input (`pw.prefetch` loading batches, programs taking them).
+one for input (`pw.prefetch` loading batches, programs taking them), and, in a
+profile (`pw.profile`), one of XLA ops under each device's lane.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ import numpy as np
 
 from ..runtime.extend import busy_time
 
-KINDS: tuple[str, ...] = ("compute", "glue", "transfer", "compile", "checkpoint", "input")
+KINDS: tuple[str, ...] = ("compute", "glue", "transfer", "compile", "checkpoint", "input", "op")
 _INPUT = KINDS.index("input")
+_OP = KINDS.index("op")  # an XLA op inside a node (`pw.profile`): on its device's ops lane
 _KIND = {k: i for i, k in enumerate(KINDS)}
 NONE = 0xFFFFFFFF  # "no string" (an event without an error)
 #: An idle stretch this long (ns) ends a burst of activity: a view opens on the latest burst, not the whole session.
@@ -120,6 +122,20 @@ class EventEncoder:
             )
         return lane
 
+    def ops_lane(self, dev_id: int, island: int | None = None) -> int:
+        """The lane of the XLA ops a profile saw on device ``dev_id`` (drawn under the device's own lane)."""
+        lane = self._lane_of.get(("ops", dev_id))
+        if lane is None:
+            self.device_lane(dev_id, island=island)
+            lane = len(self.lanes)
+            self._lane_of[("ops", dev_id)] = lane
+            label = self.lanes[self._lane_of[("dev", dev_id)]]["label"]
+            self.lanes.append(
+                {"key": f"ops:{dev_id}", "label": f"{label} · XLA ops", "kind": "ops", "device": int(dev_id),
+                 "island": island, "cross": False}
+            )
+        return lane
+
     def transfer_lane(self, src: int | None, dst: int | None) -> int:
         key, label, cross = transfer_key(src, dst)
         lane = self._lane_of.get(key)
@@ -166,6 +182,11 @@ class EventEncoder:
                 bars += (k, self.transfer_lane(ev.src_island, ev.island))
             elif kind == _INPUT:  # on the input lane only: taking a placed batch occupies no device
                 bars += (k, self.input_lane())
+                k += 1
+                continue
+            elif kind == _OP:  # inside a node's bar: on the ops lane beneath the device's
+                for d in ev.devices:
+                    bars += (k, self.ops_lane(d, ev.island))
                 k += 1
                 continue
             elif kind >= 3:  # compile, checkpoint

@@ -92,6 +92,18 @@ def _run_rows(runs: Iterable[Any], ids: np.ndarray, strings: Sequence[str]) -> l
     return list(rows.values())
 
 
+def lane_order(lanes: list[dict[str, Any]]) -> list[int]:
+    """The rows' order (timeline.js's too): each device, its XLA ops beneath it (a profile's), then the rest."""
+    ops = {x["device"]: k for k, x in enumerate(lanes) if x["kind"] == "ops"}
+    order = []
+    for k, x in enumerate(lanes):
+        if x["kind"] == "device":
+            order.append(k)
+            if x["device"] in ops:
+                order.append(ops[x["device"]])
+    return order + [k for k, x in enumerate(lanes) if x["kind"] not in ("device", "ops")]
+
+
 def timeline_html(
     title: str,
     lanes: Sequence[dict[str, Any]],
@@ -123,9 +135,7 @@ def timeline_html(
     )
     if n == 0:
         return page(head + '<div style="color:#666">no node events yet</div>', "pw-timeline")
-    order = [k for k, x in enumerate(lanes) if x["kind"] == "device"] + [
-        k for k, x in enumerate(lanes) if x["kind"] != "device"
-    ]
+    order = lane_order(lanes)
     plot = _plot(measures, ids, runs, strings, palette, color_by, width)
     merged: set[bool] = set()  # merged-transfer strips drawn: False intra-island, True cross-island
     parts = []
@@ -195,7 +205,7 @@ def _lane_svg(
     plot: _Plot, info: dict[str, Any], lane: int, y: int, measures: np.ndarray, bars: np.ndarray, merged: set[bool]
 ) -> tuple[str, int]:
     """One lane's label, background, bars and utilization, and its height; notes merged-transfer strips drawn."""
-    h = 16 if info["kind"] == "device" else 12
+    h = 16 if info["kind"] == "device" else 12  # (an ops lane: as thin as a transfer path's)
     ev = bars[bars[:, 1] == lane, 0].astype(np.int64)
     util = busy_union(measures, bars, lane) / plot.span
     parts = [
@@ -214,6 +224,8 @@ def _lane_svg(
         xfer = plot.kind[ev] == _TRANSFER
         strips.append((ev[~xfer], plot.keys[ev[~xfer]], y + 1, h - 4))
         strips.append((ev[xfer], np.full(int(xfer.sum()), -2), y + h // 2 + 1, h - h // 2 - 3))
+    elif info["kind"] == "ops":  # a node's ops, in its run's (program's, tenant's) colour
+        strips.append((ev, plot.keys[ev], y + 1, h - 4))
     else:
         look = -4 if info["kind"] == "host" else -3 if info["cross"] else -2
         strips.append((ev, np.full(len(ev), look), y + 1, h - 4))

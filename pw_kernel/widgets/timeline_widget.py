@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import traitlets as t
 
+from ..runtime import Profile
 from ..runtime import controller as get_controller
 from ..runtime.extend import FINAL, TraceRow, chrome_trace
 from ._base import PwWidget, controller_of, ticker
@@ -443,14 +444,19 @@ def _drain(q: collections.deque) -> list[Any]:
 
 
 def timeline(runs: Any = None, live: bool = True, **kwargs: Any) -> TimelineWidget:
-    """A live per-device timeline of the controller's runs (all of them, or ``runs``: Runs or run ids).
+    """A live per-device timeline of the controller's runs (all of them, or ``runs``: Runs or run ids),
+    or of a `pw.profile` window: its nodes, and each device's XLA ops on a lane beneath the device's.
 
     Example::
 
         pw.timeline()                         # everything so far, then live
         pw.timeline(pw.controller().runs[-1]) # one run
         pw.timeline(live=False)               # a snapshot
+        pw.timeline(prof)                     # a profile: nodes and their XLA ops
     """
+    if isinstance(runs, Profile):
+        kwargs.setdefault("title", f"profile: {len(runs.nodes)} node bars, {len(runs.ops)} XLA ops")
+        return TimelineWidget(events=runs.events(), live=False, **kwargs)
     return TimelineWidget(runs, live=live, **kwargs)
 
 

@@ -53,9 +53,16 @@ function render({ model, el }) {
   // ---- layout: display rows (devices first, then transfer paths) and DOM labels
   function buildLayout() {
     const lanes = model.get("lanes") || [];
+    // each device, its XLA ops beneath it (a profile's: timeline_html.lane_order), then the rest
+    const ops = new Map();
+    lanes.forEach((l, k) => l.kind === "ops" && ops.set(l.device, k));
     const order = [];
-    lanes.forEach((l, k) => l.kind === "device" && order.push(k));
-    lanes.forEach((l, k) => l.kind !== "device" && order.push(k));
+    lanes.forEach((l, k) => {
+      if (l.kind !== "device") return;
+      order.push(k);
+      if (ops.has(l.device)) order.push(ops.get(l.device));
+    });
+    lanes.forEach((l, k) => l.kind !== "device" && l.kind !== "ops" && order.push(k));
     const n = Math.max(order.length, 1);
     const devH = Math.max(6, Math.min(18, Math.floor(520 / n)));
     const xferH = Math.max(6, Math.min(14, devH));
@@ -83,6 +90,8 @@ function render({ model, el }) {
       d.title =
         r.info.kind === "device"
           ? `device lane ${r.info.label}`
+          : r.info.kind === "ops"
+            ? `XLA ops on ${r.info.label.replace(" · XLA ops", "")}, each under the node it ran in`
           : r.info.kind === "host"
             ? "host lane: compiling executables (a program's first call)"
             : `transfer path ${r.info.label}`;

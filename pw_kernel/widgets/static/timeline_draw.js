@@ -104,7 +104,8 @@ function laneBars(lane, row, win, cidx, nColours, u32, rects) {
   let nBars = 0;
   let nGaps = 0;
   const isDev = row.info.kind === "device";
-  const laneColour = isDev ? null : row.info.kind === "host" ? -4 : row.info.cross ? -3 : -2;
+  const ownColour = isDev || row.info.kind === "ops"; // a node's ops: in its run's (program's...) colour
+  const laneColour = ownColour ? null : row.info.kind === "host" ? -4 : row.info.cross ? -3 : -2;
   const yb = row.y + 1;
   const hb = row.h - 3;
   const yx = row.y + Math.floor(row.h * 0.55);

@@ -4,7 +4,7 @@
 // Loaded after prelude.js; timeline_draw.js and timeline.js follow (pw_kernel/widgets/esm.py).
 
 const NONE = 0xffffffff;
-const KINDS = ["compute", "glue", "transfer", "compile", "checkpoint", "input"];
+const KINDS = ["compute", "glue", "transfer", "compile", "checkpoint", "input", "op"];
 const U = 7; // uint32 fields per event: run, node, program, tenant, shapes, error, kind
 const STORES = (globalThis.__pwTimelineStores = globalThis.__pwTimelineStores || new Map());
 
