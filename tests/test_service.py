@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -25,14 +26,14 @@ HANG_S = 120  # a guard against hangs only
 
 
 def _start_service(path, log_path) -> subprocess.Popen:
-    log = open(log_path, "w")
+    log = open(log_path, "w")  # noqa: SIM115 - the service writes its log there for as long as it runs
     proc = subprocess.Popen(
         [sys.executable, "-m", "pw_kernel", "serve", "--connection-file", str(path)],
         stdout=log, stderr=subprocess.STDOUT, env=ENV,
     )
     deadline = time.monotonic() + HANG_S
     while not _written_by(path, proc.pid):  # (a stale file of a killed service may be there before)
-        assert proc.poll() is None, open(log_path).read()
+        assert proc.poll() is None, Path(log_path).read_text()
         assert time.monotonic() < deadline, "the service did not write its connection file"
         time.sleep(0.05)
     return proc
@@ -40,7 +41,7 @@ def _start_service(path, log_path) -> subprocess.Popen:
 
 def _written_by(path, pid: int) -> bool:
     try:
-        return json.load(open(path))["pid"] == pid
+        return json.loads(Path(path).read_text())["pid"] == pid
     except (OSError, ValueError, KeyError):
         return False
 
@@ -90,7 +91,7 @@ def observer(service_path: str):
 def test_the_connection_file_is_the_users_alone_and_a_client_runs_programs_there(service):
     path, _ = service
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
-    info = json.load(open(path))
+    info = json.loads(Path(path).read_text())
     assert {"transport", "ip", "port", "key", "signature_scheme"} <= set(info)
 
     nb = notebook(
@@ -131,7 +132,7 @@ def test_a_message_without_the_key_is_refused_and_logged_and_handles_are_per_cli
     from jupyter_client.session import Session
 
     path, log_path = service
-    info = json.load(open(path))
+    info = json.loads(Path(path).read_text())
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.linger = 0
@@ -154,7 +155,7 @@ def test_a_message_without_the_key_is_refused_and_logged_and_handles_are_per_cli
     finally:
         link.call("bye", timeout=HANG_S)
         link.close()
-    assert "refused a message" in open(log_path).read()
+    assert "refused a message" in Path(log_path).read_text()
 
 
 TRAIN = """
@@ -286,7 +287,7 @@ def test_a_killed_client_has_its_queued_runs_cancelled_and_its_buffers_freed(ser
     finally:
         link.call("bye", timeout=HANG_S)
         link.close()
-    dropped = [line for line in open(log_path) if "'doomed' dropped" in line]
+    dropped = [line for line in Path(log_path).read_text().splitlines() if "'doomed' dropped" in line]
     assert dropped and "runs cancelled" in dropped[0] and " 0 runs cancelled" not in dropped[0], dropped
 
 
@@ -409,3 +410,23 @@ def test_pathways_connect_and_clients_line_magics(service):
     assert "island" in connected and "pw.slice(n)" in connected
     assert "* is this kernel" in listed and "weight 1" in listed
     assert "disconnected" in gone
+
+
+def test_bad_input_and_a_stale_connection_file_say_what_to_do(tmp_path):
+    import re
+
+    import pw_kernel as pw
+
+    with pytest.raises(pw.ArgumentError, match=re.escape("`pw.connect(weight=...)` must be a positive number")):
+        pw.connect(weight=0)
+    with pytest.raises(pw.PathwaysError, match=re.escape("no Pathways service connection file at")):
+        pw.connect(str(tmp_path / "nope.json"))
+    stale = tmp_path / "stale.json"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale.write_text(json.dumps({"transport": "tcp", "ip": "127.0.0.1", "port": 1, "key": "k",
+                                 "signature_scheme": "hmac-sha256", "pid": dead.pid}))
+    with pytest.raises(pw.PathwaysError, match=re.escape(f"(pid {dead.pid}) is no longer running")):
+        pw.connect(str(stale))
+    with pytest.raises(pw.PathwaysError, match=re.escape("`pw.keep` needs a connection to a Pathways service")):
+        pw.keep("state", {"w": 1.0})

@@ -35,7 +35,7 @@ SERVICE_LOST_AFTER_S = 5.0
 class _Ref:
     """One request's reply, once it comes (what a Ray ``ObjectRef`` is to a Ray island)."""
 
-    __slots__ = ("event", "value", "error")
+    __slots__ = ("error", "event", "value")
 
     def __init__(self) -> None:
         self.event = threading.Event()
@@ -296,6 +296,7 @@ def connect(connection_file: str | None = None, *, name: str | None = None, weig
     if name is not None and (not isinstance(name, str) or not name):
         raise ArgumentError(f"`pw.connect(name=...)` must be a non-empty str or None; got {name!r}.")
     path, info = read_connection_file(connection_file, "pw.connect")
+    _check_alive(path, info)
     with _conn_lock:
         if _conn is not None:
             _disconnect_locked()
@@ -348,6 +349,24 @@ def _say_goodbye_at_exit() -> None:
         _atexit_registered = True
 
 
+def _check_alive(path: str, info: dict) -> None:
+    """A service on this host whose process is gone left a stale file: say so now, not after a timeout."""
+    import socket
+
+    pid = info.get("pid")
+    if not pid or info.get("ip") not in ("127.0.0.1", "localhost", socket.gethostname()):
+        return
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        raise PathwaysError(
+            f"`pw.connect`: the service that wrote {path} (pid {pid}) is no longer running (it was stopped "
+            f"or killed without removing its file). Start it again: `python -m pw_kernel serve`, then `pw.connect()`."
+        ) from None
+    except PermissionError:  # (another user's process: not ours to judge; the handshake will tell)
+        pass
+
+
 def _route_slices(ctrl: Controller, island_id: int | None) -> None:
     """`pw.slice` without ``island=`` goes to the service's island (None: back to this process's devices).
 
@@ -358,7 +377,7 @@ def _route_slices(ctrl: Controller, island_id: int | None) -> None:
         ctrl.__dict__.pop("slice", None)
         return
 
-    def slice(n=None, mesh=None, name=None, island=None, axis_types=None):  # noqa: A001 - `pw.slice`'s
+    def slice(n=None, mesh=None, name=None, island=None, axis_types=None):
         if island is None and not isinstance(mesh, jax.sharding.Mesh):
             island = island_id
         return Controller.slice(ctrl, n, mesh=mesh, name=name, island=island, axis_types=axis_types)
@@ -450,7 +469,7 @@ def keep(name: str, tree: Any) -> None:
     c.link.call("keep", name, sent, pickle.dumps(treedef), timeout=60)
 
 
-def kept(name: str | None = None, *, slice=None) -> Any:  # noqa: A002 - as pw.compiled's keyword
+def kept(name: str | None = None, *, slice=None) -> Any:
     """A tree kept in the service (`pw.keep`), as handles on the same devices; without a name, the kept names.
 
     The leaves are `pw.RemoteArray` handles: pass them to programs and compiled

@@ -36,7 +36,14 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from ..runtime import FairShare, Future, NodeEvent, PathwaysError, compiled, controller, init, program
 from ..runtime.extend import from_wire, to_wire
 from .wire import (
-    Hub, decode, default_connection_file, encode, new_key, read_connection_file, session, write_connection_file,
+    Hub,
+    decode,
+    default_connection_file,
+    encode,
+    new_key,
+    read_connection_file,
+    session,
+    write_connection_file,
 )
 
 log = logging.getLogger("pw_kernel.service")
@@ -63,6 +70,7 @@ class _Client:
         self.pid = pid
         self.buffers: dict[int, Any] = {}  # handle -> jax.Array or this controller's Future
         self.executables: dict[str, Any] = {}  # export key -> CompiledFunction on a service slice
+        self.load_errors: dict[str, str] = {}  # export key -> why it could not be loaded
         self.programs: dict[tuple, Any] = {}  # the shape of a burst of nodes -> its Program
         self.live: set = set()  # runs not finished (cancelled if the client goes)
         self.runs = 0
@@ -331,6 +339,13 @@ class Service:
         return s
 
     def _m_load(self, c: _Client, reply, key: str, blob: bytes, layout, in_specs, out_specs) -> None:
+        try:
+            self._load(c, key, blob, layout, in_specs, out_specs)
+        except Exception as e:  # nobody waits for a load's answer: the node's run says it instead
+            c.load_errors[key] = f"{type(e).__name__}: {e}"
+            raise
+
+    def _load(self, c: _Client, key: str, blob: bytes, layout, in_specs, out_specs) -> None:
         exported = jax.export.deserialize(bytearray(blob))
         s = self._slice(layout)
         ins = tuple(PartitionSpec(*sp) for sp in in_specs)
@@ -400,6 +415,8 @@ class Service:
         inputs: list = []
         where: dict[int, tuple] = {}  # handle -> ("e", input index) or ("o", op, output)
         for i, (key, in_ids, out_ids) in enumerate(ops):
+            if key in c.load_errors:
+                raise PathwaysError(f"the service could not load node executable {key}: {c.load_errors[key]}")
             refs = []
             for h in in_ids:
                 ref = where.get(h)

@@ -66,7 +66,7 @@ def read_connection_file(path: str | None, api: str) -> tuple[str, dict]:
     except FileNotFoundError:
         raise PathwaysError(
             f"`{api}`: no Pathways service connection file at {path}. Start the service first: "
-            f"`python -m pw_kernel serve` in a terminal (or `pw.serve(background=True)` in a notebook), "
+            f"`python -m pw_kernel serve` in a terminal (or `pw_kernel.service.serve(background=True)` in a notebook), "
             f"then call `{api}` again (with the path it prints if it is not the default)."
         ) from None
     except (OSError, ValueError) as e:
