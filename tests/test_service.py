@@ -391,7 +391,7 @@ def test_a_pathways_kernel_restarted_mid_training_goes_on_from_the_kept_state(se
         km.shutdown_kernel(now=True)
 
 
-def test_pathways_connect_and_clients_line_magics(service):
+def test_pathways_magics_cells_and_pipelines_work_unchanged_through_the_service(service):
     path, _ = service
     nb = notebook(
         """
@@ -401,12 +401,28 @@ def test_pathways_connect_and_clients_line_magics(service):
         ip.run_line_magic("load_ext", "pw_kernel")
         shown = [ip.run_line_magic("pathways", f"connect {CONN}")]
         shown.append(ip.run_line_magic("pathways", "clients"))
+
+        def pipeline_loss():                       # a 2-stage GPipe step, on wherever pw.slice puts slices
+            stage = lambda p, x: jnp.tanh(x @ p["w"])
+            slices = [pw.slice(2, mesh={"data": 2}) for _ in range(2)]
+            pipe = pw.pipeline([stage] * 2, slices=slices, microbatches=2, learning_rate=0.1,
+                               loss=lambda out, y: jnp.mean((out - y) ** 2))
+            state = pipe.init([{"w": jnp.eye(4) * 0.5} for _ in range(2)])
+            state, loss = pipe.step(state, np.ones((4, 4), np.float32), np.zeros((4, 4), np.float32))
+            return float(loss.result()), slices[0].remote
+
+        s = pw.slice(2, mesh={"d": 2})
+        ip.user_ns.update(jnp=jnp, x=jnp.arange(4.0), f=pw.compiled(lambda v: v * 3, slice=s))
+        ip.run_cell_magic("pathways", "--block", "y = f(x) + 1")
+        served = pipeline_loss()
         shown.append(ip.run_line_magic("pathways", "disconnect"))
-        print(json.dumps([repr(v) for v in shown]))
+        print(json.dumps([repr(v) for v in shown] + [np.asarray(ip.user_ns["y"]).tolist(), served, pipeline_loss()]))
         """,
         path,
     )
-    connected, listed, gone = finish(nb)
+    connected, listed, gone, cell, served, local = finish(nb)
+    assert cell == [1.0, 4.0, 7.0, 10.0]
+    assert served[1] is True and local[1] is False and served[0] == local[0]  # the same step, here or there
     assert "island" in connected and "pw.slice(n)" in connected
     assert "* is this kernel" in listed and "weight 1" in listed
     assert "disconnected" in gone
