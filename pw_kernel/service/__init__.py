@@ -17,8 +17,11 @@ Design
   behind integer handles and cross only when asked (`.result()`). The
   client's JAX needs no accelerator: its slices are laid out on local
   stand-in devices of the service's count, which never run anything. After
-  `pw.connect()`, `pw.slice(n)` places slices on the service's devices (pass
-  ``island=`` an island of this process to use local ones).
+  `pw.connect()`, `pw.slice(n)` places slices on the service's devices, on the
+  devices this client's resource manager picked (pass ``island=`` an island
+  of this process to use local ones). A burst of a client's nodes becomes one
+  run of the service's controller; outputs up to 1 KiB come back with its
+  reply, so reading a loss costs no second round trip.
 * **Why ZeroMQ with Jupyter's `Session`**: it is what every notebook already
   runs on (pyzmq and jupyter_client are the kernel's own dependencies, no new
   service to install), it has the authentication model this needs - a
