@@ -120,7 +120,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--depths", default="24,96,480,2400")
     ap.add_argument("--nodes", type=int, default=16)
     ap.add_argument("--width", type=int, default=64)
-    ap.add_argument("--rounds", type=int, default=3, help="rounds, each timing every depth once (medians)")
+    ap.add_argument("--rounds", type=int, default=5, help="rounds, each timing every depth once (medians)")
     ap.add_argument("--json", default=None)
     args = common.parse_args(ap, argv, {"depths": "24,480", "rounds": 1})
     depths = [int(d) for d in args.depths.split(",")]
