@@ -52,6 +52,7 @@ STEPS: dict[str, tuple[str, list[str], int]] = {
     "tracing": ("tracing.py", [], 300),
     "training_loop": ("training_loop.py", [], 420),
     "depth": ("depth.py", [], 300),
+    "service": ("service.py", [], 300),
 }
 
 

@@ -183,6 +183,20 @@ QUICK = {
          rf"^\s+24 queued:\s+{NUM} µs$", rf"^\s+480 queued:\s+{NUM} µs$",
          *(rf"^\s+{d}\s+{t}\s+{q}\s+{NUM}\s+{NUM}\s+{NUM}$" for d in (1, 8) for t in (1, 8) for q in (24, 480))],
     ),
+    "service": (
+        "service.py",
+        [],
+        (),
+        [r"^\(a\) a waited 1-node call, µs \(medians of \d+ interleaved rounds, .*\)$",
+         *(rf"^  {row}\s+{NUM}$" for row in ("through the service", "local slice, this process", "raw ZeroMQ round trip")),
+         rf"^  service / \(round trip \+ local\)\s+{NUM}x$",
+         r"^  device time heavy / light\s+\S+\s+\(samples \[.*\]\)$",
+         rf"^  both / alone\s+{NUM}x$",
+         r"^\(c\) a client SIGKILLed with \d+ runs \(.*\) and \d+ MiB in the service$",
+         rf"^  this client's next call\s+{NUM} ms  \(-?{NUM} ms more than idle\)$",
+         r"^  its memory and runs gone after\s+\S+ s$",
+         r"^  a killed client's memory back\s+.*\(target <= 10 s\)  (met|MISSED)$"],
+    ),
 }
 
 
@@ -258,7 +272,7 @@ def test_run_all_quick_runs_every_step_on_a_one_device_host(tmp_path):
     assert not failed, f"{failed}\n{proc.stdout[-5000:]}\n{proc.stderr[-5000:]}"
     assert set(status["steps"]) == {"dispatch", "interactive", "parity", "utilization", "profile_overhead",
                                     "multitenancy", "pipeline", "timeline_redraw", "remote", "checkpoint", "input",
-                                    "memory", "tracing", "training_loop", "depth"}
+                                    "memory", "tracing", "training_loop", "depth", "service"}
     # what needs more devices says what it measured instead
     assert "allreduce: asks 4 devices, 1 present: measured on 1 instead" in proc.stdout
     assert "layout 2x1 asks 2 devices, 1 present: its 2 stages share 1 device" in proc.stdout

@@ -1,0 +1,433 @@
+"""The Pathways service (issue 36): a waited call through it, two weighted clients sharing it, a client killed.
+
+    python benchmarks/service.py [--window 2] [--rounds 3] [--size 256] [--json out.json] [--quick]
+
+Starts its own service (``python -m pw_kernel serve``, the devices present: 8 simulated CPU devices
+by default, ``PW_NUM_CPU_DEVICES=1`` one) and stops it at the end, also on error. This process is a
+client of it (CPU stand-in devices, as every client is); the other clients are subprocesses.
+
+* **A waited 1-node call.** ``f(x).result()`` of a tiny ``x + 1`` on an input that lives in the
+  service, against the same call on a slice of this process's own devices (``island=``) and a raw
+  ZeroMQ DEALER/ROUTER round trip to an echo process, interleaved round by round (medians). Target:
+  the service call <= 2x (round trip + local call).
+* **Two clients, weights 1 and 2.** Each keeps a backlog of programs of ``--nodes`` matmul nodes
+  queued on the service's device 0. Device-time shares over ``--window`` s from `pw.clients()`
+  deltas (target: heavy / light within +-5% of 2), and the nodes both finish per second against one
+  client alone, the two phases interleaved round by round (target: >= 0.9x).
+* **A client SIGKILLed with runs queued.** This client's next call's wait (target: at most the
+  run-ahead bound, ``pw.Config.run_ahead_s`` plus one node, beyond an idle call's cost), and the
+  seconds until the service holds no run, client or buffer of the dead one
+  (`pw_kernel.service.stats`, `pw.clients`; target: <= 10 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import common
+
+#: A client of the service for the shares: waits for "run" / "stop" / "exit" on stdin; while running,
+#: keeps BACKLOG programs of NODES matmul nodes queued and prints "n <monotonic> <nodes finished>".
+CLIENT = r"""
+import collections, sys, threading, time
+import pw_kernel as pw
+import jax, jax.numpy as jnp
+conn, name, weight, size, nodes, backlog = sys.argv[1], sys.argv[2], float(sys.argv[3]), *map(int, sys.argv[4:7])
+pw.connect(conn, name=name, weight=weight)
+s = pw.slice(1)
+f = pw.compiled(lambda a: jnp.tanh(a @ a) * 0.5, slice=s, name="matmul")
+
+@pw.program(name=name)
+def prog(a):
+    for _ in range(nodes):
+        a = f(a)
+    return a
+
+a0 = f(jnp.eye(size, dtype=jnp.float32) * 0.1)
+prog.submit(a0, mode="chained").wait()
+state = ["stop"]
+wake = threading.Event()
+
+def commands():
+    for line in sys.stdin:
+        state[0] = line.strip()
+        wake.set()
+    state[0] = "exit"
+    wake.set()
+
+threading.Thread(target=commands, daemon=True).start()
+print("ready", flush=True)
+done = 0
+while state[0] != "exit":
+    wake.wait()
+    wake.clear()
+    q = collections.deque()
+    while state[0] == "run":
+        while len(q) < backlog:
+            q.append(prog.submit(a0, mode="chained"))
+        q.popleft().wait()
+        done += nodes
+        print(f"n {time.monotonic()} {done}", flush=True)
+    for run in q:
+        run.wait()
+    print("idle", flush=True)
+pw.disconnect()
+"""
+
+#: A client that holds 8 buffers of 4 MiB and queues seconds of matmul runs, then sleeps to be killed.
+DOOMED = r"""
+import sys, time
+import pw_kernel as pw
+import jax, jax.numpy as jnp
+conn, size, runs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+pw.connect(conn, name="doomed")
+s = pw.slice(1)
+grow = pw.compiled(lambda x: jnp.broadcast_to(x, (1024, 1024)) + 0.0, slice=s)
+held = [grow(jnp.float32(i)) for i in range(8)]
+f = pw.compiled(lambda a: jnp.tanh(a @ a) * 0.5, slice=s, name="matmul")
+a0 = f(jnp.eye(size, dtype=jnp.float32) * 0.1)
+a0.result()
+used = lambda: next(c.device_time_s for c in pw.clients() if c.you)
+t = used()
+for _ in range(5):
+    f(a0).result()
+print("node", (used() - t) / 5, flush=True)    # a node's device time: what the next call may wait behind
+queued = [f(a0) for _ in range(runs)]
+held[-1].result()
+print("queued", flush=True)
+time.sleep(600)
+"""
+
+#: A raw ZeroMQ echo: a ROUTER that sends every message back to its sender.
+ECHO = r"""
+import zmq
+ctx = zmq.Context()
+sock = ctx.socket(zmq.ROUTER)
+port = sock.bind_to_random_port("tcp://127.0.0.1")
+print(port, flush=True)
+while True:
+    frames = sock.recv_multipart()
+    if frames[1] == b"exit":
+        break
+    sock.send_multipart(frames)
+"""
+
+
+class Proc:
+    """A subprocess whose stdout lines a thread collects (``lines``), so that nothing it prints blocks it."""
+
+    def __init__(self, argv: list[str], env: dict, name: str):
+        self.name = name
+        self.p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True, env=env, cwd=common.ROOT)
+        self.lines: list[str] = []
+        self.err: list[str] = []
+        self.cond = threading.Condition()
+        threading.Thread(target=self._read, args=(self.p.stdout, self.lines), daemon=True).start()
+        threading.Thread(target=self._read, args=(self.p.stderr, self.err), daemon=True).start()
+
+    def _read(self, stream, into: list[str]) -> None:
+        for line in stream:
+            with self.cond:
+                into.append(line.rstrip("\n"))
+                self.cond.notify_all()
+        with self.cond:
+            self.cond.notify_all()
+
+    def expect(self, word: str, since: int = 0, timeout: float = 180) -> None:
+        """Wait until the process printed a line ``word`` (as its line ``since`` or later)."""
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while word not in self.lines[since:]:
+                if self.p.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"{self.name} did not say {word!r} (exit {self.p.poll()}):\n"
+                                       + "\n".join(self.err[-30:]))
+                self.cond.wait(0.1)
+
+    def send(self, line: str) -> int:
+        """Write ``line`` to its stdin; how many lines it had printed before."""
+        with self.cond:
+            mark = len(self.lines)
+        self.p.stdin.write(line + "\n")
+        self.p.stdin.flush()
+        return mark
+
+    def finished(self) -> tuple[float, int]:
+        """(monotonic time, nodes finished) of its last progress line."""
+        with self.cond:
+            for line in reversed(self.lines):
+                if line.startswith("n "):
+                    _, t, n = line.split()
+                    return float(t), int(n)
+        return time.monotonic(), 0
+
+    def stop(self) -> None:
+        if self.p.poll() is None:
+            self.p.kill()
+        self.p.wait(30)
+
+
+def start_service(conn: Path, log: Path) -> subprocess.Popen:
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "pw_kernel", "serve", "--connection-file", str(conn)],
+                                stdout=out, stderr=subprocess.STDOUT, cwd=common.ROOT)
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            if json.loads(conn.read_text())["pid"] == proc.pid:
+                return proc
+        except (OSError, ValueError, KeyError):
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the service did not start:\n{log.read_text()[-3000:]}")
+        time.sleep(0.05)
+
+
+def waited_call(args, procs: list) -> dict:
+    """Row (a): µs of a waited 1-node call through the service, locally, and of a raw ZeroMQ round trip."""
+    import jax.numpy as jnp
+    import zmq
+
+    import pw_kernel as pw
+
+    echo = Proc([sys.executable, "-c", ECHO], os.environ.copy(), "zmq echo")
+    procs.append(echo)
+    deadline = time.monotonic() + 60
+    while not echo.lines:
+        if echo.p.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError("the ZeroMQ echo did not start:\n" + "\n".join(echo.err[-20:]))
+        time.sleep(0.02)
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.linger = 0
+    sock.connect(f"tcp://127.0.0.1:{int(echo.lines[0])}")
+    payload = [b"ping", b"x" * 256]
+
+    def round_trip():
+        sock.send_multipart(payload)
+        sock.recv_multipart()
+
+    local_island = next(i.id for i in pw.islands() if i.remote is None)
+    inc = lambda x: x + 1.0
+    served = pw.compiled(inc, slice=pw.slice(1, name="served"), name="inc")
+    local = pw.compiled(inc, slice=pw.slice(1, name="local", island=local_island), name="inc")
+    xs = served(jnp.zeros(16, jnp.float32))  # lives in the service
+    xl = local(jnp.zeros(16, jnp.float32))
+    xs.result(), xl.result()
+    samples = common.interleaved(
+        {"service": lambda: served(xs).result(), "local": lambda: local(xl).result(), "zmq": round_trip},
+        args.calls, warmup=5,
+    )
+    sock.send_multipart([b"exit"])
+    ctx.destroy(linger=0)
+    echo.p.wait(30)
+    med = {k: statistics.median(v) * 1e6 for k, v in samples.items()}
+    stats = {k: common.Stat.of(v, 1e6).as_dict() for k, v in samples.items()}
+    return {"us": med, "stats": stats, "window_s": common.window(samples),
+            "ratio": med["service"] / (med["zmq"] + med["local"]), "served": served, "xs": xs}
+
+
+def shares(args, procs: list, conn: Path, env: dict) -> dict:
+    """Row (b): two saturating clients of weights 1 and 2, against the light one alone, rounds interleaved."""
+    import pw_kernel as pw
+
+    light, heavy, solo = (
+        Proc([sys.executable, "-c", CLIENT, str(conn), name, w, str(args.size), str(args.nodes), str(args.backlog)],
+             env, name)
+        for name, w in (("light", "1"), ("heavy", "2"), ("solo", "1"))
+    )
+    procs += [light, heavy, solo]
+    for c in (light, heavy, solo):
+        c.expect("ready")
+
+    def phase(clients: list[Proc]) -> dict:
+        for c in clients:
+            c.send("run")
+        time.sleep(args.settle)  # backlogs filled
+        before = {c.name: c.device_time_s for c in pw.clients()}
+        fin0 = {c.name: c.finished() for c in clients}
+        t0 = time.monotonic()
+        time.sleep(args.window)
+        after = {c.name: c.device_time_s for c in pw.clients()}
+        fin1 = {c.name: c.finished() for c in clients}
+        wall = time.monotonic() - t0
+        marks = [c.send("stop") for c in clients]
+        for c, mark in zip(clients, marks):
+            c.expect("idle", mark)
+        nodes = {k: fin1[k][1] - fin0[k][1] for k in fin1}
+        return {"wall_s": wall, "nodes": nodes, "nodes_per_s": sum(nodes.values()) / wall,
+                "device_s": {k: after[k] - before[k] for k in fin1}}
+
+    window = args.window
+    args.window = args.settle
+    phase([light, heavy])  # warm-up, not measured: the first windows of a fresh service run slow
+    args.window = window
+    alone, both = [], []
+    for r in range(args.rounds):  # the phases interleaved round by round: noise hits them alike
+        # One client alone is a third client of weight 1 (the same work): fair share charges light and heavy
+        # only for what they run together, so each "both" window measures the shares they settle to.
+        order = [("alone", [solo]), ("both", [light, heavy])]
+        for what, clients in order[r % 2:] + order[: r % 2]:
+            (alone if what == "alone" else both).append(phase(clients))
+    # A client that was idle while another ran: light alone for a window, then both (no target: a finding).
+    phase([light])
+    rejoin = phase([light, heavy])
+    for c in (light, heavy, solo):
+        c.send("exit")
+    ratios = [p["device_s"]["heavy"] / p["device_s"]["light"] if p["device_s"]["light"] > 0 else float("inf")
+              for p in both]
+    node_s = [p["device_s"]["solo"] / p["nodes"]["solo"] for p in alone if p["nodes"]["solo"]]
+    return {
+        "alone": alone, "both": both, "ratio_samples": ratios, "ratio": statistics.median(ratios),
+        "alone_nodes_per_s": statistics.median(p["nodes_per_s"] for p in alone),
+        "both_nodes_per_s": statistics.median(p["nodes_per_s"] for p in both),
+        "node_device_ms": statistics.median(node_s) * 1e3 if node_s else None,
+        "window_s": min(p["wall_s"] for p in alone + both), "rejoin": rejoin,
+    }
+
+
+def killed(args, procs: list, conn: Path, env: dict, served, xs) -> dict:
+    """Row (c): SIGKILL a client with runs queued; this client's next call, and when its memory is back."""
+    import pw_kernel as pw
+    from pw_kernel import service
+
+    before = service.stats()
+    doomed = Proc([sys.executable, "-c", DOOMED, str(conn), str(args.doomed_size), str(args.doomed_runs)], env,
+                  "doomed")
+    procs.append(doomed)
+    doomed.expect("queued")
+    node_s = float(next(line.split()[1] for line in doomed.lines if line.startswith("node ")))
+    during = service.stats()
+    doomed.p.send_signal(signal.SIGKILL)
+    doomed.p.wait(30)
+    killed_at = time.perf_counter()
+    served(xs).result()
+    wait = time.perf_counter() - killed_at
+    deadline = time.monotonic() + 60
+    while True:
+        st = service.stats()
+        gone = "doomed" not in [c.name for c in pw.clients()]
+        if gone and st["live_runs"] == 0 and st["live_bytes"] <= before["live_bytes"] + 2**20:
+            back = time.perf_counter() - killed_at
+            break
+        if time.monotonic() > deadline:
+            back = float("inf")
+            break
+        time.sleep(0.05)
+    return {"wait_s": wait, "memory_back_s": back, "bytes_before": before["live_bytes"],
+            "bytes_held": during["live_bytes"] - before["live_bytes"], "bytes_after": st["live_bytes"],
+            "runs_during": during["live_runs"], "node_s": node_s}
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--window", type=float, default=2.0, help="seconds each phase of the shares is measured over")
+    ap.add_argument("--settle", type=float, default=0.5, help="seconds a phase runs before its window opens")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds, each timing one client alone and both (medians)")
+    ap.add_argument("--size", type=int, default=256, help="the matmul nodes' n (n x n float32)")
+    ap.add_argument("--nodes", type=int, default=8, help="matmul nodes in each program of the backlog")
+    ap.add_argument("--backlog", type=int, default=4, help="programs each client keeps queued")
+    ap.add_argument("--calls", type=int, default=200, help="rounds of the waited calls (at least)")
+    ap.add_argument("--doomed-runs", type=int, default=200, help="matmul calls the killed client has queued")
+    ap.add_argument("--doomed-size", type=int, default=512, help="the killed client's matmul n")
+    ap.add_argument("--json", default=None)
+    args = common.parse_args(ap, argv, {"window": 0.3, "settle": 0.2, "rounds": 1, "size": 128, "calls": 20,
+                                        "doomed_runs": 100})
+
+    tmp = Path(tempfile.mkdtemp(prefix="pw-bench-service-"))
+    conn, log = tmp / "conn.json", tmp / "service.log"
+    procs: list = []
+    svc = start_service(conn, log)
+    try:
+        n = json.loads(conn.read_text())["devices"]
+        # This process and the other clients are clients: CPU stand-ins of the service's device count.
+        os.environ.update(JAX_PLATFORMS="cpu", PW_NUM_CPU_DEVICES=str(n))
+        env = {k: v for k, v in os.environ.items() if k != "PW_VALIDATE"}
+        import pw_kernel as pw
+
+        pw.connect(str(conn), name="bench")
+        result = run(args, procs, conn, env, n)
+        result["machine"] = common.machine()
+        pw.disconnect()
+        return common.finish(args.json, result)
+    finally:
+        for p in procs:
+            p.stop()
+        if svc.poll() is None:
+            svc.send_signal(signal.SIGTERM)
+            try:
+                svc.wait(30)
+            except subprocess.TimeoutExpired:
+                svc.kill()
+                svc.wait(30)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def run(args, procs: list, conn: Path, env: dict, n: int) -> dict:
+    import jax
+
+    import pw_kernel as pw
+
+    a = waited_call(args, procs)
+    b = shares(args, procs, conn, env)
+    c = killed(args, procs, conn, env, a.pop("served"), a.pop("xs"))
+    run_ahead_s = pw.Config().run_ahead_s or 0.0
+    node_s = c["node_s"]
+    extra = c["wait_s"] - a["us"]["service"] / 1e6
+    us = a["us"]
+    print(f"service: {n} {json.loads(conn.read_text())['platform']} device(s) in a service process; this process "
+          f"and the clients use CPU stand-ins; load average {common.loadavg()}")
+    print(f"\n(a) a waited 1-node call, µs (medians of {a['stats']['service']['n']} interleaved rounds, "
+          f"{common.window_note(a['window_s'])})")
+    print(f"  through the service              {us['service']:>10,.0f}")
+    print(f"  local slice, this process        {us['local']:>10,.0f}")
+    print(f"  raw ZeroMQ round trip            {us['zmq']:>10,.0f}")
+    print(f"  service / (round trip + local)   {a['ratio']:>10.2f}x")
+    print(f"\n(b) clients of weights 1 and 2 on device 0, each {args.backlog} programs of {args.nodes} "
+          f"{args.size}x{args.size} matmul nodes queued; medians of {args.rounds} rounds "
+          f"({common.window_note(b['window_s'])})")
+    print(f"  device time heavy / light        {b['ratio']:>10.2f}   (samples {[round(x, 2) for x in b['ratio_samples']]})")
+    print(f"  nodes/s, one client alone        {b['alone_nodes_per_s']:>10,.0f}")
+    print(f"  nodes/s, both                    {b['both_nodes_per_s']:>10,.0f}")
+    agg = b["both_nodes_per_s"] / b["alone_nodes_per_s"] if b["alone_nodes_per_s"] else 0.0
+    print(f"  both / alone                     {agg:>10.2f}x")
+    print(f"  a node's device time             {b['node_device_ms'] or 0:>10.2f} ms")
+    rj = b["rejoin"]["device_s"]
+    print(f"  heavy rejoining after light ran alone {args.window:g} s: device time heavy {rj['heavy']:.2f} s, "
+          f"light {rj['light']:.2f} s in the next {args.window:g} s")
+    print(f"\n(c) a client SIGKILLed with {c['runs_during']} runs ({args.doomed_size}x{args.doomed_size} matmul nodes "
+          f"of {node_s * 1e3:.1f} ms device time) and {c['bytes_held'] / 2**20:.0f} MiB in the service")
+    print(f"  this client's next call          {c['wait_s'] * 1e3:>10.1f} ms  ({extra * 1e3:.1f} ms more than idle)")
+    print(f"  its memory and runs gone after   {c['memory_back_s']:>10.2f} s")
+    bound = run_ahead_s + node_s
+    targets = [
+        common.target("waited call: service / (ZeroMQ round trip + local)", a["ratio"], 2.0, unit="x"),
+        common.target("weights 2:1: |device time heavy / light / 2 - 1|", abs(b["ratio"] / 2 - 1), 0.05,
+                      note=f"ratio {b['ratio']:.2f}"),
+        common.target("nodes/s of two clients / one alone", agg, 0.9, below=False, unit="x"),
+        common.target("next call after a SIGKILL, beyond idle (run-ahead + 1 node)", extra * 1e3, bound * 1e3,
+                      unit=" ms"),
+        common.target("a killed client's memory back", c["memory_back_s"], 10.0, unit=" s"),
+    ]
+    return {
+        "benchmark": "service", "platform": jax.devices()[0].platform, "jax": jax.__version__,
+        "python": platform.python_version(), "date": time.strftime("%Y-%m-%d"), "devices": n,
+        "waited_call": a, "shares": b, "killed": c | {"extra_wait_s": extra, "bound_s": bound},
+        "targets": targets,
+    }
+
+
+if __name__ == "__main__":
+    main()
