@@ -128,6 +128,21 @@ def test_typed_prng_keys_travel_to_remote_islands_and_back(remote):
     np.testing.assert_array_equal(jax.random.key_data(k.result()), jax.random.key_data(want_k))
 
 
+def test_a_host_callback_on_a_remote_island_is_refused_at_submit_saying_what_to_do(remote):
+    i0, _ = remote
+    far = pw.slice(2, island=i0.id, name="far")
+
+    def stage(x):
+        jax.debug.print("sum {}", x.sum())
+        return x * 2
+
+    loud = pw.compiled(stage, slice=far, name="loud")
+    with pytest.raises(pw.SliceError, match=r"node 'loud' .* calls the host .* remote island .* cannot be exported"):
+        loud(jnp.ones(4))
+    quiet = pw.compiled(lambda x: x * 2, slice=far, name="quiet")  # the controller goes on
+    np.testing.assert_allclose(np.asarray(quiet(jnp.ones(4)).result(timeout=120)), 2.0)
+
+
 def test_a_dead_actor_fails_only_its_runs_and_the_island_can_be_added_again(remote):
     i0, i1 = remote
     s0, s1 = pw.slice(2, island=i0.id), pw.slice(2, island=i1.id)

@@ -16,10 +16,11 @@ import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from ..devices import remote_device_id
-from ..errors import ArgumentError, FusedModeError
+from ..errors import ArgumentError, FusedModeError, SliceError
 from ..trace.graph import Node, ProgramGraph, Value, nbytes_of
 from ..remote.client import RemoteCall, RemoteTransfer
 from ..trace.executables import jit_of, sub_jaxprs
+from ..trace.sources import fmt_sources
 
 ExecMode = Literal["fused", "chained"]
 
@@ -106,6 +107,20 @@ def _export_key(fn) -> str:
     return hit[1]
 
 
+def _refuse_host_callbacks(nodes: list[Node], graph: ProgramGraph) -> None:
+    """A node on a remote island that calls the host: refused at submit (jax.export would fail at the first call)."""
+    for node in nodes:
+        if node.host_callbacks:
+            where = fmt_sources((node.source,)) if node.source is not None else ""
+            raise SliceError(
+                f"node {node.name!r} of program {graph.name!r} calls the host (jax.debug.print, jax.pure_callback "
+                f"or io_callback), and its slice {node.slice.name!r} is on a remote island "
+                f"({node.slice.island.remote!r}), which runs nodes as jax.export artifacts: host callbacks cannot "
+                f"be exported. Put that node on a local slice, or take the callback out (to watch a value, return "
+                f"it and `pw.log` it).{where}"
+            )
+
+
 def _remote_call(node: Node, graph: ProgramGraph, call, ins, outs):
     """Wrap ``call`` for a node that touches a remote island (None if it does not)."""
     dst = node.slice.island.remote if node.slice is not None else None
@@ -117,6 +132,7 @@ def _remote_call(node: Node, graph: ProgramGraph, call, ins, outs):
         return RemoteTransfer(src, dst, vals[outs[0]].sharding, vals[outs[0]])
     if dst is None:
         return None
+    _refuse_host_callbacks([node], graph)
     return RemoteCall(call, dst, [vals[i] for i in ins], [vals[i] for i in outs], _export_key(call))
 
 
@@ -360,6 +376,7 @@ def fused(graph: ProgramGraph) -> Plan:
     out_slots = list(range(len(graph.values), len(graph.values) + len(graph.outputs)))
     anchor = work[0]
     if s.island.remote is not None:
+        _refuse_host_callbacks(work, graph)
         in_vals = [graph.values[i] for i in fused_slots]
         out_vals = [dataclasses.replace(graph.values[v], sharding=sh) for v, sh in zip(graph.outputs, out_sh)]
         call = RemoteCall(call, s.island.remote, in_vals, out_vals, _export_key(call))

@@ -45,9 +45,15 @@ def sub_jaxprs(eqn: Any):
 _CALLS = ("pjit", "jit")
 
 
+def _host_primitive(name: str) -> bool:
+    """Whether a primitive calls back into Python: pure_callback, io_callback, debug_callback, and
+    jax.debug.print (its own ``debug_print`` primitive in newer JAX)."""
+    return "callback" in name or name == "debug_print"
+
+
 def calls_host(eqns: Sequence[Any]) -> bool:
     """Whether these equations (or any jaxpr nested in their params) call back into Python."""
-    return any("callback" in e.primitive.name or any(_jaxpr_calls_host(j) for j in sub_jaxprs(e)) for e in eqns)
+    return any(_host_primitive(e.primitive.name) or any(_jaxpr_calls_host(j) for j in sub_jaxprs(e)) for e in eqns)
 
 
 def _jaxpr_calls_host(jaxpr: Any) -> bool:
