@@ -87,3 +87,8 @@ def test_profile_says_what_it_takes(ctl):
     assert prof.ops == [] or all(op.run_id == -1 for op in prof.ops)
     with pytest.raises(pw.ArgumentError, match="a node's name or a NodeEvent"):
         prof.ops_of(3)
+    with pw.profile():
+        with pytest.raises(pw.PathwaysError, match=r"JAX's profiler is already tracing"):
+            pw.profile().__enter__()
+    with pytest.raises(ZeroDivisionError), pw.profile():  # the block's own error comes out, not the profile's
+        1 / 0

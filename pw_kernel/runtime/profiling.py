@@ -84,19 +84,30 @@ class Profile:
         if self._own_dir:
             self.logdir = tempfile.mkdtemp(prefix="pw_profile_")
         log = self._controller.events
-        jax.profiler.start_trace(self.logdir, create_perfetto_trace=True)
+        try:
+            jax.profiler.start_trace(self.logdir, create_perfetto_trace=True)
+        except RuntimeError as e:  # JAX's profiler holds one session per process
+            raise PathwaysError(
+                f"`pw.profile()`: JAX's profiler is already tracing ({e}); close the other `pw.profile()` "
+                f"block or `jax.profiler.stop_trace()` first."
+            ) from e
         self._open = True
         with jax.profiler.TraceAnnotation(ANCHOR):
             self._anchor_ns = time.perf_counter_ns() - log.epoch
         self._t0 = self._anchor_ns
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
         self._open = False
         jax.profiler.stop_trace()
         t0 = self._t0
         self.nodes = [ev for ev in list(self._controller.events.nodes) if ev.end >= t0 and ev.kind != "compile"]
-        self.ops = self._read_ops()
+        try:
+            self.ops = self._read_ops()
+        except Exception:
+            if exc_type is None:
+                raise
+            self.ops = []  # the block's own error is the one to see
 
     # ------------------------------------------------------------------ reading the trace
     def _trace_file(self) -> str:
