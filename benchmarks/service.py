@@ -338,7 +338,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--rounds", type=int, default=3, help="rounds, each timing one client alone and both (medians)")
     ap.add_argument("--size", type=int, default=256, help="the matmul nodes' n (n x n float32)")
     ap.add_argument("--nodes", type=int, default=8, help="matmul nodes in each program of the backlog")
-    ap.add_argument("--backlog", type=int, default=4, help="programs each client keeps queued")
+    ap.add_argument("--backlog", type=int, default=16, help="programs each client keeps queued")
     ap.add_argument("--calls", type=int, default=200, help="rounds of the waited calls (at least)")
     ap.add_argument("--doomed-runs", type=int, default=200, help="matmul calls the killed client has queued")
     ap.add_argument("--doomed-size", type=int, default=512, help="the killed client's matmul n")
