@@ -360,6 +360,27 @@ def test_fair_share_gives_a_returning_tenant_no_credit_for_idling():
     assert later == ["A", "B"] * 5  # B starts from A's virtual time: they alternate, no 50-node burst of B
 
 
+def test_fair_share_gives_a_tenant_back_from_a_pause_no_credit_for_it():
+    # A notebook that trained, paused while another trained alone, then came back: it starts level with
+    # the one that stayed, not with the share it did not use (which would starve the other for a while).
+    policy = FairShare()
+    a, b = record(0, make_plan(1), tenant="A"), record(1, make_plan(1), tenant="B")
+    for _ in range(10):
+        policy.charge(policy.pick([a, b]), 1000)  # both, alternating
+    for _ in range(50):
+        policy.charge(policy.pick([a]), 1000)  # B pauses: A alone for 50 nodes
+    later = []
+    for _ in range(10):
+        r = policy.pick([a, b])
+        later.append(r.tenant)
+        policy.charge(r, 1000)
+    assert later.count("B") <= 6, later  # alternating again, not ten of B in a row
+    # a tenant waiting a moment for credit (a few picks) keeps its place: it is not idle
+    for _ in range(3):
+        policy.charge(policy.pick([a]), 1000)
+    assert policy.pick([a, b]).tenant == "B"
+
+
 def test_priority_serves_the_highest_first_and_fifo_among_equals():
     runs = [record(i, make_plan(1), priority=p) for i, p in enumerate([0, 5, 5, 1])]
     assert Priority().pick(runs) is runs[1]

@@ -88,9 +88,11 @@ class FairShare:
     Each tenant accrues virtual time = device time of its dispatched nodes /
     its weight (a node's device time is the running mean of its measured
     durations); the tenant with the least virtual time goes next. A tenant
-    that (re)joins starts at the least virtual time of the active ones, so
-    idling earns no credit. Weights come from ``weights`` or from the
-    ``weight=`` of a tenant's runs.
+    that joins, or comes back after sitting out more than `RETURN_AFTER`
+    picks, starts no lower than the least virtual time of the tenants that
+    stayed, so idling earns no credit (a notebook back from a pause does not
+    starve the others with the share it did not use). Weights come from
+    ``weights`` or from the ``weight=`` of a tenant's runs.
 
     Example::
 
@@ -106,6 +108,12 @@ class FairShare:
         for tenant, w in (weights or {}).items():
             self.set_weight(tenant, w)
         self.vtime: dict[str, float] = {}
+        self._picks = 0
+        self._seen: dict[str, int] = {}  # tenant -> the pick it was last runnable at
+
+    #: Picks a tenant may sit out and keep its place (a backlogged tenant waiting a moment for credit,
+    #: the run-ahead bound or its input, is not idle); sitting out longer, it comes back at the floor.
+    RETURN_AFTER = 8
 
     def set_weight(self, tenant: str, weight: float) -> None:
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
@@ -117,10 +125,19 @@ class FairShare:
 
     def pick(self, runnable: Sequence[R]) -> R:
         vtime = self.vtime
+        seen = self._seen
         if len(vtime) > 4 * len(runnable) + 64:  # forget tenants long gone
             live = {r.tenant for r in runnable}
             self.vtime = vtime = {t: v for t, v in vtime.items() if t in live}
-        floor = min((vtime[r.tenant] for r in runnable if r.tenant in vtime), default=0.0)
+            self._seen = seen = {t: n for t, n in seen.items() if t in live}
+        picks = self._picks = self._picks + 1
+        back = picks - self.RETURN_AFTER  # seen after this pick: stayed; before it (or never): joins now
+        floor = min((vtime[r.tenant] for r in runnable if seen.get(r.tenant, -1) >= back and r.tenant in vtime),
+                    default=None)
+        if floor is None:  # nobody stayed: the least of those here
+            floor = min((vtime[r.tenant] for r in runnable if r.tenant in vtime), default=0.0)
+        for r in runnable:
+            seen[r.tenant] = picks
         best = None
         best_key = None
         for r in runnable:
