@@ -446,3 +446,8 @@ def test_bad_input_and_a_stale_connection_file_say_what_to_do(tmp_path):
         pw.connect(str(stale))
     with pytest.raises(pw.PathwaysError, match=re.escape("`pw.keep` needs a connection to a Pathways service")):
         pw.keep("state", {"w": 1.0})
+    mine = tmp_path / "mine.json"  # a service this process serves: connecting to it would wait on itself
+    mine.write_text(json.dumps({"transport": "tcp", "ip": "127.0.0.1", "port": 1, "key": "k",
+                                "signature_scheme": "hmac-sha256", "pid": os.getpid()}))
+    with pytest.raises(pw.PathwaysError, match=r"runs in this very process .* a process cannot also be its client"):
+        pw.connect(str(mine))

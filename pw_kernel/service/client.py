@@ -297,6 +297,12 @@ def connect(connection_file: str | None = None, *, name: str | None = None, weig
         raise ArgumentError(f"`pw.connect(name=...)` must be a non-empty str or None; got {name!r}.")
     path, info = read_connection_file(connection_file, "pw.connect")
     _check_alive(path, info)
+    if info.get("pid") == os.getpid():  # its own controller would wait on the service, which waits on it
+        raise PathwaysError(
+            f"`pw.connect`: the service in {path} runs in this very process (`serve(background=True)`), whose "
+            f"controller it is; a process cannot also be its client. Use the devices here directly (no "
+            f"`pw.connect`), and connect from the other notebooks."
+        )
     with _conn_lock:
         if _conn is not None:
             _disconnect_locked()
