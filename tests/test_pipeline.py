@@ -165,3 +165,8 @@ def test_validation_errors(ctl):
         ok.grads(wrong, x, x)
     with pytest.raises(pw.PipelineError, match=re.escape("x has shape [6, 16], whose first (batch) axis does not split into 4 equal microbatches")):
         ok.grads(ok.place(mlp_params(2)), np.ones((6, W), np.float32), np.ones((6, W), np.float32))
+    # shapes checked once are not traced again each step; other shapes still are
+    placed = ok.place(mlp_params(2))
+    ok.grads(placed, x, x)[0].result()
+    with pytest.raises(pw.PipelineError, match=re.escape("the microbatch is float32[2, 8], which stage 0 cannot take")):
+        ok.grads(placed, np.ones((8, 8), np.float32), x)
