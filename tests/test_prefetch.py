@@ -269,6 +269,23 @@ def test_close_and_with_stop_the_thread(ctl):
 
 
 # ------------------------------------------------------------------ checkpoints
+def test_a_grain_map_dataset_is_read_on_the_prefetch_thread_alone(ctl):
+    # Iterated as it is, a MapDataset starts 16 reader threads that fight the controller for the
+    # interpreter; pw.prefetch already reads ahead on its own thread, so it asks grain for none.
+    grain = pytest.importorskip("grain")
+    s = pw.slice(2, mesh={"data": 2}, name="dp")
+    rows = np.arange(64, dtype=np.float32).reshape(16, 4)
+    before = {t.ident for t in threading.enumerate()}
+    with pw.prefetch(grain.MapDataset.source(rows).batch(4, drop_remainder=True), to=s) as it:
+        got = [np.asarray(b) for b in it]
+        started = [t.name for t in threading.enumerate() if t.ident not in before]
+    np.testing.assert_array_equal(np.concatenate(got), rows)
+    assert len(started) <= 2, started  # the prefetch worker (and nothing of grain's)
+    ds = grain.MapDataset.source(rows).batch(4).to_iter_dataset(grain.ReadOptions(num_threads=2))
+    with pw.prefetch(ds, to=s) as it:  # an IterDataset is read as it was made, threads and all
+        assert len([np.asarray(b) for b in it]) == 4
+
+
 def test_a_grain_source_resumes_in_a_fresh_process_at_the_batch_the_loop_had_reached(tmp_path):
     pytest.importorskip("grain")
     common = """
