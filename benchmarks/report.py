@@ -493,6 +493,41 @@ def tracing_table(tr: dict) -> tuple[list[str], list[dict]]:
     return out, tr["targets"]
 
 
+def depth_table(dp: dict) -> tuple[list[str], list[dict]]:
+    out = ["#### The scheduler at depth (depth.py)", "", "| runs queued | the pick alone (µs a call) |", "|---|---|"]
+    out += [f"| {int(d):,} | {us:.1f} |" for d, us in dp["pick_us"].items()]
+    depths = sorted({r["depth"] for r in dp["rows"]})
+    out += ["", "| devices | tenants | " + " | ".join(f"{d:,} queued" for d in depths) + f" | {depths[-1]:,} / {depths[0]:,} |",
+            "|---|---|" + "---|" * (len(depths) + 1)]
+    for key in sorted({(r["devices"], r["tenants"]) for r in dp["rows"]}):
+        by = {r["depth"]: r["nodes_per_s"] for r in dp["rows"] if (r["devices"], r["tenants"]) == key}
+        out.append(f"| {key[0]} | {key[1]} | " + " | ".join(f"{by[d]:,.0f}" if d in by else "-" for d in depths)
+                   + f" | {by[depths[-1]] / by[depths[0]]:.2f}x |")
+    out += ["", "(nodes/s, medians of interleaved rounds)", ""]
+    return out, dp["targets"]
+
+
+def training_loop_table(tl: dict) -> tuple[list[str], list[dict]]:
+    out = ["#### A user's training loop against plain JAX (training_loop.py)", "",
+           "| variant | pw steps/s | JAX steps/s | pw / JAX | window (s) |", "|---|---|---|---|---|"]
+    for r in tl["rows"]:
+        out.append(f"| {r['variant']} | {r['steps_per_s']['pw']:.1f} | {r['steps_per_s']['jax']:.1f} | "
+                   f"{r['ratio']:.2f}x | {r['window_s']:.1f} |")
+    return out + [""], tl["targets"]
+
+
+def service_table(sv: dict) -> tuple[list[str], list[dict]]:
+    w = sv["waited_call"]["us"]
+    k = sv["killed"]
+    out = ["#### The Pathways service (service.py)", "",
+           "| a waited 1-node call | µs |", "|---|---|",
+           f"| through the service | {w['service']:,.0f} |", f"| on a local slice | {w['local']:,.0f} |",
+           f"| a raw ZeroMQ round trip | {w['zmq']:,.0f} |", "",
+           f"A SIGKILLed client: the other client's next call waited {k['wait_s'] * 1e3:.1f} ms (run-ahead bound "
+           f"plus a node: {k['bound_s'] * 1e3:.1f} ms); its memory was back after {k['memory_back_s']:.2f} s.", ""]
+    return out, sv["targets"]
+
+
 def targets_table(targets: list[dict]) -> list[str]:
     out = ["#### Targets", "", "| target | measured | limit | |", "|---|---|---|---|"]
     for t in targets:
@@ -529,7 +564,8 @@ def _device_notes(result: dict) -> list[str]:
 def render(platform: str, results: Path, status: dict | None) -> str:
     loaded = {n: _load(results, n, platform) for n in
               ("dispatch", "interactive", "parity", "utilization", "profile_overhead", "multitenancy", "pipeline",
-               "timeline_redraw", "remote", "checkpoint", "input", "memory", "tracing")}
+               "timeline_redraw", "remote", "checkpoint", "input", "memory", "tracing", "depth", "training_loop",
+               "service")}
     first = next((v for v in loaded.values() if v and isinstance(v.get("machine"), dict)), None)
     lines = header(platform, status, first)
     lines.append("")
@@ -542,7 +578,8 @@ def render(platform: str, results: Path, status: dict | None) -> str:
         ("profile_overhead", lambda r: (profile_tables(r), []), tail), ("multitenancy", multitenancy_table, tail),
         ("pipeline", pipeline_table, tail), ("timeline_redraw", timeline_table, tail),
         ("remote", remote_table, tail), ("checkpoint", checkpoint_table, tail), ("input", input_table, tail),
-        ("memory", memory_table, tail), ("tracing", tracing_table, tail),
+        ("memory", memory_table, tail), ("tracing", tracing_table, tail), ("depth", depth_table, tail),
+        ("training_loop", training_loop_table, tail), ("service", service_table, tail),
     )
     for name, fn, where in renderers:
         if not loaded[name]:

@@ -276,6 +276,11 @@ def test_run_all_quick_runs_every_step_on_a_one_device_host(tmp_path):
     # what needs more devices says what it measured instead
     assert "allreduce: asks 4 devices, 1 present: measured on 1 instead" in proc.stdout
     assert "layout 2x1 asks 2 devices, 1 present: its 2 stages share 1 device" in proc.stdout
+    # every result is drawn into the tables (a renderer that failed would say "could not be rendered")
+    assert "could not be rendered" not in proc.stdout, proc.stdout[-5000:]
+    for title in ("The scheduler at depth (depth.py)", "A user's training loop against plain JAX (training_loop.py)",
+                  "The Pathways service (service.py)"):
+        assert f"#### {title}" in proc.stdout, title
     assert _files_in_benchmarks() == before
 
 
