@@ -74,8 +74,7 @@ class Profile:
         self._own_dir = logdir is None
         self.ops: list[NodeEvent] = []
         self.nodes: list[NodeEvent] = []
-        self._anchor_ns = 0
-        self._t0 = 0
+        self._anchor_ns = 0  # when the window opened, on the event log's clock
         self._open = False
 
     def __enter__(self) -> Profile:
@@ -94,13 +93,12 @@ class Profile:
         self._open = True
         with jax.profiler.TraceAnnotation(ANCHOR):
             self._anchor_ns = time.perf_counter_ns() - log.epoch
-        self._t0 = self._anchor_ns
         return self
 
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
         self._open = False
         jax.profiler.stop_trace()
-        t0 = self._t0
+        t0 = self._anchor_ns
         self.nodes = [ev for ev in list(self._controller.events.nodes) if ev.end >= t0 and ev.kind != "compile"]
         try:
             self.ops = self._read_ops()

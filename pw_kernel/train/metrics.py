@@ -19,6 +19,7 @@ Example::
 
 from __future__ import annotations
 
+import bisect
 import collections
 import math
 import queue
@@ -170,7 +171,7 @@ class MetricsLog:
             for s in scalars:
                 steps, values = self._series.setdefault(s.name, ([], []))
                 if steps and s.step < steps[-1]:  # (resolved out of order: kept sorted by step)
-                    k = int(np.searchsorted(steps, s.step, side="right"))
+                    k = bisect.bisect_right(steps, s.step)
                     steps.insert(k, s.step)
                     values.insert(k, s.value)
                 else:

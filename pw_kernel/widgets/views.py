@@ -269,8 +269,9 @@ def status_view(status, runs: Sequence[Any] = (), checkpoints: Sequence[str] = (
         state = summary.state
         elapsed = f"{r.elapsed:.3f} s" if r is not None else ""
         err = esc(short_error(r.error, 3)) if r is not None and r.error is not None and state == "failed" else ""
+        pace = summary.pace
         progress = f"{_bar(summary.done, summary.total, state)} {summary.done}/{summary.total}" + (
-            f" · {esc(summary.pace)}" if summary.pace else ""
+            f" · {esc(pace)}" if pace else ""
         )
         compiled = f"{summary.compile_s * 1e3:.0f} ms" if summary.compile_s else ""
         run_rows.append(

@@ -97,7 +97,8 @@ class Status:
         shown, hidden = self.recent_runs()
         for r in shown:
             compiled = f"  compiled in {r.compile_s * 1e3:.0f} ms" if r.compile_s else ""
-            pace = f"  {r.pace}" if r.pace else ""
+            pace = r.pace
+            pace = f"  {pace}" if pace else ""
             lines.append(f"  run {r.id:4d} {r.name:24s} {r.state_text:9s} {r.done}/{r.total}{compiled}{pace}")
         if hidden:
             lines.append(f"  ... and {hidden} earlier finished runs (`pw.controller().runs` has them all)")
