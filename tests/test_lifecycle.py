@@ -367,18 +367,24 @@ def test_fair_share_gives_a_tenant_back_from_a_pause_no_credit_for_it():
     a, b = record(0, make_plan(1), tenant="A"), record(1, make_plan(1), tenant="B")
     for _ in range(10):
         policy.charge(policy.pick([a, b]), 1000)  # both, alternating
-    for _ in range(50):
-        policy.charge(policy.pick([a]), 1000)  # B pauses: A alone for 50 nodes
+    for _ in range(3 * FairShare.RETURN_AFTER):
+        policy.charge(policy.pick([a]), 1000)  # B pauses: A alone for a while
     later = []
     for _ in range(10):
         r = policy.pick([a, b])
         later.append(r.tenant)
         policy.charge(r, 1000)
     assert later.count("B") <= 6, later  # alternating again, not ten of B in a row
-    # a tenant waiting a moment for credit (a few picks) keeps its place: it is not idle
-    for _ in range(3):
+    # a tenant waiting a moment (fewer than RETURN_AFTER picks: its client's next node not sent yet) keeps
+    # its place: it gets back what it missed
+    for _ in range(FairShare.RETURN_AFTER // 2):
         policy.charge(policy.pick([a]), 1000)
-    assert policy.pick([a, b]).tenant == "B"
+    caught_up = []
+    for _ in range(10):
+        r = policy.pick([a, b])
+        caught_up.append(r.tenant)
+        policy.charge(r, 1000)
+    assert caught_up == ["B"] * 10, caught_up
 
 
 def test_priority_serves_the_highest_first_and_fifo_among_equals():

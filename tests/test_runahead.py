@@ -242,7 +242,7 @@ def test_a_long_run_tells_its_pace_and_about_how_long_it_has_left():
         assert pace.fullmatch(RunWidget(run, live=False).pace)
         run.wait(120)
         actual = time.monotonic() - since
-        assert 0.2 < left / actual < 5, (left, actual)  # an estimate: the same order as what it took
+        assert 0.1 < left / actual < 10, (left, actual)  # an estimate: the same order as what it took
         assert run.time_left == 0.0 and RunWidget(run, live=False).pace == ""
         assert "nodes/s" not in str(ctl.status())  # a run that is over has no pace to tell
     finally:

@@ -91,7 +91,7 @@ class FairShare:
     that joins, or comes back after sitting out more than `RETURN_AFTER`
     picks, starts no lower than the least virtual time of the tenants that
     stayed, so idling earns no credit (a notebook back from a pause does not
-    starve the others with the share it did not use). Weights come from
+    starve the others with the share it did not use; a client a moment late with its next node is not idle). Weights come from
     ``weights`` or from the ``weight=`` of a tenant's runs.
 
     Example::
@@ -113,7 +113,7 @@ class FairShare:
 
     #: Picks a tenant may sit out and keep its place (a backlogged tenant waiting a moment for credit,
     #: the run-ahead bound or its input, is not idle); sitting out longer, it comes back at the floor.
-    RETURN_AFTER = 8
+    RETURN_AFTER = 64
 
     def set_weight(self, tenant: str, weight: float) -> None:
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
