@@ -91,8 +91,9 @@ class FairShare:
     that joins, or comes back after sitting out more than `RETURN_AFTER`
     picks, starts no lower than the least virtual time of the tenants that
     stayed, so idling earns no credit (a notebook back from a pause does not
-    starve the others with the share it did not use; a client a moment late with its next node is not idle). Weights come from
-    ``weights`` or from the ``weight=`` of a tenant's runs.
+    starve the others with the share it did not use; a client a moment late
+    with its next node is not idle). Weights come from ``weights`` or from
+    the ``weight=`` of a tenant's runs.
 
     Example::
 
