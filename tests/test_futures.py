@@ -165,3 +165,41 @@ def test_shape_readers_take_a_future_and_numpy_reads_it_as_its_array(ctl):
     assert out.shape == () and out.dtype == jnp.float32
     np.testing.assert_array_equal(np.asarray(y), [0.0, 2.0, 4.0, 6.0])  # waits
     np.testing.assert_array_equal(jnp.sin(y.result()), jnp.sin(jnp.arange(4.0) * 2))
+
+
+def test_reading_a_failed_runs_error_keeps_nothing_of_the_reader_alive():
+    # The controller keeps every run with its error, and raising that error attaches the frames it passed
+    # through to it. Those of `Future.result` must not keep the future, and so its input's buffer, alive: a
+    # service that cancels a dead client's runs would otherwise never get their memory back.
+    import gc
+    import weakref
+
+    pw.init(pw.Config(keep_outputs=0))
+    try:
+        s = pw.slice(1, name="s")
+        good = pw.compiled(lambda x: x * 2.0, slice=s, name="good")
+        gate = threading.Event()
+        slow = pw.compiled(
+            lambda x: jax.pure_callback(lambda v: (gate.wait(30), v)[1], jax.ShapeDtypeStruct(x.shape, x.dtype), x),
+            slice=s, name="slow",
+        )
+
+        def read():
+            kept = good(jnp.ones((256, 256)))
+            kept.result()
+            first = slow(kept)
+            reader = good(first)  # fails once `first` is cancelled: its input's run was
+            first.cancel()
+            gate.set()
+            for _ in range(2):  # (the second raise replaces the first's frames)
+                with pytest.raises(pw.InputFailedError):
+                    reader.result()
+            refs = weakref.ref(kept), weakref.ref(reader)
+            del kept, first, reader
+            return refs
+
+        kept, reader = read()
+        gc.collect()
+        assert reader() is None and kept() is None
+    finally:
+        pw.shutdown()

@@ -84,7 +84,7 @@ def observer(service_path: str):
 
     path, info = wire.read_connection_file(service_path, "test")
     link = ServiceLink(path, info)
-    link.call("hello", "observer", 1.0, os.getpid(), timeout=HANG_S)
+    link.hello("observer", 1.0, timeout=HANG_S)
     return link
 
 

@@ -159,7 +159,11 @@ class Future(concurrent.futures.Future):
             if self._exception is None:
                 return self._result
             self.run.error_seen = True  # the run's error, raised here: the user has it
-            raise self._exception
+            err = self._exception
+            # The error is kept with its run for as long as the controller keeps the run, and raising it
+            # attaches these frames to it: they must not hold this future (nor its output) alive.
+            self = None  # noqa: PLW0642
+            raise err
         raise CancelledError(self._cancel_message()) from None
 
     def resolved_value(self) -> Any:
@@ -206,6 +210,9 @@ class Future(concurrent.futures.Future):
         except KeyboardInterrupt:
             self.run.cancel()
             raise
+        except BaseException:
+            self = None  # noqa: PLW0642 - (see `_outcome`: the raised error outlives this frame)
+            raise
         if hasattr(value, "fetch"):  # on a remote island: bring it here now, once
             return value.local()
         return value
@@ -226,7 +233,11 @@ class Future(concurrent.futures.Future):
                     f"(run is {self.run.state}, {self.run.nodes_done}/{self.run.nodes_total} nodes done). "
                     f"Wait longer, or cancel with `fut.cancel()`."
                 )
-        return self._outcome()
+        try:
+            return self._outcome()
+        except BaseException:
+            self = None  # noqa: PLW0642 - (see `_outcome`)
+            raise
 
     def remote_array(self, timeout: float | None = None):
         """Wait for the value; its `RemoteArray` handle if it lives on a remote island (no bytes move), else None.

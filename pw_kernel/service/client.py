@@ -23,7 +23,7 @@ import jax
 
 from ..runtime import ArgumentError, Future, IslandLostError, PathwaysError, RemoteArray, controller
 from ..runtime.extend import Controller, RemoteIsland
-from .wire import Hub, address, decode, encode, read_connection_file, session
+from .wire import Hub, Messages, address, decode, encode, read_connection_file
 
 log = logging.getLogger("pw_kernel.service")
 
@@ -65,7 +65,7 @@ class _Method:
         elif self.name == "free":
             for h in args[0]:
                 link.inline.pop(h, None)
-        return link.request(self.name, args, oneway=self.name == "free")
+        return link.request(self.name, args, oneway=self.name in ("free", "cancel"))
 
 
 class ServiceActor:
@@ -83,6 +83,11 @@ class ServiceActor:
 class ServiceLink:
     """A `RemoteIsland`'s transport to the service: signed requests on a DEALER socket, replies matched by id."""
 
+    #: Sending a request is cheap (serialize, one socket send): a dispatching thread does it itself.
+    direct = True
+    #: The service drops a cancelled run's nodes that it has queued (`cancel`).
+    cancels = True
+
     again = (
         "start the service again if it stopped (`python -m pw_kernel serve`), then call `pw.connect()` again "
         "(kept trees live as long as the service does)"
@@ -94,11 +99,20 @@ class ServiceLink:
         self.path = path
         self.info = info
         self.ctx = zmq.Context()
+        # Two sockets: requests go out on `_out` from the thread that makes them (under `_send_lock`: no
+        # hand-off to the socket thread on a call's way out); answers and heartbeats come back on the
+        # socket thread's own, whose identity the service learns from the first heartbeat and `hello`.
         sock = self.ctx.socket(zmq.DEALER)
         sock.linger = 0
-        sock.identity = uuid.uuid4().hex.encode()
+        sock.identity = self.reply_id = uuid.uuid4().hex.encode()
         sock.connect(address(info))
-        self.session = session(info, name=f"pw-client-{os.getpid()}")
+        self._out = self.ctx.socket(zmq.DEALER)
+        self._out.linger = 0
+        self._out.identity = uuid.uuid4().hex.encode()
+        self._out.connect(address(info))
+        self._send_lock = threading.Lock()
+        self._ponged = threading.Event()
+        self.messages = Messages(info, f"pw-client-{os.getpid()}")
         self.pending: dict[int, _Ref] = {}
         self.inline: dict[int, Any] = {}  # handle -> small value sent with the run that made it
         self._ids = itertools.count(1)
@@ -121,9 +135,10 @@ class ServiceLink:
             self.pending[rid] = ref
         bufs: list = []
         content = {"id": rid, "method": method, "args": encode(list(args), bufs), "oneway": oneway}
-        frames = self.session.serialize(self.session.msg("request", content))
-        frames.extend(bufs)
-        self.hub.send(frames)
+        with self._send_lock:  # (the socket: one thread at a time)
+            frames = self.messages.pack("request", content, bufs)
+            if self.error is None:
+                self._out.send_multipart(frames, copy=len(frames[-1]) < 65536)
         if oneway:
             ref.event.set()
         return ref
@@ -144,6 +159,9 @@ class ServiceLink:
             raise ref.error
         return ref.value
 
+    def wait(self, ref: _Ref, timeout: float) -> bool:
+        return ref.event.wait(timeout)
+
     def put(self, value: Any) -> Any:
         return value  # sent inside the request that uses it
 
@@ -160,8 +178,7 @@ class ServiceLink:
     # ------------------------------------------------------------ the socket thread
     def _on_frames(self, frames: list) -> None:
         try:
-            _, msg_list = self.session.feed_identities(frames)
-            msg = self.session.deserialize(msg_list)
+            _, msg = self.messages.unpack(frames)
         except Exception as e:
             log.warning("pw_kernel client: refused a message that claims to be from the service: %s", str(e)[:200])
             return
@@ -169,6 +186,7 @@ class ServiceLink:
         kind = msg["header"]["msg_type"]
         if kind == "pong":
             self.last_pong = time.monotonic()
+            self._ponged.set()
             if not content.get("known") and self.island is not None:
                 self.lose(
                     "the service no longer knows this client (it missed heartbeats for a while and was dropped: "
@@ -198,7 +216,7 @@ class ServiceLink:
     def _on_tick(self) -> None:
         if self.error is not None:
             return
-        self.hub.send(self.session.serialize(self.session.msg("ping", {})))
+        self.hub.send(self.messages.pack("ping", {}))
         quiet = time.monotonic() - self.last_pong
         if quiet > SERVICE_LOST_AFTER_S:
             self.lose(
@@ -219,8 +237,21 @@ class ServiceLink:
                     ref.event.set()
         return self.error
 
+    def hello(self, name: str | None, weight: float, timeout: float) -> dict:
+        """Introduce this client (TimeoutError if the service does not answer): what `describe` says, and the tenant.
+
+        A heartbeat goes first, from the socket answers come back on, so that the service knows that
+        socket before it answers anything.
+        """
+        self.hub.send(self.messages.pack("ping", {}))
+        if not self._ponged.wait(timeout):
+            raise TimeoutError(f"no answer from the Pathways service at {address(self.info)} in {timeout} s")
+        return self.call("hello", name, float(weight), os.getpid(), self.reply_id, timeout=timeout)
+
     def close(self) -> None:
         self.hub.stop()
+        with self._send_lock:
+            self._out.close(linger=0)
         self.ctx.term()
 
 
@@ -308,7 +339,7 @@ def connect(connection_file: str | None = None, *, name: str | None = None, weig
             _disconnect_locked()
         link = ServiceLink(path, info)
         try:
-            hello = link.call("hello", name, float(weight), os.getpid(), timeout=timeout)
+            hello = link.hello(name, weight, timeout)
             t0 = time.perf_counter_ns()
             remote_now = link.call("clock", timeout=timeout)
             t1 = time.perf_counter_ns()

@@ -37,12 +37,12 @@ from ..runtime import FairShare, Future, NodeEvent, PathwaysError, compiled, con
 from ..runtime.extend import from_wire, to_wire
 from .wire import (
     Hub,
+    Messages,
     decode,
     default_connection_file,
     encode,
     new_key,
     read_connection_file,
-    session,
     write_connection_file,
 )
 
@@ -56,6 +56,10 @@ DEAD_AFTER_S = 4.0
 INLINE_BYTES = 1024
 
 _LATER = object()  # a handler's answer: "I reply myself, when the work is done"
+
+#: Requests the socket thread answers itself when nothing is queued (they take well under a millisecond;
+#: loads, puts of big values, keeps and drops go to the worker, so heartbeats are never held up long).
+_QUICK = frozenset({"run_many", "free", "get", "clock", "cancel"})
 
 
 class _Client:
@@ -73,6 +77,7 @@ class _Client:
         self.load_errors: dict[str, str] = {}  # export key -> why it could not be loaded
         self.programs: dict[tuple, Any] = {}  # the shape of a burst of nodes -> its Program
         self.live: set = set()  # runs not finished (cancelled if the client goes)
+        self.by_run: dict[int, set] = {}  # the client's run id -> those of its runs here (what its cancel names)
         self.runs = 0
         self.device_ns = 0
         self.last_seen = time.monotonic()
@@ -110,6 +115,16 @@ class _Client:
     def stop_waiting(self) -> None:
         if self._waiting is not None:
             self._waiting.put(None)
+
+
+def _collect_after(runs: list) -> None:
+    """Collect cycles once the nodes that ``runs`` (cancelled) had on the devices finished (a cancelled run is
+    final at once; its dispatched nodes still run, and hold their buffers until they end)."""
+    deadline = time.monotonic() + 10 * DEAD_AFTER_S
+    while any(r.nodes_on_devices for r in runs) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    runs.clear()
+    gc.collect()
 
 
 class _Kept:
@@ -151,13 +166,20 @@ class Service:
             "pid": os.getpid(), "user": getpass.getuser(), "devices": len(self.devices),
             "platform": self.devices[0].platform, "kind": "pw_kernel service",
         }
-        self.session = session(self.info, name="pw-service")
-        self.clients: dict[bytes, _Client] = {}
+        self.messages = Messages(self.info, "pw-service")
+        self.clients: dict[bytes, _Client] = {}  # by the identity of the socket a client sends on ...
+        self._reply_to: dict[bytes, bytes] = {}  # ... -> that of the socket it receives on
+        self._by_reply: dict[bytes, _Client] = {}  # (its heartbeats come from that one)
         self._by_tenant: dict[str, _Client] = {}
         self.kept: dict[tuple[str, str], _Kept] = {}
         self._slices: dict[tuple, Any] = {}
         self.refused = 0
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        # The clients' state is the holder's of `_state`: the worker's, or the socket thread's for a quick
+        # request when nothing is queued (`_queued` - `_handled`: each counter has one writer).
+        self._state = threading.Lock()
+        self._queued = 0
+        self._handled = 0
         self._pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="pw-service-fetch")
         self._unsubscribe = self.ctrl.events.subscribe(self._on_event)
         self._suspect_until = 0.0  # after a connection closed: clients silent past then are gone
@@ -195,21 +217,33 @@ class Service:
     # ------------------------------------------------------------ the socket thread
     def _on_frames(self, frames: list) -> None:
         try:
-            idents, msg_list = self.session.feed_identities(frames)
-            msg = self.session.deserialize(msg_list)
+            idents, msg = self.messages.unpack(frames)
         except Exception as e:  # no key, a wrong key, a replay, garbage: refused, and said where
             self.refused += 1
             who = frames[0][:16] if frames else b"?"
             log.warning("pw_kernel service: refused a message from %r: %s", who, str(e)[:200])
             return
         ident = idents[0]
-        if msg["header"]["msg_type"] == "ping":
-            c = self.clients.get(ident)
+        if msg["header"]["msg_type"] == "ping":  # (from a client's receiving socket)
+            c = self._by_reply.get(ident)
             if c is not None:
                 c.last_seen = time.monotonic()
             self._send(ident, "pong", {"known": c is not None})
             return
-        self._inbox.put((ident, msg))
+        # A quick request with nothing queued before it is handled here, not handed to the worker:
+        # two thread hand-offs (there and back) are most of a small call's latency.
+        if msg["content"].get("method") in _QUICK and self._queued == self._handled and self._state.acquire(False):
+            try:
+                self._handle(ident, msg)
+            finally:
+                self._state.release()
+            return
+        self._queue((ident, msg))
+
+    def _queue(self, item) -> None:
+        """Hand ``item`` to the worker, after what is queued (this thread only: it alone counts them)."""
+        self._queued += 1
+        self._inbox.put(item)
 
     def _on_disconnect(self) -> None:
         # Some client's connection closed (the monitor does not say whose): whoever stays silent
@@ -224,14 +258,12 @@ class Service:
             silent = now - c.last_seen
             if not c.dropping and (silent > DEAD_AFTER_S or (suspect and c.last_seen < self._suspect_from)):
                 c.dropping = True
-                self._inbox.put((ident, None))  # the worker drops it (it owns the clients' state)
+                self._queue((ident, None))  # the worker drops it
         if suspect:
             self._suspect_until = 0.0
 
     def _send(self, ident: bytes, kind: str, content: dict, bufs: list = ()) -> None:
-        frames = self.session.serialize(self.session.msg(kind, content), ident=[ident])
-        frames.extend(bufs)
-        self.hub.send(frames)
+        self.hub.send(self.messages.pack(kind, content, bufs, ident))
 
     def _reply(self, ident: bytes, rid: int, value: Any = None, error: str | None = None) -> None:
         bufs: list = []
@@ -250,46 +282,59 @@ class Service:
             item = self._inbox.get()
             if item is None:
                 return
-            ident, msg = item
-            if msg is None:
-                self._drop(ident, "its connection closed and its heartbeats stopped (the process died)")
-                continue
-            content = msg["content"]
-            rid = content.get("id")
-            try:
-                method = content["method"]
-                args = decode(content.get("args", []), msg["buffers"])
-                c = self.clients.get(ident)
-                if method == "hello":
-                    value = self._hello(ident, msg["header"].get("username", "?"), *args)
-                elif c is None:
-                    raise PathwaysError(
-                        "this service does not know the client (it was dropped after missing heartbeats, or the "
-                        "service restarted): call `pw.connect()` again."
-                    )
-                else:
-                    handler = getattr(self, f"_m_{method}", None)
-                    if handler is None:
-                        raise PathwaysError(f"the service has no method {method!r}")
-                    # (bound now: a deferred reply runs after this loop has moved on to other clients' messages)
-                    value = handler(c, lambda v=None, e=None, _i=ident, _r=rid: self._reply(_i, _r, v, e), *args)
-            except Exception as e:
-                log.debug("pw_kernel service: %s failed", content.get("method"), exc_info=True)
-                if not content.get("oneway"):
-                    self._reply(ident, rid, error=f"{type(e).__name__}: {e}")
-                continue
-            if value is not _LATER and not content.get("oneway"):
-                self._reply(ident, rid, value)
+            with self._state:
+                try:
+                    self._handle(*item)
+                finally:
+                    self._handled += 1
 
-    def _hello(self, ident: bytes, user: str, name: str | None, weight: float, pid: int) -> dict:
+    def _handle(self, ident: bytes, msg: dict | None) -> None:
+        """Answer one request (or drop a client: ``msg`` None); holds ``_state``, on the worker or the socket thread."""
+        if msg is None:
+            self._drop(ident, "its connection closed and its heartbeats stopped (the process died)")
+            return
+        content = msg["content"]
+        rid = content.get("id")
+        # A client sends on one socket and receives on another (`ServiceLink`): answers go to the second
+        # (looked up now: a `bye` forgets it before its answer is sent; a `hello` tells it).
+        to = self._reply_to.get(ident, ident)
+        try:
+            method = content["method"]
+            args = decode(content.get("args", []), msg["buffers"])
+            c = self.clients.get(ident)
+            if method == "hello":
+                value = self._hello(ident, msg["header"].get("username", "?"), *args)
+            elif c is None:
+                raise PathwaysError(
+                    "this service does not know the client (it was dropped after missing heartbeats, or the "
+                    "service restarted): call `pw.connect()` again."
+                )
+            else:
+                handler = getattr(self, f"_m_{method}", None)
+                if handler is None:
+                    raise PathwaysError(f"the service has no method {method!r}")
+                # (bound now: a deferred reply runs after this loop has moved on to other clients' messages)
+                value = handler(c, lambda v=None, e=None, _r=rid: self._reply(to, _r, v, e), *args)
+        except Exception as e:
+            log.debug("pw_kernel service: %s failed", content.get("method"), exc_info=True)
+            if not content.get("oneway"):
+                self._reply(self._reply_to.get(ident, to), rid, error=f"{type(e).__name__}: {e}")
+            return
+        if value is not _LATER and not content.get("oneway"):
+            self._reply(self._reply_to.get(ident, to), rid, value)
+
+    def _hello(self, ident: bytes, user: str, name: str | None, weight: float, pid: int, reply_to=None) -> dict:
         if ident in self.clients:  # the same client again (reconnected): its old state goes
             self._drop(ident, "reconnected")
+        reply_to = ident if reply_to is None else bytes(reply_to)
         name = name or f"client-{pid}"
         tenant, k = name, 2
         while tenant in self._by_tenant:
             tenant, k = f"{name}-{k}", k + 1
         c = _Client(ident, name, tenant, float(weight), user, pid)
         self.clients[ident] = c
+        self._reply_to[ident] = reply_to
+        self._by_reply[reply_to] = c
         self._by_tenant[tenant] = c
         log.info("pw_kernel service: client %r (pid %s, weight %g) connected", tenant, pid, weight)
         return {**self._describe(), "tenant": tenant}
@@ -299,18 +344,25 @@ class Service:
         c = self.clients.pop(ident, None)
         if c is None:
             return
+        self._by_reply.pop(self._reply_to.pop(ident, ident), None)
         self._by_tenant.pop(c.tenant, None)
         cancelled = 0
-        for run in list(c.live):
+        runs = list(c.live)
+        for run in runs:
             cancelled += bool(run.cancel())
         c.stop_waiting()
         n = len(c.buffers)
         c.buffers.clear()
         c.programs.clear()
         c.executables.clear()
+        c.by_run.clear()
+        c.live.clear()
         # Runs and futures refer to each other: their buffers go only when the cyclic collector runs,
-        # which an idle service's allocations would not trigger for a long while.
+        # which an idle service's allocations would not trigger for a long while. Once more after
+        # the cancelled runs' nodes already on the devices have finished (what they hold goes then).
         gc.collect()
+        threading.Thread(target=_collect_after, args=(runs,), name="pw-service-collect", daemon=True).start()
+        del runs
         log.info("pw_kernel service: client %r dropped (%s): %d runs cancelled, %d buffers freed",
                  c.tenant, why, cancelled, n)
 
@@ -352,8 +404,11 @@ class Service:
         outs = jax.tree.unflatten(exported.out_tree, [PartitionSpec(*sp) for sp in out_specs])
         c.executables[key] = compiled(exported.call, slice=s, in_specs=ins, out_specs=outs, name=f"{c.tenant}:{key}")
 
-    def _m_run_many(self, c: _Client, reply, ops) -> object:
-        return self._submit(c, reply, [(key, list(i), list(o)) for key, i, o in ops])
+    def _m_run_many(self, c: _Client, reply, ops, frees=(), run=None) -> object:
+        try:
+            return self._submit(c, reply, [(key, list(i), list(o)) for key, i, o in ops], run)
+        finally:
+            self._m_free(c, reply, frees)
 
     def _m_reshard(self, c: _Client, reply, src: int, handle: int, layout, spec) -> object:
         key = f"reshard{layout!r}{spec!r}"
@@ -388,6 +443,12 @@ class Service:
         self._pool.submit(fetch)
         return _LATER
 
+    def _m_cancel(self, c: _Client, reply, run_ids) -> None:
+        """The client cancelled these runs of its own: cancel what of them is queued or running here."""
+        for rid in run_ids:
+            for run in list(c.by_run.pop(rid, ())):
+                run.cancel()
+
     def _m_free(self, c: _Client, reply, handles) -> None:
         for h in handles:
             c.buffers.pop(h, None)
@@ -409,8 +470,12 @@ class Service:
         }
 
     # -------------------------------------------------- runs
-    def _submit(self, c: _Client, reply: Callable, ops: list) -> object:
-        """Run a burst of a client's nodes as one run of its tenant; reply (times, failure) when it finishes."""
+    def _submit(self, c: _Client, reply: Callable, ops: list, client_run: tuple | None = None) -> object:
+        """Run a burst of a client's nodes as one run of its tenant; reply (times, failure) when it finishes.
+
+        ``client_run``: (id, priority) of the client's run the burst belongs to. The priority orders it
+        among the client's own runs here (fair share orders the clients); a cancel names the id.
+        """
         shape: list = []
         inputs: list = []
         where: dict[int, tuple] = {}  # handle -> ("e", input index) or ("o", op, output)
@@ -432,7 +497,8 @@ class Service:
         if prog is None:
             prog = c.programs[shape_key] = self._program(c, shape_key)
         start = time.perf_counter_ns()
-        run, outs = prog.call_run(*inputs, tenant=c.tenant, weight=c.weight)
+        rid, priority = client_run if client_run else (None, 0)
+        run, outs = prog.call_run(*inputs, tenant=c.tenant, weight=c.weight, priority=int(priority))
         c.runs += 1
         per_op = []
         k = 0
@@ -442,9 +508,17 @@ class Service:
                 c.buffers[h] = f
             k += len(out_ids)
         c.live.add(run)
+        if rid is not None:
+            c.by_run.setdefault(rid, set()).add(run)
 
         def finished() -> None:
             c.live.discard(run)
+            if rid is not None:
+                mine = c.by_run.get(rid)
+                if mine is not None:
+                    mine.discard(run)
+                    if not mine:
+                        del c.by_run[rid]
             end = time.perf_counter_ns()
             failure = None
             for i, fs in enumerate(per_op):
@@ -532,8 +606,9 @@ class Service:
         self.stopped.set()
         self._inbox.put(None)
         self._worker.join(5)
-        for ident in list(self.clients):
-            self._drop(ident, "the service stops")
+        with self._state:
+            for ident in list(self.clients):
+                self._drop(ident, "the service stops")
         self.hub.stop()
         self._unsubscribe()
         self._pool.shutdown(wait=False)

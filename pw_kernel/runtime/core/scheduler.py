@@ -93,7 +93,9 @@ class FairShare:
     stayed, so idling earns no credit (a notebook back from a pause does not
     starve the others with the share it did not use; a client a moment late
     with its next node is not idle). Weights come from ``weights`` or from
-    the ``weight=`` of a tenant's runs.
+    the ``weight=`` of a tenant's runs. Within a tenant, a run of higher
+    ``priority=`` goes before its older ones (the Pathways service: a
+    notebook's urgent call passes its own queued work, not other clients').
 
     Example::
 
@@ -155,11 +157,11 @@ class FairShare:
 
     @staticmethod
     def group(run: Schedulable) -> str:
-        return run.tenant  # the pick takes a tenant's oldest runnable run
+        return run.tenant  # the pick takes a tenant's most urgent runnable run, the oldest of those
 
     @staticmethod
-    def rank(run: Schedulable) -> int:
-        return run.id
+    def rank(run: Schedulable) -> tuple[int, int]:
+        return (-run.priority, run.id)  # (priorities order a tenant's own runs; weights share between tenants)
 
     def __repr__(self) -> str:
         return f"FairShare({self.weights})"

@@ -52,6 +52,17 @@ def wait_ready(value: Any, done: Callable[[], bool], spin_ns: int = _SPIN_NS) ->
     to ~100 µs late. So a waiter spins for ``spin_ns`` first (its node's measured
     time, twice over), yielding the GIL every 50 µs.
     """
+    wait = getattr(value, "wait", None)
+    if wait is not None:
+        # A remote island's value: its reply sets an event, so this sleeps on it instead of
+        # polling (a poll would take the CPU and the GIL that the threads bringing the reply need).
+        while not done():
+            try:
+                if wait(0.05):  # (in slices: Ctrl-C reaches the waiter)
+                    return
+            except Exception:
+                return  # it failed: the caller raises the run's error
+        return
     is_ready = getattr(value, "is_ready", None)
     if is_ready is None:
         return

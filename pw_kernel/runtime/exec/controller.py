@@ -382,7 +382,20 @@ class Controller:
             if run.state in FINAL:
                 return False
             self._apply(self.lifecycle.handle(run.record, "cancel", time.time()))
+            self._cancel_remote(run.record)
             return True
+
+    @staticmethod
+    def _cancel_remote(rec) -> None:
+        """Tell the remote islands that run nodes of ``rec`` dispatched and not finished (the service queues them)."""
+        if rec.dispatched <= rec.done:
+            return
+        told = set()
+        for st in rec.plan.steps:
+            isl = getattr(st.call, "island", None) if st.remote else None
+            if isl is not None and id(isl) not in told:
+                told.add(id(isl))
+                isl.cancel_run(rec.id)
 
     def cancel_all(self) -> int:
         """Cancel every run not yet final; returns how many were cancelled."""

@@ -213,6 +213,7 @@ class Dispatcher:
         if slots is None:  # cancelled or failed between pick and here
             return
         clock, epoch = time.perf_counter_ns, self.log.epoch
+        self.bursts.run = (rec.id, rec.priority)  # what remote islands are told their nodes belong to
         # Hand work to the watcher in batches: one wake-up per batch instead of per node keeps
         # the two threads from trading the GIL on every tiny node.
         batch: list = []

@@ -77,25 +77,30 @@ class IslandActor:
         out_sh = tuple(self._sharding(*layout, s) for s in out_specs)
         self.executables[key] = self.jax.jit(exported.call, in_shardings=in_sh, out_shardings=out_sh)
 
-    def run_many(self, ops: list) -> tuple[list, tuple | None]:
+    def run_many(self, ops: list, frees: list[int] = (), run: tuple | None = None) -> tuple[list, tuple | None]:
         """Run consecutive nodes of one dispatch burst, in order: one actor call for all of them.
 
         Returns each node's (start, end) on this process's clock, and (index, message) of
-        the node that raised (the nodes after it are not run), or None.
+        the node that raised (the nodes after it are not run), or None. ``frees``: handles
+        to free once they have run (they ride along: one call fewer); ``run``: the
+        controller's (run id, priority), which an actor runs in its mailbox's order anyway.
         """
         self.calls += 1
         times: list = []
-        for key, in_ids, out_ids in ops:
-            start = time.perf_counter_ns()
-            try:
-                outs = self.executables[key](*[self.buffers[i] for i in in_ids])
-                self.jax.block_until_ready(outs)  # the actor's mailbox is the island's ordered queue
-            except Exception as e:
-                return times, (len(times), f"{type(e).__name__}: {e}")
-            for i, o in zip(out_ids, outs):
-                self._store(i, o)
-            times.append((start, time.perf_counter_ns()))
-        return times, None
+        try:
+            for key, in_ids, out_ids in ops:
+                start = time.perf_counter_ns()
+                try:
+                    outs = self.executables[key](*[self.buffers[i] for i in in_ids])
+                    self.jax.block_until_ready(outs)  # the actor's mailbox is the island's ordered queue
+                except Exception as e:
+                    return times, (len(times), f"{type(e).__name__}: {e}")
+                for i, o in zip(out_ids, outs):
+                    self._store(i, o)
+                times.append((start, time.perf_counter_ns()))
+            return times, None
+        finally:
+            self.free(frees)
 
     def _store(self, handle: int, value) -> None:
         if handle in self.freed:  # freed before it was made (its last reference died first)

@@ -48,6 +48,10 @@ from ..trace.graph import as_dtype
 from .actor import MISSING, IslandActor, from_wire, spec_tuple, to_wire
 
 
+#: Handles to free wait this long for a call to carry them before they are sent on their own.
+FREE_AFTER_S = 0.05
+
+
 class RayLink:
     """How a remote island talks to a Ray actor: ``actor.method.remote(...)`` gives a ref, read here.
 
@@ -66,6 +70,13 @@ class RayLink:
         import ray
 
         return ray.get(ref)
+
+    def wait(self, ref, timeout: float) -> bool:
+        """Block until ``ref`` is ready (True) or ``timeout`` s pass (False)."""
+        import ray
+
+        done, _ = ray.wait([ref], timeout=timeout)
+        return bool(done)
 
     def put(self, value):
         """A value shipped as an argument of a later call (Ray: through its object store)."""
@@ -96,10 +107,11 @@ class RayLink:
 class _Ticket:
     """One actor call that an island's mailbox thread makes: its ref once sent, its result once read."""
 
-    __slots__ = ("island", "ref", "error", "sent", "_result")
+    __slots__ = ("island", "ref", "error", "sent", "run", "_result")
 
     def __init__(self, island: RemoteIsland):
         self.island = island
+        self.run: tuple | None = None  # (run id, priority) of the controller's run it is a burst of
         self.ref = None
         self.error: BaseException | None = None
         self.sent = threading.Event()
@@ -124,6 +136,15 @@ class _Ticket:
         if self.error is not None:
             return True
         return self.island.link.ready(self.ref)
+
+    def wait(self, timeout: float) -> bool:
+        """Block until the call is answered (True) or ``timeout`` s pass (False), without polling."""
+        deadline = time.monotonic() + timeout
+        if not self.sent.wait(timeout):
+            return False
+        if self._result is not MISSING or self.error is not None:
+            return True
+        return self.island.link.wait(self.ref, max(0.0, deadline - time.monotonic()))
 
     def result(self) -> Any:
         """What the actor returned (read once, then kept: every output of the call shares it)."""
@@ -164,6 +185,18 @@ class RemoteIsland:
         self._burst: list = []
         self._mailbox: queue.SimpleQueue = queue.SimpleQueue()
         self._sender: threading.Thread | None = None
+        # One thread sends at a time (`_sending`, under `_lock`), in order: a burst of nodes goes from the
+        # dispatching thread itself when nothing waits in the mailbox (`_posted` == `_sent`) and the link
+        # says sending is cheap (no thread hand-off on a small call's way), else through the mailbox.
+        self._idle = threading.Condition(self._lock)
+        self._sending = False
+        self._posted = 0
+        self._sent = 0
+        self._direct = bool(getattr(self.link, "direct", False))
+        # Handles whose last RemoteArray died: freed with the next call that runs nodes, or on their own
+        # after FREE_AFTER_S (one message fewer per call; a list: append and slice-delete are atomic).
+        self._frees: list[int] = []
+        self._asleep = False  # the mailbox thread waits with no timeout: a free must wake it
 
     def new_handle(self) -> int:
         return next(self._handles)
@@ -200,6 +233,7 @@ class RemoteIsland:
             ticket, index = burst[-1][4], burst[-1][5] + 1
         else:
             ticket, index = _Ticket(self), 0
+            ticket.run = self.bursts.run  # which run of the controller dispatches it (cancel, priority)
         self._open()
         burst.append(("run", key, args, out_ids, ticket, index))
         return ticket, index
@@ -216,13 +250,39 @@ class RemoteIsland:
             self.bursts.islands.append(self)
 
     def flush(self) -> None:
-        """Hand the burst's ops to the mailbox thread (started on first use)."""
-        if self._burst:
-            burst, self._burst = self._burst, []
-            self.post(burst)
+        """Send the burst's ops: here if only nodes and nothing is queued, else through the mailbox."""
+        if not self._burst:
+            return
+        burst, self._burst = self._burst, []
+        self.send(burst, cheap=all(op[0] == "run" for op in burst))
+
+    def send(self, ops: list, cheap: bool) -> None:
+        """Send ``ops`` in order after everything before: on this thread if ``cheap`` (nothing to wait for or
+        serialise at length) and the link allows it and nothing is queued, else through the mailbox thread."""
+        self._start_sender()  # (here, not in `free`: that runs in __del__, where taking a lock could deadlock)
+        burst = ops
+        if cheap and self._direct:
+            with self._lock:
+                direct = not self._sending and self._posted == self._sent
+                self._sending = self._sending or direct
+            if direct:
+                try:
+                    self._send(burst)
+                finally:
+                    with self._lock:
+                        self._sending = False
+                        self._idle.notify_all()
+                return
+        self.post(burst)
 
     def post(self, ops: list) -> None:
-        """Queue ``ops`` for the mailbox thread (started on first use), after everything queued before."""
+        """Queue ``ops`` for the mailbox thread (started on first use), after everything sent or queued before."""
+        self._start_sender()
+        with self._lock:
+            self._posted += 1
+            self._mailbox.put(ops)
+
+    def _start_sender(self) -> None:
         if self._sender is None:
             with self._lock:
                 if self._sender is None:
@@ -230,27 +290,61 @@ class RemoteIsland:
                         target=self._send_loop, name=f"pw-mailbox-{self.info['pid']}", daemon=True
                     )
                     self._sender.start()
-        self._mailbox.put(ops)
+
+    def cancel_run(self, run_id: int) -> None:
+        """The controller cancelled run ``run_id``: the island drops what of its nodes it has queued, if its
+        link can say so (the service can; a Ray actor runs its mailbox in order)."""
+        if self.alive and getattr(self.link, "cancels", False):
+            self.send([("call", lambda: self.actor.cancel.remote([run_id]), _Ticket(self))], cheap=True)
 
     def free(self, handle: int) -> None:
+        """Free ``handle`` on the island (sent with the next call, or within FREE_AFTER_S; safe from ``__del__``)."""
         if self.alive:
-            self._mailbox.put(handle)  # sent after what is queued (the actor forgives a free that comes first)
+            self._frees.append(handle)
+            if self._asleep:  # the mailbox thread sleeps for good: woken, it sends them if no call does soon
+                self._asleep = False
+                self._mailbox.put(None)
+
+    def _take_frees(self) -> list[int]:
+        n = len(self._frees)
+        frees = self._frees[:n]
+        del self._frees[:n]  # (appended meanwhile: stay for the next call)
+        return frees
 
     def _send_loop(self) -> None:
         box = self._mailbox
         while True:
-            items = [box.get()]
+            self._asleep = True  # (set before looking at `_frees`: a free after the look sees it and wakes us)
+            try:
+                items = [box.get(timeout=FREE_AFTER_S if self._frees else None)]
+            except queue.Empty:
+                items = []
+            self._asleep = False
             while not box.empty():
                 items.append(box.get())
-            frees = [h for h in items if isinstance(h, int)]
-            for burst in items:
-                if isinstance(burst, list):
+            bursts = [b for b in items if b is not None]
+            with self._lock:
+                while self._sending:
+                    self._idle.wait()
+                self._sending = True
+            try:
+                for burst in bursts:
                     self._send(burst)
-            if frees and self.alive and self.link.usable():  # (Ray shut down: a call would start a new Ray)
-                try:
-                    self.actor.free.remote(frees)
-                except Exception:  # interpreter shutdown or a dead actor: nothing to free
-                    pass
+                if not items:  # FREE_AFTER_S passed with handles to free and no call to carry them
+                    self._send_frees()
+            finally:
+                with self._lock:
+                    self._sending = False
+                    self._sent += len(bursts)
+                    self._idle.notify_all()
+
+    def _send_frees(self) -> None:
+        frees = self._take_frees()
+        if frees and self.alive and self.link.usable():  # (Ray shut down: a call would start a new Ray)
+            try:
+                self.actor.free.remote(frees)
+            except Exception:  # interpreter shutdown or a dead actor: nothing to free
+                pass
 
     def _send(self, burst: list) -> None:
         k = 0
@@ -262,7 +356,8 @@ class RemoteIsland:
                     _, key, args, out_ids, _, _ = burst[k]
                     ops.append((key, [a.handle for a in args], out_ids))
                     k += 1
-                self._deliver(ticket, lambda: self.actor.run_many.remote(ops))
+                frees, run = self._take_frees(), ticket.run
+                self._deliver(ticket, lambda: self.actor.run_many.remote(ops, frees, run))
             else:
                 self._deliver(op[2], op[1])
                 k += 1
@@ -332,10 +427,11 @@ class Bursts:
     steps of one burst reach each island's mailbox together.
     """
 
-    __slots__ = ("islands",)
+    __slots__ = ("islands", "run")
 
     def __init__(self) -> None:
         self.islands: list[RemoteIsland] = []
+        self.run: tuple | None = None  # (id, priority) of the run being dispatched: its bursts say so
 
     def __bool__(self) -> bool:
         return bool(self.islands)
@@ -384,6 +480,10 @@ class RemoteArray:
     def is_ready(self) -> bool:
         return self.ticket.ready()
 
+    def wait(self, timeout: float) -> bool:
+        """Block until the call that makes it is answered (True), or ``timeout`` s pass (False)."""
+        return self.ticket.wait(timeout)
+
     def block_until_ready(self) -> RemoteArray:
         _, failure = self.ticket.result()
         if failure is not None and self.index >= failure[0]:
@@ -407,7 +507,7 @@ class RemoteArray:
             isl.bursts.flush()
         handle = self.handle
         ticket = _Ticket(isl)
-        isl.post([("call", lambda: isl.actor.get.remote(handle), ticket)])
+        isl.send([("call", lambda: isl.actor.get.remote(handle), ticket)], cheap=True)
         try:
             return from_wire(isl.link.get(ticket.wait_ref()))
         except isl.link.lost_errors() as e:
