@@ -451,3 +451,53 @@ def test_bad_input_and_a_stale_connection_file_say_what_to_do(tmp_path):
                                 "signature_scheme": "hmac-sha256", "pid": os.getpid()}))
     with pytest.raises(pw.PathwaysError, match=r"runs in this very process .* a process cannot also be its client"):
         pw.connect(str(mine))
+
+
+def test_a_cancel_and_a_priority_reach_the_nodes_the_service_has_queued(service):
+    path, _ = service
+    nb = notebook(
+        """
+        import json
+        pw.connect(CONN, name="urgent")
+        s = pw.slice(1)
+        f = pw.compiled(lambda a: jnp.tanh(a @ a) * 0.5, slice=s)
+        a = f(jnp.eye(1024) * 0.1)
+        a.result()
+
+        @pw.program
+        def chain(a):
+            for _ in range(40):
+                a = f(a)
+            return a
+
+        chain.submit(a, mode="chained").wait()           # compiled and warm
+        me = lambda: next(c for c in pw.clients() if c.you)
+        t = me().device_time_s
+        f(a).result()
+        node_s = me().device_time_s - t
+        out = {}
+
+        # Cancel: a program's 40 nodes go to the service in one burst; a cancel drops those still queued there.
+        before = me().nodes
+        run = chain.submit(a, mode="chained")
+        time.sleep(4 * node_s)                            # (a few have run)
+        run.cancel()
+        f(a).result()                                     # after what the service still had of it
+        out["cancelled_ran"] = me().nodes - before - 1
+
+        # Priority: an urgent call passes this client's own work queued at the service before it.
+        before = me().nodes
+        backlog = chain.submit(a, mode="chained")
+        time.sleep(4 * node_s)
+        f.program.submit(a, priority=10).wait()
+        out["ran_when_urgent_done"] = me().nodes - before
+        backlog.wait()
+        print(json.dumps(out))
+        """,
+        path,
+    )
+    got = finish(nb)
+    # Without the cancel reaching the service, all 40 run (they were sent); with it, only those before it.
+    assert got["cancelled_ran"] < 40, got
+    # Without the priority, the urgent call runs after the 40-node backlog (41 nodes done); with it, first (1).
+    assert got["ran_when_urgent_done"] < 40, got

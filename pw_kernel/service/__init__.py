@@ -36,6 +36,20 @@ Design
   runs are cancelled and its buffers freed. `pw.keep(name, tree)` moves
   buffers under a name of the user's, which `pw.kept(name)` hands to any later
   client as fresh handles on the same devices.
+* **Latency**: a small waited call crosses few threads. A client sends its
+  requests from the thread that makes them (the dispatching thread: one
+  socket, under a lock) and receives on its socket thread's own socket, whose
+  identity the service learns from `hello`; the service answers quick requests
+  (`run_many`, `get`, `free`, `cancel`) on its socket thread when nothing is
+  queued before them, and a run computed inside that call is answered there;
+  handles to free ride with the next call; messages are Jupyter's signed
+  frames, made and checked without what this protocol never reads
+  (`wire.Messages`).
+* **Cancel and priority cross**: each burst carries the client's run id and
+  priority. A client's cancel (Ctrl-C included) tells the service, which drops
+  that run's nodes still queued; the priority orders a client's own runs in
+  the service's `FairShare` (weights share between clients). A client
+  completes remote runs in the order they finish there, not the order sent.
 * **Faults**: a message with a wrong or no signature is refused, counted and
   logged, never answered; a client whose service stops answering heartbeats
   gets `pw.IslandLostError` saying so and that ``pw.connect()`` again is the

@@ -262,6 +262,7 @@ class ClientInfo(NamedTuple):
     weight: float
     device_time_s: float
     runs: int
+    nodes: int
     pid: int
     connected_s: float
     you: bool
@@ -453,7 +454,7 @@ def disconnect() -> bool:
 
 
 def clients() -> list[ClientInfo]:
-    """The service's clients: name, weight, device time used (s), runs, pid; ``you`` marks this one.
+    """The service's clients: name, weight, device time used (s, compiles left out), runs, nodes run, pid; ``you`` marks this one.
 
     Example::
 

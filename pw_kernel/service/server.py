@@ -79,6 +79,8 @@ class _Client:
         self.live: set = set()  # runs not finished (cancelled if the client goes)
         self.by_run: dict[int, set] = {}  # the client's run id -> those of its runs here (what its cancel names)
         self.runs = 0
+        self.nodes = 0  # nodes that ran (a cancelled run's dropped ones do not count)
+        self.count_lock = threading.Lock()  # (outputs' done-callbacks count down on the completing thread)
         self.device_ns = 0
         self.last_seen = time.monotonic()
         self.since = time.time()
@@ -271,7 +273,7 @@ class Service:
         self._send(ident, "reply", content, bufs)
 
     def _on_event(self, ev) -> None:
-        if isinstance(ev, NodeEvent):
+        if isinstance(ev, NodeEvent) and ev.kind != "compile":  # (device time is running time)
             c = self._by_tenant.get(ev.tenant)
             if c is not None:
                 c.device_ns += max(0, ev.end - ev.start)
@@ -498,7 +500,9 @@ class Service:
             prog = c.programs[shape_key] = self._program(c, shape_key)
         start = time.perf_counter_ns()
         rid, priority = client_run if client_run else (None, 0)
-        run, outs = prog.call_run(*inputs, tenant=c.tenant, weight=c.weight, priority=int(priority))
+        # Chained: the client planned the nodes (a fused step of its arrives as one); fusing a burst again here
+        # would compile an executable per burst and leave nowhere for a cancel or a priority to act.
+        run, outs = prog.call_run(*inputs, tenant=c.tenant, weight=c.weight, priority=int(priority), mode="chained")
         c.runs += 1
         per_op = []
         k = 0
@@ -533,12 +537,32 @@ class Service:
                 for h, f in zip((h for o in ops for h in o[2]), outs):
                     if f.size * f.dtype.itemsize <= INLINE_BYTES:
                         inline[h] = to_wire(f.result())
+            c.nodes += len(ops) if failure is None else failure[0]
             reply(([(start, end)] * len(ops), failure, inline))
 
         if all(f.done() for f in outs):  # computed inside the call (a lone node): no thread hop to reply
             finished()
-        else:
-            c.waiter().put((outs, finished))
+            return _LATER
+        # Whichever comes first answers: the client's waiter thread (it completes the runs it waits for
+        # itself, in order: the quickest for a stream of calls), or the last output's done-callback (a
+        # run that overtook the one waited for, by priority or fair share, is answered when it ends).
+        once = threading.Lock()
+        left = [len(outs)]
+
+        def answer() -> None:
+            if once.acquire(blocking=False):
+                finished()
+
+        def one_done(_f) -> None:
+            with c.count_lock:
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                answer()
+
+        for f in outs:
+            f.add_done_callback(one_done)
+        c.waiter().put((outs, answer))
         return _LATER
 
     def _program(self, c: _Client, shape: tuple):
@@ -564,6 +588,7 @@ class Service:
         return [
             {
                 "name": x.tenant, "weight": x.weight, "device_time_s": x.device_ns / 1e9, "runs": x.runs,
+                "nodes": x.nodes,
                 "pid": x.pid, "connected_s": time.time() - x.since, "you": x is c,
             }
             for x in self.clients.values()

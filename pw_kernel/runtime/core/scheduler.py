@@ -147,7 +147,7 @@ class FairShare:
             v = vtime.get(r.tenant)
             if v is None or v < floor:
                 v = vtime[r.tenant] = floor
-            key = (v, r.id)
+            key = (v, -r.priority, r.id)  # (a tenant's heads of several credit classes: its most urgent first)
             if best_key is None or key < best_key:
                 best, best_key = r, key
         return best

@@ -315,9 +315,14 @@ class Completion:
         """
         reports: list = []
         batch = None
+        ahead: set[int] = set()  # batches completed before an earlier one (`_overtake`)
         for i, batch in enumerate(batches):
+            if i in ahead:
+                continue
+            if not _computed(batch):
+                self._overtake(batches, i, ahead, reports)  # (a remote batch: later ones may finish first)
             if reports and not _computed(batch):
-                if self._report_early(reports, batches, i, done):
+                if self._report_early(reports, batches, i, done, ahead):
                     return
             try:
                 self._complete(batch, reports)
@@ -337,16 +342,18 @@ class Completion:
                 if self._pending:
                     self._watch.notify()
 
-    def _report_early(self, reports: list, batches: list, i: int, done: Callable[[], bool] | None) -> bool:
-        """Report what batches before ``i`` finished; True if the caller's value is resolved and batches
-        from ``i`` on went back to the watcher."""
+    def _report_early(self, reports: list, batches: list, i: int, done: Callable[[], bool] | None,
+                      ahead: set[int] = frozenset()) -> bool:
+        """Report what batches before ``i`` (and those in ``ahead``) finished; True if the caller's value is
+        resolved and the others from ``i`` on went back to the watcher."""
+        rest = [b for k, b in enumerate(batches[i:], i) if k not in ahead]
         with self.lock:
             try:
                 completed = self.port.completed
                 for report in reports:
                     completed(*report)
             except BaseException:
-                self._pending.extendleft(reversed(batches[i:]))
+                self._pending.extendleft(reversed(rest))
                 self._completing = False
                 raise
             finally:
@@ -354,11 +361,59 @@ class Completion:
                 reports.clear()  # reported: a waiter woken now finds none of their arrays held here
             if done is None or not done():
                 return False
-            self.bury(batches[:i])
-            self._pending.extendleft(reversed(batches[i:]))
+            self.bury([b for k, b in enumerate(batches) if k < i or k in ahead])
+            self._pending.extendleft(reversed(rest))
             self._completing = False
             self._watch.notify()
             return True
+
+    def _overtake(self, batches: list, i: int, ahead: set[int], reports: list) -> bool:
+        """Wait for remote batch ``i``, completing and reporting later batches of other runs that finish first.
+
+        A device runs its nodes in order, so local batches finish in dispatch order; a remote island
+        that schedules (the Pathways service: priorities, fair share between its clients) may finish a
+        later run's nodes first, and their results must not wait behind this one. Batches handed over
+        meanwhile are taken too (appended to ``batches``). False (nothing done) unless batch ``i`` is remote.
+        """
+        head = batches[i]
+        first = head[0][0]
+        if not first[1].remote:
+            return False
+        wait = next((a.wait for a in first[4] if hasattr(a, "wait")), None)
+        if wait is None:
+            return False
+        nap = 0.001
+        while not _computed(head):
+            with self.lock:
+                if self._pending:  # (handed over after this thread took its batches)
+                    batches.extend(self._pending)
+                    self._pending.clear()
+                    self._regular = 0
+            blocked = {item[0].id for item in head[0]}  # (a run's own batches complete in order)
+            for j in range(i + 1, len(batches)):
+                if j in ahead:
+                    continue
+                b = batches[j]
+                runs = {item[0].id for item in b[0]}
+                if runs & blocked or not _computed(b):
+                    blocked |= runs
+                    continue
+                try:
+                    self._complete(b, reports)
+                except BaseException as e:  # a bug of ours: those runs fail, the watcher goes on
+                    reports += self._segments(b[0], {0: e}, first_only=True)
+                ahead.add(j)
+            if reports:
+                with self.lock:
+                    completed = self.port.completed
+                    for report in reports:
+                        completed(*report)
+                    report = None
+                    reports.clear()
+                nap = 0.001
+            wait(nap)  # (wakes at once when this batch's reply comes; otherwise looks again, less often)
+            nap = min(2 * nap, 0.016)
+        return True
 
     def _watch_loop(self) -> None:
         quiet_since = None
