@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import gc
+import logging
 import re
+import threading
 import time
 
 import jax
@@ -17,6 +19,7 @@ import numpy as np
 import pytest
 
 import pw_kernel as pw
+from pw_kernel.runtime import IslandOutput
 from remote_islands import kill_islands
 from test_paper_example import make_abc
 
@@ -128,18 +131,61 @@ def test_typed_prng_keys_travel_to_remote_islands_and_back(remote):
     np.testing.assert_array_equal(jax.random.key_data(k.result()), jax.random.key_data(want_k))
 
 
-def test_a_host_callback_on_a_remote_island_is_refused_at_submit_saying_what_to_do(remote):
+def test_a_stage_that_prints_runs_on_a_ray_island_and_its_lines_come_back_marked_with_the_island(remote, capsys):
     i0, _ = remote
-    far = pw.slice(2, island=i0.id, name="far")
+    far = pw.slice(2, mesh={"d": 2}, island=i0.id, name="far")
+
+    def say(v):
+        logging.getLogger("stage").warning("logged %s", v)
 
     def stage(x):
-        jax.debug.print("sum {}", x.sum())
+        jax.debug.print("x = {}", x.sum())
         return x * 2
 
+    def quiet_stage(x):
+        jax.debug.callback(say, x.sum())
+        return x + 1
+
     loud = pw.compiled(stage, slice=far, name="loud")
-    with pytest.raises(pw.SliceError, match=r"node 'loud' .* calls the host .* remote island .* cannot be exported"):
-        loud(jnp.ones(4))
-    quiet = pw.compiled(lambda x: x * 2, slice=far, name="quiet")  # the controller goes on
+    fut = loud(jnp.arange(4.0))  # exported nodes cannot call the host: this one went as pickled Python
+    np.testing.assert_array_equal(np.asarray(fut.result(timeout=120)), [0.0, 2.0, 4.0, 6.0])
+    log = pw.controller().events
+    assert [tuple(o) for o in log.outputs] == [(fut.run.id, "loud", i0.id, "stdout", "x = 6.0\n")]
+    assert capsys.readouterr().out == f"[island {i0.id}] x = 6.0\n"  # no notebook: this process's stdout
+    taken: list = []
+    stop = log.subscribe(taken.append, outputs=True)  # a subscriber that takes outputs: nothing echoed
+    try:
+        again = pw.compiled(quiet_stage, slice=far, name="quiet")(jnp.arange(4.0))
+        np.testing.assert_array_equal(np.asarray(again.result(timeout=120)), [1.0, 2.0, 3.0, 4.0])
+    finally:
+        stop()
+    said = [o for o in taken if isinstance(o, IslandOutput)]
+    assert [(o.node, o.stream, o.text) for o in said] == [("quiet", "stderr", "WARNING:stage:logged 6.0\n")]
+    assert capsys.readouterr() == ("", "")
+
+
+def test_a_host_callback_that_cannot_travel_is_refused_at_submit_and_one_that_raises_fails_its_node(remote):
+    i0, _ = remote
+    far = pw.slice(2, island=i0.id, name="far")
+    held = threading.Lock()
+
+    def locked(x):
+        jax.debug.callback(lambda v: held, x.sum())  # a lock cannot be pickled to the island
+        return x * 2
+
+    with pytest.raises(pw.SliceError, match=r"node 'locked' .* calls the host .* cannot be pickled: .*lock"):
+        pw.compiled(locked, slice=far, name="locked")(jnp.ones(4))
+
+    def boom(v):
+        raise ValueError(f"bad value {v}")
+
+    def raising(x):
+        jax.debug.callback(boom, x.sum())
+        return x * 2
+
+    with pytest.raises(pw.NodeError, match=r"node 'raising' .* a host callback raised:(.|\n)*ValueError: bad value 4.0"):
+        pw.compiled(raising, slice=far, name="raising")(jnp.ones(4)).result(timeout=120)
+    quiet = pw.compiled(lambda x: x * 2, slice=far, name="quiet")  # the controller and the island go on
     np.testing.assert_allclose(np.asarray(quiet(jnp.ones(4)).result(timeout=120)), 2.0)
 
 

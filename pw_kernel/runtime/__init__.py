@@ -46,7 +46,7 @@ from .errors import (
     TracingError,
 )
 from .exec.controller import controller, init, shutdown
-from .exec.events import NodeEvent, RunEvent
+from .exec.events import IslandOutput, NodeEvent, RunEvent
 from .futures import Future, get
 from .profiling import Profile
 from .program import Program
@@ -95,6 +95,7 @@ __all__ = [
     "FIFO",
     "FairShare",
     "Future",
+    "IslandOutput",
     "NodeEvent",
     "Policy",
     "Priority",

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 
 from ..errors import HostCallbackError
-from .events import EventLog, NodeEvent
+from .events import EventLog, IslandOutput, NodeEvent
 from .interrupts import interrupts_deferred
 from .port import Port
 
@@ -97,6 +97,16 @@ def _donated(a: Any) -> bool:
 def _undonated(outs) -> list:
     """The outputs of a node that no later run donated (those are what waiting for it can ask)."""
     return [a for a in outs if not _donated(a)]
+
+
+def _say(log, rec, st, outs: list) -> None:
+    """Emit what a remote node printed or logged on its island as it ran, as `IslandOutput` events."""
+    try:
+        pieces = outs[0].said() if outs else ()
+    except Exception:  # its island was lost: nothing came back
+        return
+    for stream, text in pieces:
+        log.emit_output(IslandOutput(rec.id, st.name, st.island, stream, text))
 
 
 def _computed(batch: tuple) -> bool:
@@ -492,6 +502,8 @@ class Completion:
                     end = max(start, r_end - epoch)
                 except Exception:
                     pass
+                if st.host_callbacks:  # shipped as Python: what it printed there came with its reply
+                    _say(log, rec, st, outs)
             devs = st.devices
             if devs is prev_devs:
                 if prev_end > start:

@@ -1,5 +1,10 @@
 """The event log: one record per executed node and per run transition, streamed to subscribers.
 
+What a node printed or logged on a remote island as it ran comes as an
+`IslandOutput`, to the subscribers that ask for it (the notebook front routes
+it to the cell that submitted the run); with none, it is echoed to this
+process's stdout or stderr, each line marked with the island.
+
 Times are nanoseconds since the log's epoch (`time.perf_counter_ns`). A node's
 ``start`` is max(its dispatch, the end of the previous node on the same
 devices); its ``end`` is when the completion watcher saw its outputs ready.
@@ -11,6 +16,7 @@ import collections
 import json
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -182,6 +188,29 @@ class RunEvent(NamedTuple):
         return f"RunEvent(run={self.run_id}, {self.program!r}, state={self.state})"
 
 
+class IslandOutput(NamedTuple):
+    """What node ``node`` of run ``run_id`` wrote on remote island ``island`` as it ran (``stream``: "stdout" or
+    "stderr"; a log record comes as stderr text)."""
+
+    run_id: int
+    node: str
+    island: int
+    stream: str
+    text: str
+
+    def marked(self) -> str:
+        """``text`` with each line marked with its island: ``[island 1] x = 3.0``."""
+        lines = self.text.splitlines()
+        return "".join(f"[island {self.island}] {line}\n" for line in lines)
+
+
+def echo(out: IslandOutput) -> None:
+    """Write ``out`` to this process's stdout or stderr (looked up now), its lines marked with the island."""
+    stream = sys.stderr if out.stream == "stderr" else sys.stdout
+    stream.write(out.marked())
+    stream.flush()
+
+
 Subscriber = Callable[[Any], None]
 _log = logging.getLogger("pw_kernel")
 
@@ -215,26 +244,45 @@ class EventLog:
         self._run_rows: collections.deque[tuple] = collections.deque(maxlen=max_events)
         self._subscribers: list[Subscriber] = []
         self._lock = threading.Lock()
+        self.outputs: collections.deque[IslandOutput] = collections.deque(maxlen=10_000)
+        self._output_subscribers: list[Subscriber] = []
         self.device_names: dict[int, str] = {}
         self.island_names: dict[int, str] = {}
 
     def now(self) -> int:
         return time.perf_counter_ns() - self.epoch
 
-    def subscribe(self, callback: Subscriber) -> Callable[[], None]:
+    def subscribe(self, callback: Subscriber, *, outputs: bool = False) -> Callable[[], None]:
         """Call ``callback(event)`` for every NodeEvent and RunEvent from now on; returns an unsubscribe function.
 
+        ``outputs=True``: also every `IslandOutput`; such a subscriber takes them: while one is
+        subscribed, they are not echoed to this process's stdout and stderr.
         Callbacks run on the controller's threads: keep them short (a widget
         should batch and redraw on its own clock).
         """
         with self._lock:
             self._subscribers = [*self._subscribers, callback]
+            if outputs:
+                self._output_subscribers = [*self._output_subscribers, callback]
 
         def unsubscribe() -> None:
             with self._lock:
                 self._subscribers = [s for s in self._subscribers if s is not callback]
+                self._output_subscribers = [s for s in self._output_subscribers if s is not callback]
 
         return unsubscribe
+
+    def emit_output(self, out: IslandOutput) -> None:
+        """Record what a node wrote on a remote island; its subscribers get it, or, with none, `echo` writes it."""
+        self.outputs.append(out)
+        takers = self._output_subscribers
+        if not takers:
+            try:
+                echo(out)
+            except Exception:  # a closed stream (interpreter shutdown): the log keeps it
+                pass
+        for cb in takers:
+            self._call(cb, out)
 
     def emit_node(self, ev: NodeEvent) -> None:
         self.nodes.append(ev)
@@ -279,6 +327,7 @@ class EventLog:
             _log.exception("pw_kernel: event subscriber %r raised; it is unsubscribed", cb)
             with self._lock:
                 self._subscribers = [s for s in self._subscribers if s is not cb]
+                self._output_subscribers = [s for s in self._output_subscribers if s is not cb]
 
     def query(
         self,
@@ -344,3 +393,4 @@ class EventLog:
     def clear(self) -> None:
         self.nodes.clear()
         self._run_rows.clear()
+        self.outputs.clear()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import pickle
 from typing import Any, Literal
 
 import jax
@@ -18,7 +19,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from ..devices import remote_device_id
 from ..errors import ArgumentError, FusedModeError, SliceError
 from ..trace.graph import Node, ProgramGraph, Value, nbytes_of
-from ..remote.client import RemoteCall, RemoteTransfer
+from ..remote.client import RemoteCall, RemoteTransfer, runs_python
 from ..trace.executables import jit_of, sub_jaxprs
 from ..trace.sources import fmt_sources
 
@@ -108,17 +109,24 @@ def _export_key(fn) -> str:
 
 
 def _refuse_host_callbacks(nodes: list[Node], graph: ProgramGraph) -> None:
-    """A node on a remote island that calls the host: refused at submit (jax.export would fail at the first call)."""
+    """A node on a remote island that calls the host, refused at submit where its Python cannot run there.
+
+    A Ray actor runs such a node as its pickled function (`remote/shipped.py`); an island that runs only
+    jax.export artifacts (the Pathways service) cannot: export cannot carry a host callback.
+    """
     for node in nodes:
-        if node.host_callbacks:
-            where = fmt_sources((node.source,)) if node.source is not None else ""
+        if node.host_callbacks and not runs_python(node.slice.island.remote):
             raise SliceError(
                 f"node {node.name!r} of program {graph.name!r} calls the host (jax.debug.print, jax.pure_callback "
                 f"or io_callback), and its slice {node.slice.name!r} is on a remote island "
                 f"({node.slice.island.remote!r}), which runs nodes as jax.export artifacts: host callbacks cannot "
-                f"be exported. Put that node on a local slice, or take the callback out (to watch a value, return "
-                f"it and `pw.log` it).{where}"
+                f"be exported. Put that node on a local slice or a Ray island, or take the callback out (to watch "
+                f"a value, return it and `pw.log` it).{_where(node)}"
             )
+
+
+def _where(node: Node) -> str:
+    return fmt_sources((node.source,)) if node.source is not None else ""
 
 
 def _remote_call(node: Node, graph: ProgramGraph, call, ins, outs):
@@ -133,7 +141,20 @@ def _remote_call(node: Node, graph: ProgramGraph, call, ins, outs):
     if dst is None:
         return None
     _refuse_host_callbacks([node], graph)
-    return RemoteCall(call, dst, [vals[i] for i in ins], [vals[i] for i in outs], _export_key(call))
+    if node.host_callbacks and getattr(call, "callback_errors", None) is None:  # not a replayed jaxpr: no way there
+        raise SliceError(
+            f"node {node.name!r} ({node.kind}) of program {graph.name!r} runs Python on the controller each time, "
+            f"and its slice {node.slice.name!r} is on a remote island. Put it on a local slice.{_where(node)}"
+        )
+    try:
+        return RemoteCall(call, dst, [vals[i] for i in ins], [vals[i] for i in outs], _export_key(call))
+    except pickle.PicklingError as e:
+        raise SliceError(
+            f"node {node.name!r} of program {graph.name!r} calls the host (jax.debug.print, jax.pure_callback or "
+            f"io_callback), so it goes to its remote island {dst!r} as a pickled Python function, but it cannot be "
+            f"pickled: {e}. Make the callback a function of picklable values (no locks, open files, sockets or "
+            f"local devices in its closure), or put the node on a local slice.{_where(node)}"
+        ) from None
 
 
 def _devices(node: Node) -> tuple[int, ...]:

@@ -3,7 +3,7 @@
 This module is what Ray ships to the island's process: it imports only jax and
 numpy, and nothing of the controller. The controller talks to it through
 `client.py` (the actor's methods are its whole protocol: describe, clock, load,
-run_many, put, reshard, get, colocated, free, stats).
+load_shipped, run_many, put, reshard, get, colocated, free, stats).
 """
 
 from __future__ import annotations
@@ -48,6 +48,8 @@ class IslandActor:
         self.devices = _jax.devices()
         self.buffers: dict[int, Any] = {}
         self.executables: dict[str, Any] = {}
+        self.shipped: dict[str, Any] = {}  # nodes that call the host, shipped as Python (`shipped.py`)
+        self.output = None  # what catches a shipped node's prints and logs (`node_output.py`), made at its load
         self.freed: set[int] = set()  # handles freed before the node making them ran
         self.calls = 0  # run_many calls, for tests and benchmarks
 
@@ -77,28 +79,52 @@ class IslandActor:
         out_sh = tuple(self._sharding(*layout, s) for s in out_specs)
         self.executables[key] = self.jax.jit(exported.call, in_shardings=in_sh, out_shardings=out_sh)
 
-    def run_many(self, ops: list, frees: list[int] = (), run: tuple | None = None) -> tuple[list, tuple | None]:
+    def load_shipped(self, key: str, blob: bytes, layout: tuple, in_specs: list, out_specs: list) -> None:
+        """Load a node that calls the host: its function pickled (`shipped.ship`), not a jax.export artifact."""
+        from .node_output import NodeOutput
+        from .shipped import ShippedNode
+
+        if self.output is None:
+            self.output = NodeOutput()
+            self.output.install()
+        in_sh = tuple(self._sharding(*layout, s) for s in in_specs)
+        out_sh = tuple(self._sharding(*layout, s) for s in out_specs)
+        self.shipped[key] = ShippedNode(blob, in_sh, out_sh)
+
+    def run_many(self, ops: list, frees: list[int] = (), run: tuple | None = None) -> tuple:
         """Run consecutive nodes of one dispatch burst, in order: one actor call for all of them.
 
-        Returns each node's (start, end) on this process's clock, and (index, message) of
-        the node that raised (the nodes after it are not run), or None. ``frees``: handles
-        to free once they have run (they ride along: one call fewer); ``run``: the
-        controller's (run id, priority), which an actor runs in its mailbox's order anyway.
+        Returns each node's (start, end) on this process's clock; (index, message) of
+        the node that raised (the nodes after it are not run), or None; and, by node
+        index, what shipped nodes wrote while they ran ({index: [(stream, text), ...]},
+        empty if none did). ``frees``: handles to free once they have run (they ride
+        along: one call fewer); ``run``: the controller's (run id, priority), which an
+        actor runs in its mailbox's order anyway.
         """
         self.calls += 1
         times: list = []
+        said: dict[int, list] = {}
         try:
             for key, in_ids, out_ids in ops:
                 start = time.perf_counter_ns()
                 try:
-                    outs = self.executables[key](*[self.buffers[i] for i in in_ids])
-                    self.jax.block_until_ready(outs)  # the actor's mailbox is the island's ordered queue
+                    args = [self.buffers[i] for i in in_ids]
+                    shipped = self.shipped.get(key)
+                    if shipped is None:
+                        outs = self.executables[key](*args)
+                        self.jax.block_until_ready(outs)  # the actor's mailbox is the island's ordered queue
+                    else:
+                        outs, pieces, raised = shipped.run(args, self.output)
+                        if pieces:
+                            said[len(times)] = pieces
+                        if raised is not None:
+                            return times, (len(times), raised), said
                 except Exception as e:
-                    return times, (len(times), f"{type(e).__name__}: {e}")
+                    return times, (len(times), f"{type(e).__name__}: {e}"), said
                 for i, o in zip(out_ids, outs):
                     self._store(i, o)
                 times.append((start, time.perf_counter_ns()))
-            return times, None
+            return times, None, said
         finally:
             self.free(frees)
 
@@ -151,4 +177,6 @@ class IslandActor:
                 self.freed.add(h)
 
     def stats(self) -> dict:
-        return {"buffers": len(self.buffers), "executables": len(self.executables), "run_calls": self.calls}
+        return {
+            "buffers": len(self.buffers), "executables": len(self.executables) + len(self.shipped), "run_calls": self.calls,
+        }

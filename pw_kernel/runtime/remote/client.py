@@ -8,7 +8,10 @@ step executes:
 
 - A node on a remote slice is shipped once per actor as a serialized
   `jax.export` artifact of its compiled function and run there on the actor's
-  own mesh of the same shape (`Step.call` is a `RemoteCall`).
+  own mesh of the same shape (`Step.call` is a `RemoteCall`). A node that calls
+  the host (`jax.debug.print`, callbacks), which export cannot carry, travels to
+  a Ray actor as pickled Python instead (`shipped.py`); what it prints or logs
+  there comes back with its burst's reply (`node_output.py`).
 - Values computed there stay there, as device buffers behind integer handles;
   the controller holds `RemoteArray` handles. Only transfers between islands
   move bytes (through Ray's object store; actor to actor for remote-remote),
@@ -145,6 +148,12 @@ class _Ticket:
         if self._result is not MISSING or self.error is not None:
             return True
         return self.island.link.wait(self.ref, max(0.0, deadline - time.monotonic()))
+
+    def said(self, index: int) -> list:
+        """What node ``index`` of the call wrote on the island as it ran: [(stream, text), ...] (a reply
+        is (times, failure, said); one without ``said``, the service's or a transfer's, wrote nothing)."""
+        reply = self.result()
+        return reply[2].get(index, []) if len(reply) > 2 else []
 
     def result(self) -> Any:
         """What the actor returned (read once, then kept: every output of the call shares it)."""
@@ -485,7 +494,7 @@ class RemoteArray:
         return self.ticket.wait(timeout)
 
     def block_until_ready(self) -> RemoteArray:
-        _, failure = self.ticket.result()
+        failure = self.ticket.result()[1]
         if failure is not None and self.index >= failure[0]:
             where = f"island {self.island.island.id if self.island.island else '?'}"
             if self.index == failure[0]:
@@ -497,6 +506,10 @@ class RemoteArray:
         """(start, end) of the node that made it, on the controller's perf_counter_ns clock."""
         start, end = self.ticket.result()[0][self.index]
         return start + self.island.offset_ns, end + self.island.offset_ns
+
+    def said(self) -> list:
+        """What the node that made it printed or logged on the island as it ran: [(stream, text), ...]."""
+        return self.ticket.said(self.index)
 
     def fetch(self):
         """Bring the value to this process (the only place bytes cross to the notebook): a numpy
@@ -533,8 +546,15 @@ def _avals(values) -> list[jax.ShapeDtypeStruct]:
     return [jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=v.sharding) for v in values]
 
 
+def runs_python(island: RemoteIsland) -> bool:
+    """Whether ``island`` runs a node shipped as pickled Python (a Ray actor does; the Pathways service,
+    which runs only `jax.export` artifacts, does not)."""
+    return bool(getattr(island.link, "runs_python", isinstance(island.link, RayLink)))
+
+
 class RemoteCall:
-    """`Step.call` for a node on a remote island: export once, then run by handle on the actor."""
+    """`Step.call` for a node on a remote island: export once, then run by handle on the actor. A node that
+    calls the host (its jit has ``callback_errors``) is pickled instead, here (`pickle.PicklingError` at plan)."""
 
     lands_remote = True  # its outputs are RemoteArrays, timed by the actor
 
@@ -544,12 +564,20 @@ class RemoteCall:
         self.in_values = list(in_values)
         self.out_values = list(out_values)
         self.key = key
+        self.shipped: bytes | None = None
+        if getattr(fn, "callback_errors", None) is not None:
+            from .shipped import ship
+
+            self.shipped = ship(fn, island.island.devices if island.island is not None else ())
 
     def _ensure_loaded(self) -> None:
         isl = self.island
         if self.key in isl.loaded:
             return
-        blob = jax.export.export(self.fn)(*_avals(self.in_values)).serialize()
+        if self.shipped is not None:
+            blob, load = self.shipped, isl.actor.load_shipped
+        else:
+            blob, load = jax.export.export(self.fn)(*_avals(self.in_values)).serialize(), isl.actor.load
         ref_sh = (self.out_values or self.in_values)[0].sharding
         args = (
             self.key,
@@ -558,7 +586,7 @@ class RemoteCall:
             [spec_tuple(v.sharding) for v in self.in_values],
             [spec_tuple(v.sharding) for v in self.out_values],
         )
-        isl.call(lambda: isl.actor.load.remote(*args))
+        isl.call(lambda: load.remote(*args))
         isl.loaded.add(self.key)  # the mailbox sends the load before the run below
 
     def __call__(self, *args):

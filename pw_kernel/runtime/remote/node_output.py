@@ -1,0 +1,106 @@
+"""What a node writes while it runs on a remote island: caught there, given to the node, sent back.
+
+A node's host callbacks (`jax.debug.print`, a `jax.debug.callback` or
+`io_callback` that prints or logs) run on XLA's threads, not on the thread that
+called the node. The island's actor runs a burst's nodes one after another and
+waits for each, so whatever its process writes while a node runs is that
+node's: `NodeOutput` stands in for ``sys.stdout`` and ``sys.stderr`` once,
+and while `catching` (a handler on the root logger then too) it keeps every
+write and log record, from any thread, as ``(stream, text)`` pieces for the
+burst's reply. Outside a catch a write goes where it always went (the
+worker's log).
+
+Only the standard library: it runs inside the island's process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+import threading
+from collections.abc import Iterator
+
+#: A node's output: (stream, text) pieces, in the order written; stream is "stdout" or "stderr".
+Pieces = list[tuple[str, str]]
+
+
+class _Stream:
+    """``sys.stdout`` or ``sys.stderr`` on the island: each write kept while a node runs, and passed on."""
+
+    def __init__(self, name: str, inner, sink: NodeOutput):
+        self._name = name
+        self._inner = inner
+        self._sink = sink
+
+    def write(self, text: str) -> int:
+        self._sink.keep(self._name, text)
+        return self._inner.write(text)
+
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, attr):  # flush, fileno, isatty, encoding, ...: the stream it stands for
+        return getattr(self._inner, attr)
+
+
+class _Records(logging.Handler):
+    """Log records made while a node runs (those their logger's level lets through), as stderr text."""
+
+    def __init__(self, sink: NodeOutput):
+        super().__init__(logging.NOTSET)
+        self._sink = sink
+        self.setFormatter(logging.Formatter(logging.BASIC_FORMAT))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self._sink.keep("stderr", self.format(record) + "\n")
+
+
+class NodeOutput:
+    """The island process's output catcher (one per actor; `install` once, then `catching` per node).
+
+    Example::
+
+        out = NodeOutput()
+        out.install()
+        with out.catching() as pieces:
+            run_the_node()
+        pieces   # [("stdout", "x = 3.0\\n")]
+    """
+
+    def __init__(self) -> None:
+        self._pieces: Pieces | None = None  # the running node's, while catching
+        self._lock = threading.Lock()  # XLA's threads may write at once
+        self._installed = False
+        self._records = _Records(self)
+
+    def install(self) -> None:
+        if self._installed:
+            return
+        self._installed = True
+        sys.stdout = _Stream("stdout", sys.stdout, self)
+        sys.stderr = _Stream("stderr", sys.stderr, self)
+
+    def keep(self, stream: str, text: str) -> None:
+        pieces = self._pieces
+        if pieces is None or not text:
+            return
+        with self._lock:
+            if pieces and pieces[-1][0] == stream:  # print's text and its newline: one piece
+                pieces[-1] = (stream, pieces[-1][1] + text)
+            else:
+                pieces.append((stream, text))
+
+    @contextlib.contextmanager
+    def catching(self) -> Iterator[Pieces]:
+        """Keep what is written until the block ends (a node's run), in the list it yields."""
+        pieces: Pieces = []
+        self._pieces = pieces
+        root = logging.getLogger()
+        root.addHandler(self._records)  # (only now: outside a catch, records go where they always went)
+        try:
+            yield pieces
+        finally:
+            root.removeHandler(self._records)
+            self._pieces = None
