@@ -30,7 +30,7 @@ from .core.records import FINAL, RunRecord
 from .core.story import Story, Transition
 from .donation import hold
 from .errors import short_error
-from .exec.controller import Controller, Status
+from .exec.controller import Controller, Status, on_controller_replaced
 from .exec.events import EventLog, TraceRow, busy_time, chrome_trace
 from .run import pace
 from .remote.actor import from_wire, to_wire
@@ -71,6 +71,8 @@ __all__ = [
     "RemoteIsland",
     "from_wire",
     "to_wire",
+    # what `pw.init` replacing the controller tells extensions that registered islands on the old one
+    "on_controller_replaced",
     # the simulated CPU devices, chosen before JAX starts
     "DEFAULT_CPU_DEVICES",
     "backends_started",

@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 import jax
 
 from ..runtime import ArgumentError, Future, IslandLostError, PathwaysError, RemoteArray, controller
-from ..runtime.extend import Controller, RemoteIsland
+from ..runtime.extend import Controller, RemoteIsland, on_controller_replaced
 from .wire import Hub, Messages, address, decode, encode, read_connection_file
 
 log = logging.getLogger("pw_kernel.service")
@@ -271,7 +271,7 @@ class ClientInfo(NamedTuple):
 class Connection:
     """This process's connection to a service: its link, the island it is, the tenant it is there."""
 
-    def __init__(self, link: ServiceLink, remote: RemoteIsland, ctrl: Controller, tenant: str, weight: float):
+    def __init__(self, link: ServiceLink, remote: RemoteIsland, ctrl: Controller | None, tenant: str, weight: float):
         self.link = link
         self.remote = remote
         self.island = remote.island
@@ -365,13 +365,28 @@ def connect(connection_file: str | None = None, *, name: str | None = None, weig
             )
         remote = RemoteIsland(ServiceActor(link), hello, (t0 + t1) // 2 - remote_now, link=link)
         link.island = remote
-        ctrl = controller()
-        (island,) = ctrl.add_remote_islands([remote])
-        ctrl.events.island_names[island.id] = f"island {island.id} (service pid {hello['pid']})"
-        _route_slices(ctrl, island.id)
-        _conn = Connection(link, remote, ctrl, hello["tenant"], float(weight))
+        _conn = Connection(link, remote, None, hello["tenant"], float(weight))
+        _attach(_conn, controller())
         _say_goodbye_at_exit()
+        on_controller_replaced(_follow)
         return _conn
+
+
+def _attach(conn: Connection, ctrl: Controller) -> None:
+    """Make the service an island of ``ctrl``, where its unplaced slices go."""
+    (island,) = ctrl.add_remote_islands([conn.remote])
+    ctrl.events.island_names[island.id] = f"island {island.id} (service pid {conn.remote.info['pid']})"
+    _route_slices(ctrl, island.id)
+    conn.controller, conn.island = ctrl, island
+    conn._kept_slices.clear()
+
+
+def _follow(old: Controller | None, new: Controller) -> None:
+    # `pw.init()` after `pw.connect()`: the connection goes on, on the new controller (the old one's
+    # slices and arrays are gone with it, as they are after any `pw.init()`).
+    c = _conn
+    if c is not None and c.alive and c.controller is old:
+        _attach(c, new)
 
 
 _atexit_registered = False

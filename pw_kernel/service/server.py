@@ -455,11 +455,22 @@ class Service:
         for h in handles:
             c.buffers.pop(h, None)
 
-    def _m_colocated(self, c: _Client, reply, *args) -> None:
-        raise PathwaysError(
-            "host code beside the service's buffers (`colocated`: remote checkpoint shards) does not go through "
-            "the service yet; fetch the values (`fut.result()`) and save them in the client"
-        )
+    def _m_colocated(self, c: _Client, reply, fn, in_ids, out_ids, out_layouts, args) -> tuple:
+        """Host code beside this client's buffers (a checkpoint's shards written and read here), as a Ray
+        island's actor runs it: ``fn(arrays, out_shardings, *args)``; (times, failure) as a run's."""
+        start = time.perf_counter_ns()
+        try:
+            arrays = [v.result() if isinstance(v, Future) else v for v in (self._buffer(c, h) for h in in_ids)]
+            shardings = [NamedSharding(self._slice(layout).mesh, PartitionSpec(*spec)) for layout, spec in out_layouts]
+            outs = list(fn(arrays, shardings, *args) or ())
+            if len(outs) != len(out_ids):
+                raise ValueError(f"{fn.__name__} returned {len(outs)} arrays for {len(out_ids)} outputs")
+            jax.block_until_ready(outs)
+        except Exception as e:
+            return [], (0, f"{type(e).__name__}: {e}")
+        for h, o in zip(out_ids, outs):
+            c.buffers[h] = o
+        return [(start, time.perf_counter_ns())] * max(1, len(out_ids)), None
 
     def _m_stats(self, c: _Client, reply) -> dict:
         live = jax.live_arrays()

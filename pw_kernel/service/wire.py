@@ -124,7 +124,8 @@ class Messages:
     def pack(self, kind: str, content: dict, bufs: list | tuple = (), ident: bytes | None = None) -> list:
         """Frames of a signed message ``kind`` with JSON ``content`` and raw ``bufs``, to ``ident`` if given."""
         now = datetime.datetime.now(datetime.timezone.utc).isoformat()
-        header = f'{{"msg_id": "{self.session.session}_{next(self._ids)}", "msg_type": "{kind}", "date": "{now}", {self._head}}}'
+        msg_id = f"{self.session.session}_{next(self._ids)}"
+        header = f'{{"msg_id": "{msg_id}", "msg_type": "{kind}", "date": "{now}", {self._head}}}'
         parts = [header.encode(), b"{}", b"{}", json.dumps(content).encode()]
         frames = [] if ident is None else [ident]
         frames += [DELIM, self.session.sign(parts), *parts]
@@ -183,7 +184,30 @@ def encode(obj: Any, bufs: list) -> Any:
         return [encode(x, bufs) for x in obj]
     if isinstance(obj, dict):
         return {"__d": [[encode(k, bufs), encode(v, bufs)] for k, v in obj.items()]}
+    if callable(obj) and _sendable(obj):  # (pw's own host code beside the service's buffers: by name)
+        return {"__f": [obj.__module__, obj.__qualname__]}
     raise TypeError(f"cannot send a {type(obj).__name__} to the Pathways service")
+
+
+#: Functions travel by reference, and only pw_kernel's own (what runs beside the service's buffers:
+#: a checkpoint's writer and reader); a client's own Python does not run in the service this way.
+_FUNCTIONS_FROM = "pw_kernel."
+
+
+def _sendable(fn) -> bool:
+    module, name = getattr(fn, "__module__", None) or "", getattr(fn, "__qualname__", "")
+    return module.startswith(_FUNCTIONS_FROM) and "<" not in name
+
+
+def _function(module: str, qualname: str):
+    if not module.startswith(_FUNCTIONS_FROM) or "<" in qualname:
+        raise ValueError(f"the service runs only pw_kernel's own functions by name; got {module}.{qualname}")
+    import importlib
+
+    obj = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
 
 
 def decode(obj: Any, bufs: list) -> Any:
@@ -203,6 +227,8 @@ def decode(obj: Any, bufs: list) -> Any:
         return np.frombuffer(bytes(bufs[obj["__a"]]), dtype=dtype).reshape(obj["shape"])
     if "__d" in obj:
         return {decode(k, bufs): decode(v, bufs) for k, v in obj["__d"]}
+    if "__f" in obj:
+        return _function(*obj["__f"])
     return obj
 
 

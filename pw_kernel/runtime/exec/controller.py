@@ -615,8 +615,28 @@ def init(config: Config | None = None, **kwargs) -> Controller:
         old.shutdown()
     with _controller_lock:
         configure_cpu_devices()
-        _controller = Controller(config)
-        return _controller
+        _controller = new = Controller(config)
+    for hook in list(_on_replaced):
+        hook(old, new)
+    return new
+
+
+#: What `on_controller_replaced` registered: called with (old, new) when `init` replaces the controller.
+_on_replaced: list = []
+
+
+def on_controller_replaced(hook) -> None:
+    """Call ``hook(old, new)`` each time `init` replaces the process's controller (``old`` may be None).
+
+    For extensions that registered something on the old one: the Pathways service's client adds its
+    island to the new controller, so a `pw.init()` after `pw.connect()` keeps the connection.
+
+    Example::
+
+        on_controller_replaced(lambda old, new: print("new controller", new))
+    """
+    if hook not in _on_replaced:
+        _on_replaced.append(hook)
 
 
 def shutdown() -> None:
