@@ -153,14 +153,14 @@ def test_a_stage_that_prints_runs_on_a_ray_island_and_its_lines_come_back_marked
     assert [tuple(o) for o in log.outputs] == [(fut.run.id, "loud", i0.id, "stdout", "x = 6.0\n")]
     assert capsys.readouterr().out == f"[island {i0.id}] x = 6.0\n"  # no notebook: this process's stdout
     taken: list = []
-    stop = log.subscribe(taken.append, outputs=True)  # a subscriber that takes outputs: nothing echoed
+    stop = log.subscribe(taken.append, kinds=("output",))  # a subscriber that takes outputs: nothing echoed
     try:
         again = pw.compiled(quiet_stage, slice=far, name="quiet")(jnp.arange(4.0))
         np.testing.assert_array_equal(np.asarray(again.result(timeout=120)), [1.0, 2.0, 3.0, 4.0])
     finally:
         stop()
-    said = [o for o in taken if isinstance(o, IslandOutput)]
-    assert [(o.node, o.stream, o.text) for o in said] == [("quiet", "stderr", "WARNING:stage:logged 6.0\n")]
+    assert all(isinstance(o, IslandOutput) for o in taken)
+    assert [(o.node, o.stream, o.text) for o in taken] == [("quiet", "stderr", "WARNING:stage:logged 6.0\n")]
     assert capsys.readouterr() == ("", "")
 
 

@@ -9,6 +9,7 @@ works where no notebook stack is installed. What lives where:
 * ``live.py``: run displays that follow their run, and blocking waits with progress (both on the views' ticker).
 * ``tracebacks.py``: errors that point at cells, with only the user's frames.
 * ``ctrl_c.py``: Ctrl-C in any cell cancels the runs that cell submitted; the one wording of what it cancelled.
+* ``island_output.py``: what stages print or log on remote islands, in the cell that submitted their run.
 * ``reporting.py``: failures of runs the user moved on from; ``kernelspec.py``; ``errors.py``.
 
 It draws nothing: what a run, a timeline, the status or the graph look like is the views'
@@ -35,7 +36,8 @@ _loaded: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
 def load_ipython_extension(ip: Any) -> None:
-    """Register `%%pathways` / `%pathways`, Ctrl-C cancelling a cell's runs and the failure report on ``ip``."""
+    """Register `%%pathways` / `%pathways`, Ctrl-C cancelling a cell's runs, the failure report and island output
+    routed to cells on ``ip``."""
     if ip is None or not hasattr(ip, "register_magics"):
         raise RuntimeError(
             f"`pw_kernel.load_ipython_extension` needs an IPython shell; got {ip!r}. Run `%load_ext pw_kernel` in "
@@ -55,6 +57,7 @@ def load_ipython_extension(ip: Any) -> None:
     magics.interrupts.register()  # (before the reporter: a cell's runs are cancelled first)
     magics.reporter.register()
     magics.presenter.register()  # any cell's pw_kernel errors point at its lines
+    magics.island_output.register()
     _loaded[ip] = magics
     from ..runtime.extend import backends_started
 
@@ -67,6 +70,7 @@ def unload_ipython_extension(ip: Any) -> None:
     magics = _loaded.pop(ip, None)
     if magics is None:
         return
+    magics.island_output.unregister()
     magics.presenter.unregister()  # (the reverse of loading: each custom exception handler finds its own)
     magics.reporter.unregister()
     magics.interrupts.unregister()

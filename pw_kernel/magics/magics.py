@@ -13,6 +13,7 @@ from IPython.core.magic_arguments import argument, kwds, magic_arguments, parse_
 
 from .cell_magic import CELL_DOC, CellMagic
 from .ctrl_c import CellInterrupts
+from .island_output import IslandOutputRouter
 from .line_magic import COMMANDS, LINE_DOC, LineCommands
 from .live import LiveDisplays
 from .reporting import FailureReporter
@@ -32,6 +33,8 @@ class PathwaysMagics(Magics):
         self.commands = LineCommands(shell, self.presenter, self.reporter)
         # Ctrl-C in any cell cancels the runs that cell submitted (and shows only the user's frames).
         self.interrupts = CellInterrupts(shell, self.presenter.presentable)
+        # What stages print on remote islands shows in the cell that submitted their run.
+        self.island_output = IslandOutputRouter(shell)
 
     def close(self) -> None:
         self.live.close()

@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
@@ -212,6 +212,7 @@ def echo(out: IslandOutput) -> None:
 
 
 Subscriber = Callable[[Any], None]
+EventKind = Literal["node", "run", "output"]
 _log = logging.getLogger("pw_kernel")
 
 
@@ -242,38 +243,57 @@ class EventLog:
         # tuple of strings and numbers; RunEvents are made for readers. A row whose state is a tuple
         # of states is a run that entered them at once (a lone call: queued, running, done), one row.
         self._run_rows: collections.deque[tuple] = collections.deque(maxlen=max_events)
-        self._subscribers: list[Subscriber] = []
         self._lock = threading.Lock()
+        self._by_kind: dict[str, list[Subscriber]] = {"node": [], "run": [], "output": []}
+        self._rebind()
+        #: What nodes wrote on remote islands as they ran, oldest first (the newest 10,000).
         self.outputs: collections.deque[IslandOutput] = collections.deque(maxlen=10_000)
-        self._output_subscribers: list[Subscriber] = []
         self.device_names: dict[int, str] = {}
         self.island_names: dict[int, str] = {}
 
     def now(self) -> int:
         return time.perf_counter_ns() - self.epoch
 
-    def subscribe(self, callback: Subscriber, *, outputs: bool = False) -> Callable[[], None]:
-        """Call ``callback(event)`` for every NodeEvent and RunEvent from now on; returns an unsubscribe function.
+    def subscribe(self, callback: Subscriber, *, kinds: Iterable[EventKind] = ("node", "run")) -> Callable[[], None]:
+        """Call ``callback(event)`` for every event of ``kinds`` from now on; returns an unsubscribe function.
 
-        ``outputs=True``: also every `IslandOutput`; such a subscriber takes them: while one is
-        subscribed, they are not echoed to this process's stdout and stderr.
-        Callbacks run on the controller's threads: keep them short (a widget
-        should batch and redraw on its own clock).
+        ``"node"``: NodeEvents; ``"run"``: RunEvents; ``"output"``: `IslandOutput`s, which such a
+        subscriber takes: while one is subscribed, they are not echoed to this process's stdout and
+        stderr (the notebook front routes them to cells). Callbacks run on the controller's threads:
+        keep them short (a widget should batch and redraw on its own clock).
+
+        Example::
+
+            stop = log.subscribe(lambda out: print(out.marked(), end=""), kinds=("output",))
         """
+        kinds = set(kinds)
+        if not kinds <= {"node", "run", "output"}:
+            raise ValueError(f"`EventLog.subscribe`: kinds are 'node', 'run' and 'output'; got {sorted(kinds)}")
         with self._lock:
-            self._subscribers = [*self._subscribers, callback]
-            if outputs:
-                self._output_subscribers = [*self._output_subscribers, callback]
+            for kind, subs in self._by_kind.items():
+                if kind in kinds:
+                    self._by_kind[kind] = [*subs, callback]
+            self._rebind()
 
         def unsubscribe() -> None:
-            with self._lock:
-                self._subscribers = [s for s in self._subscribers if s is not callback]
-                self._output_subscribers = [s for s in self._output_subscribers if s is not callback]
+            self._drop(callback)
 
         return unsubscribe
 
+    def _drop(self, callback: Subscriber) -> None:
+        with self._lock:
+            for kind, subs in self._by_kind.items():
+                self._by_kind[kind] = [s for s in subs if s is not callback]
+            self._rebind()
+
+    def _rebind(self) -> None:
+        """The lists each emit reads (replaced, never changed in place: an emit reads one without the lock)."""
+        self._node_subscribers = self._by_kind["node"]
+        self._run_subscribers = self._by_kind["run"]
+        self._output_subscribers = self._by_kind["output"]
+
     def emit_output(self, out: IslandOutput) -> None:
-        """Record what a node wrote on a remote island; its subscribers get it, or, with none, `echo` writes it."""
+        """Record what a node wrote on a remote island; subscribers to outputs get it, or, with none, `echo` writes it."""
         self.outputs.append(out)
         takers = self._output_subscribers
         if not takers:
@@ -286,15 +306,15 @@ class EventLog:
 
     def emit_node(self, ev: NodeEvent) -> None:
         self.nodes.append(ev)
-        for cb in self._subscribers:
+        for cb in self._node_subscribers:
             self._call(cb, ev)
 
     def emit_nodes(self, evs: list[NodeEvent]) -> None:
         """`emit_node` for each of ``evs`` in order (a completed batch): one append for all of them."""
         self.nodes.extend(evs)
-        if self._subscribers:
+        if self._node_subscribers:
             for ev in evs:
-                for cb in self._subscribers:  # read per event: a subscriber that raised is dropped
+                for cb in self._node_subscribers:  # read per event: a subscriber that raised is dropped
                     self._call(cb, ev)
 
     @property
@@ -315,9 +335,9 @@ class EventLog:
         """
         row = (run_id, program, tenant, state, time.perf_counter_ns() - self.epoch, error)
         self._run_rows.append(row)
-        if self._subscribers:
+        if self._run_subscribers:
             for ev in _run_events(row):
-                for cb in self._subscribers:
+                for cb in self._run_subscribers:
                     self._call(cb, ev)
 
     def _call(self, cb: Subscriber, ev: Any) -> None:
@@ -325,9 +345,7 @@ class EventLog:
             cb(ev)
         except Exception:  # a broken view must never stop the controller: log it once, drop it
             _log.exception("pw_kernel: event subscriber %r raised; it is unsubscribed", cb)
-            with self._lock:
-                self._subscribers = [s for s in self._subscribers if s is not cb]
-                self._output_subscribers = [s for s in self._output_subscribers if s is not cb]
+            self._drop(cb)
 
     def query(
         self,
