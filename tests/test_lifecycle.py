@@ -387,6 +387,24 @@ def test_fair_share_gives_a_tenant_back_from_a_pause_no_credit_for_it():
     assert caught_up == ["B"] * 10, caught_up
 
 
+def test_fair_share_floors_a_returning_tenant_even_when_the_one_that_stayed_is_between_runs():
+    # The service's clients send one run after another: at the pick where B comes back, A (which kept
+    # running) may have no run ready for a moment. B must still start level with A, not from its old time.
+    policy = FairShare()
+    a, b = record(0, make_plan(1), tenant="A"), record(1, make_plan(1), tenant="B")
+    for _ in range(10):
+        policy.charge(policy.pick([a, b]), 1000)
+    for _ in range(3 * FairShare.RETURN_AFTER):
+        policy.charge(policy.pick([a]), 1000)  # B away
+    policy.charge(policy.pick([b]), 1000)  # B back while A is between two runs
+    later = []
+    for _ in range(10):
+        r = policy.pick([a, b])
+        later.append(r.tenant)
+        policy.charge(r, 1000)
+    assert later.count("B") <= 6, later  # alternating, not the 3 * RETURN_AFTER nodes B sat out
+
+
 def test_priority_serves_the_highest_first_and_fifo_among_equals():
     runs = [record(i, make_plan(1), priority=p) for i, p in enumerate([0, 5, 5, 1])]
     assert Priority().pick(runs) is runs[1]

@@ -135,8 +135,9 @@ class FairShare:
             self._seen = seen = {t: n for t, n in seen.items() if t in live}
         picks = self._picks = self._picks + 1
         back = picks - self.RETURN_AFTER  # seen after this pick: stayed; before it (or never): joins now
-        floor = min((vtime[r.tenant] for r in runnable if seen.get(r.tenant, -1) >= back and r.tenant in vtime),
-                    default=None)
+        # Those that stayed count even when not runnable at this very pick (between two of their runs): a
+        # tenant that comes back at such a moment must not set the floor with its own stale time.
+        floor = min((vtime[t] for t, n in seen.items() if n >= back and t in vtime), default=None)
         if floor is None:  # nobody stayed: the least of those here
             floor = min((vtime[r.tenant] for r in runnable if r.tenant in vtime), default=0.0)
         for r in runnable:
