@@ -75,13 +75,15 @@ class IslandOutputRouter:
 
     def post_run_cell(self, result=None) -> None:
         mark, self._mark = self._mark, None
-        if self._log is None or (c := controller(create=False)) is None or c.events is not self._log:
-            self._follow()  # made during the cell (`pw.init`): its runs print where the kernel prints
+        before = self._log
+        c = self._follow()
+        if c is None or mark is None:
             return
+        after = mark[0] if c.events is before else -1  # made during the cell (`pw.init`): all its runs are the cell's
         runs = c.runs
-        if mark is None or not runs or runs[-1].id <= mark[0]:
+        if not runs or runs[-1].id <= after:
             return
-        self._cells.append((mark[0] + 1, runs[-1].id, mark[1]))
+        self._cells.append((after + 1, runs[-1].id, mark[1]))
         if len(self._cells) > KEEP_CELLS:
             self._cells = self._cells[KEEP_CELLS // 2 :]
 
