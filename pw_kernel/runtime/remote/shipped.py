@@ -5,13 +5,14 @@
 that has them travels as its evaluator (the function its `jax.jit` wraps:
 the node's equations replayed, callbacks guarded) and the list its guarded
 callbacks record errors into, pickled with cloudpickle, as Ray pickles what it
-sends. Three things in a jaxpr need help to travel:
+sends. Four things in a jaxpr need help to travel:
 
 - JAX primitives: pickled by reference (the module attribute that holds them),
   so the island binds its own registered ones, not copies without lowering rules;
 - tracebacks of the equations' source info: dropped (they cannot be pickled);
 - the devices of shardings inside the equations: the controller's stand-ins,
-  pickled as their position on the island, which picks its own device there.
+  pickled as their position on the island, which picks its own device there;
+- literals (JAX's typed numpy arrays), rebuilt from their value and type.
 
 The island's actor loads it (`load_shipped`) as a `ShippedNode`: `jax.jit` on
 its own mesh, compiled before its first run, run while the island catches what
@@ -111,14 +112,20 @@ class ShippedNode:
     def __init__(self, blob: bytes, in_shardings: tuple, out_shardings: tuple):
         import jax
 
-        evaluate, self.errors = pickle.loads(blob)  # the list its guarded callbacks record into
-        self.jitted = jax.jit(evaluate, in_shardings=in_shardings, out_shardings=out_shardings, keep_unused=True)
         self.compiled = None
+        self.unloaded: str | None = None  # why it could not be loaded (its runs fail saying so)
+        try:
+            evaluate, self.errors = pickle.loads(blob)  # the list its guarded callbacks record into
+            self.jitted = jax.jit(evaluate, in_shardings=in_shardings, out_shardings=out_shardings, keep_unused=True)
+        except Exception as e:  # a module the island lacks (a primitive or callback defined in a notebook)
+            self.unloaded = f"{type(e).__name__}: {e}"
 
     def run(self, args: list, output: NodeOutput) -> tuple[Any, Pieces, str | None]:
         """(its outputs, what it wrote while it ran, the traceback of a callback that raised or None)."""
         import jax
 
+        if self.unloaded is not None:
+            raise RuntimeError(f"the island could not load this node's pickled function: {self.unloaded}")
         if self.compiled is None:  # compiled outside the catch: what compiling writes is not the node's
             self.compiled = self.jitted.lower(*args).compile()
         with output.catching() as pieces:
