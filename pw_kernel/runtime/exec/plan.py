@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-import pickle
 from typing import Any, Literal
 
 import jax
@@ -146,15 +145,8 @@ def _remote_call(node: Node, graph: ProgramGraph, call, ins, outs):
             f"node {node.name!r} ({node.kind}) of program {graph.name!r} runs Python on the controller each time, "
             f"and its slice {node.slice.name!r} is on a remote island. Put it on a local slice.{_where(node)}"
         )
-    try:
-        return RemoteCall(call, dst, [vals[i] for i in ins], [vals[i] for i in outs], _export_key(call))
-    except pickle.PicklingError as e:
-        raise SliceError(
-            f"node {node.name!r} of program {graph.name!r} calls the host (jax.debug.print, jax.pure_callback or "
-            f"io_callback), so it goes to its remote island {dst!r} as a pickled Python function, but it cannot be "
-            f"pickled: {e}. Make the callback a function of picklable values (no locks, open files, sockets or "
-            f"local devices in its closure), or put the node on a local slice.{_where(node)}"
-        ) from None
+    what = f"node {node.name!r} of program {graph.name!r}"
+    return RemoteCall(call, dst, [vals[i] for i in ins], [vals[i] for i in outs], _export_key(call), what, _where(node))
 
 
 def _devices(node: Node) -> tuple[int, ...]:

@@ -553,12 +553,12 @@ def runs_python(island: RemoteIsland) -> bool:
 
 
 class RemoteCall:
-    """`Step.call` for a node on a remote island: export once, then run by handle on the actor. A node that
-    calls the host (its jit has ``callback_errors``) is pickled instead, here (`pickle.PicklingError` at plan)."""
+    """`Step.call` for a node on a remote island: export once, then run by handle on the actor. A node that calls
+    the host (its jit has ``callback_errors``) is pickled instead, here: `SliceError` naming ``what`` if it cannot be."""
 
     lands_remote = True  # its outputs are RemoteArrays, timed by the actor
 
-    def __init__(self, fn, island: RemoteIsland, in_values, out_values, key: str):
+    def __init__(self, fn, island: RemoteIsland, in_values, out_values, key: str, what: str = "", where: str = ""):
         self.fn = fn
         self.island = island
         self.in_values = list(in_values)
@@ -568,7 +568,8 @@ class RemoteCall:
         if getattr(fn, "callback_errors", None) is not None:
             from .shipped import ship
 
-            self.shipped = ship(fn, island.island.devices if island.island is not None else ())
+            devices = island.island.devices if island.island is not None else ()
+            self.shipped = ship(fn, devices, island, what or f"`{getattr(fn, '__name__', fn)}`", where)
 
     def _ensure_loaded(self) -> None:
         isl = self.island

@@ -28,6 +28,7 @@ import sys
 import traceback
 from typing import Any
 
+from ..errors import SliceError
 from .node_output import NodeOutput, Pieces
 
 
@@ -65,12 +66,26 @@ def island_device(position: int):
     return jax.devices()[position]
 
 
-def ship(fn, devices) -> bytes:
+def ship(fn, devices, island: Any, what: str, where: str = "") -> bytes:
     """``fn`` (a node's `jax.jit`, made by `trace.executables.jit_of`) as bytes an island loads.
 
     ``devices``: the island's stand-in devices, in order (a sharding inside the node names them).
-    Raises `pickle.PicklingError` saying what could not be pickled.
+    Raises `SliceError` naming ``what`` (the node), ``island`` and what could not be pickled, with
+    ``where`` (the user's line) after it.
     """
+    try:
+        return _pickled(fn, devices)
+    except pickle.PicklingError as e:
+        raise SliceError(
+            f"{what} calls the host (jax.debug.print, jax.pure_callback, io_callback or jax.debug.callback), so "
+            f"it goes to its remote island {island!r} as a pickled Python function, but it cannot be pickled: {e}. "
+            f"Make the callback a function of picklable values (no locks, open files, sockets or local devices in "
+            f"its closure), or put the node on a local slice.{where}"
+        ) from None
+
+
+def _pickled(fn, devices) -> bytes:
+    """`ship`'s bytes, or `pickle.PicklingError` saying what could not be pickled."""
     import cloudpickle
     import jax
     import numpy as np
