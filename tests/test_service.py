@@ -560,3 +560,33 @@ def test_a_cancel_and_a_priority_reach_the_nodes_the_service_has_queued(service)
     assert got["cancelled_ran"] < 40, got
     # Without the priority, the urgent call runs after the 40-node backlog (41 nodes done); with it, first (1).
     assert got["ran_when_urgent_done"] < 40, got
+
+
+def test_pw_profile_in_a_client_shows_the_services_xla_ops_inside_its_nodes(service):
+    path, _ = service
+    nb = notebook(
+        """
+        import json
+        pw.connect(CONN, name="profiler")
+        s = pw.slice(1)
+        f = pw.compiled(lambda a: jnp.tanh(a @ a) * 0.5, slice=s, name="mm")
+        a = f(jnp.eye(256) * 0.1)
+        a.result()
+        with pw.profile() as prof:
+            b = f(a)
+            b.result()
+        run = b.run
+        mine = [op for op in prof.ops if op.run_id == run.id]
+        remote_devices = {d for n in prof.nodes if n.run_id == run.id for d in n.devices}
+        print(json.dumps({"ops": len(mine), "in": sorted({op.shapes.split(" in ")[-1] for op in mine}),
+                          "devices": sorted({d for op in mine for d in op.devices}),
+                          "node_devices": sorted(remote_devices), "island": s.island.id,
+                          "inside": all(n.start - 50_000 <= op.start and op.end <= n.end + 50_000
+                                        for op in mine for n in prof.nodes if n.run_id == run.id)}))
+        """,
+        path,
+    )
+    got = finish(nb)
+    assert got["ops"] > 0 and got["in"] == ["mm"], got
+    assert got["devices"] == got["node_devices"] and all(d >= 1000 for d in got["devices"]), got  # the service's
+    assert got["inside"], got

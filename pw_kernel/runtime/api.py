@@ -16,7 +16,8 @@ from .errors import ArgumentError, PathwaysError
 from .exec.controller import controller
 from .profiling import Profile
 from .program import Compiled, Program
-from .remote.client import start_ray_islands
+from .remote.client import RemoteIsland
+from .remote.ray import start_ray_islands
 from .trace.compiled import CompiledFunction
 
 
@@ -171,10 +172,10 @@ def add_ray_islands(
         islands = pw.add_ray_islands(count=2, devices_per_island=4)
         s = pw.slice(4, island=islands[0].id)
     """
-    remotes = start_ray_islands(
+    started = start_ray_islands(
         address, count=count, devices_per_island=devices_per_island, platform=platform, env=env
     )
-    return controller().add_remote_islands(remotes)
+    return controller().add_remote_islands([RemoteIsland(actor, info, offset) for actor, info, offset in started])
 
 
 def profile(logdir: str | None = None) -> Profile:

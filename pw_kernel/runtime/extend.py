@@ -32,9 +32,10 @@ from .donation import hold
 from .errors import short_error
 from .exec.controller import Controller, Status, on_controller_replaced
 from .exec.events import EventLog, TraceRow, busy_time, chrome_trace
-from .run import pace
+from .profiling import executions, start_trace
 from .remote.actor import from_wire, to_wire
 from .remote.client import RemoteIsland
+from .run import pace
 from .trace.graph import describe_sharding, nbytes_of
 from .trace.sources import is_library, set_file_labels
 from .trace.tracing import context_mesh_hint
@@ -73,6 +74,9 @@ __all__ = [
     "to_wire",
     # what `pw.init` replacing the controller tells extensions that registered islands on the old one
     "on_controller_replaced",
+    # JAX's profiler in a process that serves `pw.profile` for another (the service): start, and its XLA runs
+    "executions",
+    "start_trace",
     # the simulated CPU devices, chosen before JAX starts
     "DEFAULT_CPU_DEVICES",
     "backends_started",

@@ -38,6 +38,7 @@ from typing import Any
 import jax
 
 from .errors import ArgumentError, PathwaysError
+from .devices import remote_device_id
 from .exec.events import NodeEvent
 
 #: The annotation whose start is read on both clocks (the profiler's and the event log's).
@@ -61,6 +62,64 @@ def op_kind(name: str) -> str:
     return "op"
 
 
+def start_trace(logdir: str) -> int:
+    """Start JAX's profiler into ``logdir``; returns the anchor's time (this process's ``perf_counter_ns``).
+
+    Example::
+
+        anchor = start_trace(tempfile.mkdtemp())
+        ...
+        runs = executions(logdir, anchor)   # after jax.profiler.stop_trace()
+    """
+    try:
+        jax.profiler.start_trace(logdir, create_perfetto_trace=True)
+    except RuntimeError as e:  # JAX's profiler holds one session per process
+        raise PathwaysError(
+            f"`pw.profile()`: JAX's profiler is already tracing ({e}); close the other `pw.profile()` "
+            f"block or `jax.profiler.stop_trace()` first."
+        ) from e
+    with jax.profiler.TraceAnnotation(ANCHOR):
+        return time.perf_counter_ns()
+
+
+def trace_file(logdir: str) -> str:
+    """The Chrome trace JSON that JAX's profiler wrote under ``logdir`` (the latest)."""
+    found = sorted(glob.glob(os.path.join(logdir, "plugins", "profile", "*", "perfetto_trace.json.gz")),
+                   key=os.path.getmtime)
+    if not found:
+        raise PathwaysError(
+            f"`pw.profile()`: JAX's profiler wrote no perfetto_trace.json.gz under {logdir!r}; "
+            f"is another profiler session running (jax.profiler.start_trace)?"
+        )
+    return found[-1]
+
+
+def executions(logdir: str, anchor_ns: int) -> list[tuple[int, str, str, list[tuple[str, int, int]]]]:
+    """XLA's executions in the trace: (device ordinal, HLO module, XLA's run id, [(op, start, end)]).
+
+    Times are on the clock ``anchor_ns`` was read on (`start_trace`'s: this process's ``perf_counter_ns``,
+    or any clock shifted from it). One execution is one run of one module on one device.
+    """
+    with gzip.open(trace_file(logdir), "rt") as f:
+        data = json.load(f)
+    events = data["traceEvents"] if isinstance(data, dict) else data
+    anchor = next((e for e in events if e.get("ph") == "X" and e.get("name") == ANCHOR), None)
+    if anchor is None:
+        raise PathwaysError("`pw.profile()`: the profiler's trace holds no clock anchor; nothing can be placed.")
+    offset = anchor_ns - round(anchor["ts"] * 1e3)  # profiler µs -> the anchor's clock, ns
+    runs: dict[tuple, list[tuple[str, int, int]]] = {}
+    for e in events:
+        args = e.get("args") or {}
+        op = args.get("hlo_op")
+        dev = args.get("device_ordinal", args.get("device_id"))
+        if e.get("ph") != "X" or op is None or dev is None:
+            continue
+        start = round(e["ts"] * 1e3) + offset
+        key = (int(dev), args.get("hlo_module", ""), str(args.get("run_id", f"op{start}")))
+        runs.setdefault(key, []).append((op, start, start + round(e.get("dur", 0) * 1e3)))
+    return [(dev, hlo, run, ops) for (dev, hlo, run), ops in runs.items()]
+
+
 class Profile:
     """The XLA ops of a profiled window, on pw's clock and inside pw's nodes (see the module's docstring).
 
@@ -75,6 +134,7 @@ class Profile:
         self.ops: list[NodeEvent] = []
         self.nodes: list[NodeEvent] = []
         self._anchor_ns = 0  # when the window opened, on the event log's clock
+        self._remotes: list = []  # remote islands tracing the window too
         self._open = False
 
     def __enter__(self) -> Profile:
@@ -83,25 +143,28 @@ class Profile:
         if self._own_dir:
             self.logdir = tempfile.mkdtemp(prefix="pw_profile_")
         log = self._controller.events
-        try:
-            jax.profiler.start_trace(self.logdir, create_perfetto_trace=True)
-        except RuntimeError as e:  # JAX's profiler holds one session per process
-            raise PathwaysError(
-                f"`pw.profile()`: JAX's profiler is already tracing ({e}); close the other `pw.profile()` "
-                f"block or `jax.profiler.stop_trace()` first."
-            ) from e
+        self._anchor_ns = start_trace(self.logdir) - log.epoch
         self._open = True
-        with jax.profiler.TraceAnnotation(ANCHOR):
-            self._anchor_ns = time.perf_counter_ns() - log.epoch
+        # Remote islands that profile themselves (the Pathways service) trace the same window there.
+        self._remotes = [i.remote for i in self._controller.islands if i.remote is not None and i.remote.profiles]
+        for r in self._remotes:
+            r.start_profile()
         return self
 
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
         self._open = False
         jax.profiler.stop_trace()
+        remote = []
+        for r in self._remotes:
+            try:
+                remote.append((r, r.stop_profile()))
+            except Exception:
+                if exc_type is None:
+                    raise
         t0 = self._anchor_ns
         self.nodes = [ev for ev in list(self._controller.events.nodes) if ev.end >= t0 and ev.kind != "compile"]
         try:
-            self.ops = self._read_ops()
+            self.ops = self._read_ops(remote)
         except Exception:
             if exc_type is None:
                 raise
@@ -109,49 +172,36 @@ class Profile:
 
     # ------------------------------------------------------------------ reading the trace
     def _trace_file(self) -> str:
-        found = sorted(glob.glob(os.path.join(self.logdir, "plugins", "profile", "*", "perfetto_trace.json.gz")),
-                       key=os.path.getmtime)
-        if not found:
-            raise PathwaysError(
-                f"`pw.profile()`: JAX's profiler wrote no perfetto_trace.json.gz under {self.logdir!r}; "
-                f"is another profiler session running (jax.profiler.start_trace)?"
-            )
-        return found[-1]
+        return trace_file(self.logdir)
 
-    def _read_ops(self) -> list[NodeEvent]:
-        """Every XLA op of the trace as an "op" `NodeEvent`, on the log's clock, in the node it ran in.
+    def _read_ops(self, remote: list = ()) -> list[NodeEvent]:
+        """Every XLA op of the trace (and of remote islands' traces) as an "op" `NodeEvent`, on the log's clock,
+        in the node it ran in.
 
         One execution of an HLO module (`jit_<name>`) on a device is one node's; the node,
         as the profile shows it (``nodes``), spans its ops on that device: when XLA ran it
-        there (the log's own times are what the controller saw, later on the CPU).
+        there (the log's own times are what the controller saw, later on the CPU). A remote
+        island's executions are its own modules: matched to the island's nodes by device and time.
         """
-        with gzip.open(self._trace_file(), "rt") as f:
-            data = json.load(f)
-        events = data["traceEvents"] if isinstance(data, dict) else data
-        anchor = next((e for e in events if e.get("ph") == "X" and e.get("name") == ANCHOR), None)
-        if anchor is None:
-            raise PathwaysError("`pw.profile()`: the profiler's trace holds no clock anchor; nothing can be placed.")
-        offset = self._anchor_ns - round(anchor["ts"] * 1e3)  # profiler µs -> the event log's ns
+        epoch = self._controller.events.epoch
+        found = [(dev, hlo, ops, True) for dev, hlo, _, ops in executions(self.logdir, self._anchor_ns + epoch)]
+        for r, runs in remote:
+            pos = {d: k for k, d in enumerate(r.info["devices"])}
+            shift = r.offset_ns  # the island's perf_counter_ns -> this process's
+            for dev, hlo, _, ops in runs:
+                if dev in pos and r.island is not None:
+                    found.append((remote_device_id(r.island, pos[dev]), hlo,
+                                  [(op, a + shift, b + shift) for op, a, b in ops], False))
         module = self._modules()
-        # Executions: XLA's ops of one run of one module on one device (XLA numbers each run).
-        runs: dict[tuple, list[tuple[str, int, int]]] = {}
-        for e in events:
-            args = e.get("args") or {}
-            op = args.get("hlo_op")
-            dev = args.get("device_ordinal", args.get("device_id"))
-            if e.get("ph") != "X" or op is None or dev is None:
-                continue
-            start = round(e["ts"] * 1e3) + offset
-            key = (int(dev), args.get("hlo_module", ""), args.get("run_id", f"op{start}"))
-            runs.setdefault(key, []).append((op, start, start + round(e.get("dur", 0) * 1e3)))
         # Each execution to the node that ran it: on its device, of its module, dispatched before it
         # began and seen done after it ended, the earliest such (a device runs its nodes in order).
         taken: set[tuple[int, int]] = set()
         ops: list[NodeEvent] = []
         spans: dict[tuple[int, int], list[int]] = {}  # (id of the node event, device) -> [start, end] of its ops
-        for (dev, hlo, _), run_ops in sorted(runs.items(), key=lambda kv: min(o[1] for o in kv[1])):
+        for dev, hlo, run_ops, local in sorted(found, key=lambda x: min(o[1] for o in x[2])):
+            run_ops = [(op, a - epoch, b - epoch) for op, a, b in run_ops]
             first, last = min(o[1] for o in run_ops), max(o[2] for o in run_ops)
-            fits = [n for n in self.nodes if dev in n.devices and module.get((n.run_id, n.node)) == hlo
+            fits = [n for n in self.nodes if dev in n.devices and (module.get((n.run_id, n.node)) == hlo or not local)
                     and (id(n), dev) not in taken and n.dispatch <= first + _SLACK_NS and last <= n.end + _SLACK_NS]
             node = min(fits, key=lambda n: n.dispatch, default=None)
             if node is not None:

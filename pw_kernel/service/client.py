@@ -87,6 +87,8 @@ class ServiceLink:
     direct = True
     #: The service drops a cancelled run's nodes that it has queued (`cancel`).
     cancels = True
+    #: `pw.profile` traces the service's XLA ops too (`profile_start`, `profile_stop`).
+    profiles = True
 
     again = (
         "start the service again if it stopped (`python -m pw_kernel serve`), then call `pw.connect()` again "

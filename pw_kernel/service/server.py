@@ -34,7 +34,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ..runtime import FairShare, Future, NodeEvent, PathwaysError, compiled, controller, init, program
-from ..runtime.extend import from_wire, to_wire
+from ..runtime.extend import executions, from_wire, start_trace, to_wire
+from .clients import DEAD_AFTER_S, Client, Kept, collect_after
 from .wire import (
     Hub,
     Messages,
@@ -50,7 +51,6 @@ log = logging.getLogger("pw_kernel.service")
 
 #: Clients ping this often; one not heard from for DEAD_AFTER_S is gone (its runs cancelled, buffers freed).
 HEARTBEAT_S = 0.5
-DEAD_AFTER_S = 4.0
 
 #: Outputs up to this size come back with their run's reply (`.result()` then needs no request).
 INLINE_BYTES = 1024
@@ -60,83 +60,6 @@ _LATER = object()  # a handler's answer: "I reply myself, when the work is done"
 #: Requests the socket thread answers itself when nothing is queued (they take well under a millisecond;
 #: loads, puts of big values, keeps and drops go to the worker, so heartbeats are never held up long).
 _QUICK = frozenset({"run_many", "free", "get", "clock", "cancel"})
-
-
-class _Client:
-    """One connected client: its tenant, and the buffers and executables only it can name."""
-
-    def __init__(self, ident: bytes, name: str, tenant: str, weight: float, user: str, pid: int):
-        self.ident = ident
-        self.name = name
-        self.tenant = tenant
-        self.weight = weight
-        self.user = user
-        self.pid = pid
-        self.buffers: dict[int, Any] = {}  # handle -> jax.Array or this controller's Future
-        self.executables: dict[str, Any] = {}  # export key -> CompiledFunction on a service slice
-        self.load_errors: dict[str, str] = {}  # export key -> why it could not be loaded
-        self.programs: dict[tuple, Any] = {}  # the shape of a burst of nodes -> its Program
-        self.live: set = set()  # runs not finished (cancelled if the client goes)
-        self.by_run: dict[int, set] = {}  # the client's run id -> those of its runs here (what its cancel names)
-        self.runs = 0
-        self.nodes = 0  # nodes that ran (a cancelled run's dropped ones do not count)
-        self.count_lock = threading.Lock()  # (outputs' done-callbacks count down on the completing thread)
-        self.device_ns = 0
-        self.last_seen = time.monotonic()
-        self.since = time.time()
-        self.dropping = False
-        self._waiting: queue.SimpleQueue | None = None
-
-    def waiter(self) -> queue.SimpleQueue:
-        """Where finished-run replies wait: a thread of this client's that waits for its runs in order.
-
-        It waits with `Future.result`, which completes a run on the waiting thread as soon as it is
-        computed; a done-callback would fire only when the controller's watcher gets to a run nobody
-        waits on (up to 5 ms later: the watcher leaves lone calls to their callers).
-        """
-        if self._waiting is None:
-            self._waiting = queue.SimpleQueue()
-            threading.Thread(target=self._wait_loop, name=f"pw-service-wait-{self.tenant}", daemon=True).start()
-        return self._waiting
-
-    def _wait_loop(self) -> None:
-        box = self._waiting
-        while True:
-            item = box.get()
-            if item is None:
-                return
-            outs, then = item
-            for f in outs:
-                try:
-                    f.result()
-                except BaseException:  # (failed or cancelled: `then` reports it)
-                    pass
-            then()
-            del item, outs, then  # (nothing of a finished run stays alive here while the next is waited for)
-
-    def stop_waiting(self) -> None:
-        if self._waiting is not None:
-            self._waiting.put(None)
-
-
-def _collect_after(runs: list) -> None:
-    """Collect cycles once the nodes that ``runs`` (cancelled) had on the devices finished (a cancelled run is
-    final at once; its dispatched nodes still run, and hold their buffers until they end)."""
-    deadline = time.monotonic() + 10 * DEAD_AFTER_S
-    while any(r.nodes_on_devices for r in runs) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    runs.clear()
-    gc.collect()
-
-
-class _Kept:
-    """A tree pinned under a name: its leaves (arrays / futures with where they live, or constants)."""
-
-    def __init__(self, leaves: list, treedef: bytes, by: str):
-        self.leaves = leaves  # ("a", value, shape, dtype, layout, spec) or ("c", constant)
-        self.treedef = treedef
-        self.by = by
-        self.at = time.time()
 
 
 class Service:
@@ -169,17 +92,18 @@ class Service:
             "platform": self.devices[0].platform, "kind": "pw_kernel service",
         }
         self.messages = Messages(self.info, "pw-service")
-        self.clients: dict[bytes, _Client] = {}  # by the identity of the socket a client sends on ...
+        self.clients: dict[bytes, Client] = {}  # by the identity of the socket a client sends on ...
         self._reply_to: dict[bytes, bytes] = {}  # ... -> that of the socket it receives on
-        self._by_reply: dict[bytes, _Client] = {}  # (its heartbeats come from that one)
-        self._by_tenant: dict[str, _Client] = {}
-        self.kept: dict[tuple[str, str], _Kept] = {}
+        self._by_reply: dict[bytes, Client] = {}  # (its heartbeats come from that one)
+        self._by_tenant: dict[str, Client] = {}
+        self.kept: dict[tuple[str, str], Kept] = {}
         self._slices: dict[tuple, Any] = {}
         self.refused = 0
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         # The clients' state is the holder's of `_state`: the worker's, or the socket thread's for a quick
         # request when nothing is queued (`_queued` - `_handled`: each counter has one writer).
         self._state = threading.Lock()
+        self._profiling: tuple | None = None  # (tenant, trace folder, anchor) of a client's open `pw.profile()`
         self._queued = 0
         self._handled = 0
         self._pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="pw-service-fetch")
@@ -333,7 +257,7 @@ class Service:
         tenant, k = name, 2
         while tenant in self._by_tenant:
             tenant, k = f"{name}-{k}", k + 1
-        c = _Client(ident, name, tenant, float(weight), user, pid)
+        c = Client(ident, name, tenant, float(weight), user, pid)
         self.clients[ident] = c
         self._reply_to[ident] = reply_to
         self._by_reply[reply_to] = c
@@ -363,13 +287,13 @@ class Service:
         # which an idle service's allocations would not trigger for a long while. Once more after
         # the cancelled runs' nodes already on the devices have finished (what they hold goes then).
         gc.collect()
-        threading.Thread(target=_collect_after, args=(runs,), name="pw-service-collect", daemon=True).start()
+        threading.Thread(target=collect_after, args=(runs,), name="pw-service-collect", daemon=True).start()
         del runs
         log.info("pw_kernel service: client %r dropped (%s): %d runs cancelled, %d buffers freed",
                  c.tenant, why, cancelled, n)
 
     # -------------------------------------------------- the remote island's methods
-    def _m_describe(self, c: _Client, reply) -> dict:
+    def _m_describe(self, c: Client, reply) -> dict:
         return self._describe()
 
     def _describe(self) -> dict:
@@ -379,7 +303,7 @@ class Service:
             "devices": [x.id for x in d], "device_kind": d[0].device_kind,
         }
 
-    def _m_clock(self, c: _Client, reply) -> int:
+    def _m_clock(self, c: Client, reply) -> int:
         return time.perf_counter_ns()
 
     def _slice(self, layout) -> Any:
@@ -392,27 +316,27 @@ class Service:
             s = self._slices[key] = self.ctrl.slice(mesh=Mesh(grid, names))
         return s
 
-    def _m_load(self, c: _Client, reply, key: str, blob: bytes, layout, in_specs, out_specs) -> None:
+    def _m_load(self, c: Client, reply, key: str, blob: bytes, layout, in_specs, out_specs) -> None:
         try:
             self._load(c, key, blob, layout, in_specs, out_specs)
         except Exception as e:  # nobody waits for a load's answer: the node's run says it instead
             c.load_errors[key] = f"{type(e).__name__}: {e}"
             raise
 
-    def _load(self, c: _Client, key: str, blob: bytes, layout, in_specs, out_specs) -> None:
+    def _load(self, c: Client, key: str, blob: bytes, layout, in_specs, out_specs) -> None:
         exported = jax.export.deserialize(bytearray(blob))
         s = self._slice(layout)
         ins = tuple(PartitionSpec(*sp) for sp in in_specs)
         outs = jax.tree.unflatten(exported.out_tree, [PartitionSpec(*sp) for sp in out_specs])
         c.executables[key] = compiled(exported.call, slice=s, in_specs=ins, out_specs=outs, name=f"{c.tenant}:{key}")
 
-    def _m_run_many(self, c: _Client, reply, ops, frees=(), run=None) -> object:
+    def _m_run_many(self, c: Client, reply, ops, frees=(), run=None) -> object:
         try:
             return self._submit(c, reply, [(key, list(i), list(o)) for key, i, o in ops], run)
         finally:
             self._m_free(c, reply, frees)
 
-    def _m_reshard(self, c: _Client, reply, src: int, handle: int, layout, spec) -> object:
+    def _m_reshard(self, c: Client, reply, src: int, handle: int, layout, spec) -> object:
         key = f"reshard{layout!r}{spec!r}"
         if key not in c.executables:
             c.executables[key] = compiled(
@@ -420,20 +344,20 @@ class Service:
             )
         return self._submit(c, reply, [(key, [src], [handle])])
 
-    def _m_put(self, c: _Client, reply, handle: int, value, layout, spec) -> tuple:
+    def _m_put(self, c: Client, reply, handle: int, value, layout, spec) -> tuple:
         start = time.perf_counter_ns()
         sharding = NamedSharding(self._slice(layout).mesh, PartitionSpec(*spec))
         c.buffers[handle] = jax.device_put(from_wire(value), sharding)
         return [(start, time.perf_counter_ns())], None
 
     @staticmethod
-    def _buffer(c: _Client, handle: int) -> Any:
+    def _buffer(c: Client, handle: int) -> Any:
         value = c.buffers.get(handle)
         if value is None:
             raise PathwaysError(f"no buffer {handle} for this client (freed, or another client's)")
         return value
 
-    def _m_get(self, c: _Client, reply, handle: int) -> object:
+    def _m_get(self, c: Client, reply, handle: int) -> object:
         value = self._buffer(c, handle)
 
         def fetch():
@@ -445,17 +369,43 @@ class Service:
         self._pool.submit(fetch)
         return _LATER
 
-    def _m_cancel(self, c: _Client, reply, run_ids) -> None:
+    def _m_profile_start(self, c: Client, reply) -> None:
+        """`pw.profile` in a client: JAX's profiler traces this process until `profile_stop` (one at a time)."""
+        import tempfile
+
+        if self._profiling is not None:
+            raise PathwaysError(
+                f"client {self._profiling[0]!r} is profiling the service; JAX traces one window at a time in a "
+                f"process. Profile again when its `pw.profile()` block has ended."
+            )
+        logdir = tempfile.mkdtemp(prefix="pw_service_profile_")
+        self._profiling = (c.tenant, logdir, start_trace(logdir))
+
+    def _m_profile_stop(self, c: Client, reply) -> list:
+        """Stop the trace; XLA's executions in it, on this process's clock (the client moves them onto its own)."""
+        import shutil
+
+        if self._profiling is None or self._profiling[0] != c.tenant:
+            raise PathwaysError("no `pw.profile()` of this client is open in the service")
+        _, logdir, anchor = self._profiling
+        self._profiling = None
+        jax.profiler.stop_trace()
+        try:
+            return [[dev, hlo, run, [list(op) for op in ops]] for dev, hlo, run, ops in executions(logdir, anchor)]
+        finally:
+            shutil.rmtree(logdir, ignore_errors=True)
+
+    def _m_cancel(self, c: Client, reply, run_ids) -> None:
         """The client cancelled these runs of its own: cancel what of them is queued or running here."""
         for rid in run_ids:
             for run in list(c.by_run.pop(rid, ())):
                 run.cancel()
 
-    def _m_free(self, c: _Client, reply, handles) -> None:
+    def _m_free(self, c: Client, reply, handles) -> None:
         for h in handles:
             c.buffers.pop(h, None)
 
-    def _m_colocated(self, c: _Client, reply, fn, in_ids, out_ids, out_layouts, args) -> tuple:
+    def _m_colocated(self, c: Client, reply, fn, in_ids, out_ids, out_layouts, args) -> tuple:
         """Host code beside this client's buffers (a checkpoint's shards written and read here), as a Ray
         island's actor runs it: ``fn(arrays, out_shardings, *args)``; (times, failure) as a run's."""
         start = time.perf_counter_ns()
@@ -472,7 +422,7 @@ class Service:
             c.buffers[h] = o
         return [(start, time.perf_counter_ns())] * max(1, len(out_ids)), None
 
-    def _m_stats(self, c: _Client, reply) -> dict:
+    def _m_stats(self, c: Client, reply) -> dict:
         live = jax.live_arrays()
         return {
             "buffers": len(c.buffers), "executables": len(c.executables), "clients": len(self.clients),
@@ -483,7 +433,7 @@ class Service:
         }
 
     # -------------------------------------------------- runs
-    def _submit(self, c: _Client, reply: Callable, ops: list, client_run: tuple | None = None) -> object:
+    def _submit(self, c: Client, reply: Callable, ops: list, client_run: tuple | None = None) -> object:
         """Run a burst of a client's nodes as one run of its tenant; reply (times, failure) when it finishes.
 
         ``client_run``: (id, priority) of the client's run the burst belongs to. The priority orders it
@@ -576,7 +526,7 @@ class Service:
         c.waiter().put((outs, answer))
         return _LATER
 
-    def _program(self, c: _Client, shape: tuple):
+    def _program(self, c: Client, shape: tuple):
         executables = c.executables
 
         def burst(*inputs):
@@ -592,10 +542,10 @@ class Service:
         return program(burst, name=c.name)
 
     # -------------------------------------------------- the service's own methods
-    def _m_bye(self, c: _Client, reply) -> None:
+    def _m_bye(self, c: Client, reply) -> None:
         self._drop(c.ident, "disconnected")
 
-    def _m_clients(self, c: _Client, reply) -> list:
+    def _m_clients(self, c: Client, reply) -> list:
         return [
             {
                 "name": x.tenant, "weight": x.weight, "device_time_s": x.device_ns / 1e9, "runs": x.runs,
@@ -605,7 +555,7 @@ class Service:
             for x in self.clients.values()
         ]
 
-    def _m_keep(self, c: _Client, reply, name: str, leaves: list, treedef: bytes) -> None:
+    def _m_keep(self, c: Client, reply, name: str, leaves: list, treedef: bytes) -> None:
         kept = []
         for leaf in leaves:
             if leaf[0] == "c":
@@ -615,9 +565,9 @@ class Service:
                 if h not in c.buffers:
                     raise PathwaysError(f"`pw.keep({name!r}, ...)`: buffer {h} is not this client's")
                 kept.append(("a", c.buffers[h], shape, dtype, layout, spec))
-        self.kept[(c.user, name)] = _Kept(kept, treedef, c.tenant)
+        self.kept[(c.user, name)] = Kept(kept, treedef, c.tenant)
 
-    def _m_kept(self, c: _Client, reply, name: str | None):
+    def _m_kept(self, c: Client, reply, name: str | None):
         if name is None:
             return sorted(n for (u, n) in self.kept if u == c.user)
         k = self.kept.get((c.user, name))
@@ -625,13 +575,13 @@ class Service:
             return None
         return [l if l[0] == "c" else ("a", *l[2:]) for l in k.leaves], k.treedef
 
-    def _m_adopt(self, c: _Client, reply, name: str, handles: list) -> None:
+    def _m_adopt(self, c: Client, reply, name: str, handles: list) -> None:
         k = self.kept[(c.user, name)]
         arrays = [l[1] for l in k.leaves if l[0] == "a"]
         for h, v in zip(handles, arrays):
             c.buffers[h] = v
 
-    def _m_unkeep(self, c: _Client, reply, name: str) -> bool:
+    def _m_unkeep(self, c: Client, reply, name: str) -> bool:
         return self.kept.pop((c.user, name), None) is not None
 
     # ------------------------------------------------------------ stopping

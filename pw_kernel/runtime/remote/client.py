@@ -27,10 +27,10 @@ Tracing needs a mesh for every slice: a remote island's slices are laid out
 on local stand-in devices of the same count (the controller's simulated CPU
 devices), which never run its work.
 
-Ray is imported only here, and only when `add_ray_islands` is called. What an island
-needs of its transport (wait for a reply, read it, ship a value, the errors that
-mean the other side died, how to say where it is) is a `Link`: `RayLink` here;
-the Pathways service (`pw_kernel.service`) reaches its devices through the same
+What an island needs of its transport (wait for a reply, read it, ship a value,
+the errors that mean the other side died, how to say where it is) is a `Link`:
+`RayLink` (`ray.py`, where Ray is imported, and only when `add_ray_islands` is
+called; it also starts the actors); the Pathways service (`pw_kernel.service`) reaches its devices through the same
 island code over ZeroMQ with a link of its own.
 """
 
@@ -48,63 +48,11 @@ import jax
 from ..devices import Island
 from ..errors import IslandLostError, PathwaysError
 from ..trace.graph import as_dtype
-from .actor import MISSING, IslandActor, from_wire, spec_tuple, to_wire
-
+from .actor import MISSING, from_wire, spec_tuple, to_wire
+from .ray import RayLink
 
 #: Handles to free wait this long for a call to carry them before they are sent on their own.
 FREE_AFTER_S = 0.05
-
-
-class RayLink:
-    """How a remote island talks to a Ray actor: ``actor.method.remote(...)`` gives a ref, read here.
-
-    Another transport gives the island an object with the same methods (the service's
-    ZeroMQ link, `pw_kernel.service.client`); its actor is then any object whose
-    ``method.remote(*args)`` returns a ref of that link's kind.
-    """
-
-    def ready(self, ref) -> bool:
-        import ray
-
-        done, _ = ray.wait([ref], timeout=0)
-        return bool(done)
-
-    def get(self, ref):
-        import ray
-
-        return ray.get(ref)
-
-    def wait(self, ref, timeout: float) -> bool:
-        """Block until ``ref`` is ready (True) or ``timeout`` s pass (False)."""
-        import ray
-
-        done, _ = ray.wait([ref], timeout=timeout)
-        return bool(done)
-
-    def put(self, value):
-        """A value shipped as an argument of a later call (Ray: through its object store)."""
-        import ray
-
-        return ray.put(value)
-
-    def usable(self) -> bool:
-        """Whether calls can be sent now (False: Ray was shut down; a call would start a new one)."""
-        import ray
-
-        return ray.is_initialized()
-
-    def lost_errors(self) -> tuple[type[BaseException], ...]:
-        """The errors that mean the actor is gone."""
-        import ray
-
-        return (ray.exceptions.RayActorError,)
-
-    @staticmethod
-    def where(info: dict) -> str:
-        return f"Ray actor on {info['host']}, pid {info['pid']}"
-
-    #: What a user does once the island is gone.
-    again = "add it again with `pw.add_ray_islands(...)` and make new slices there"
 
 
 class _Ticket:
@@ -299,6 +247,23 @@ class RemoteIsland:
                         target=self._send_loop, name=f"pw-mailbox-{self.info['pid']}", daemon=True
                     )
                     self._sender.start()
+
+    @property
+    def profiles(self) -> bool:
+        """Whether `pw.profile` can trace XLA's ops there too (the Pathways service can)."""
+        return self.alive and bool(getattr(self.link, "profiles", False))
+
+    def start_profile(self) -> None:
+        """Start JAX's profiler in the island's process (after what was sent before: in order)."""
+        ticket = _Ticket(self)
+        self.send([("call", lambda: self.actor.profile_start.remote(), ticket)], cheap=True)
+        self.link.get(ticket.wait_ref())
+
+    def stop_profile(self) -> list:
+        """Stop it; XLA's executions there: (device, HLO module, run, [(op, start, end)]), on its clock."""
+        ticket = _Ticket(self)
+        self.send([("call", lambda: self.actor.profile_stop.remote(), ticket)], cheap=True)
+        return self.link.get(ticket.wait_ref())
 
     def cancel_run(self, run_id: int) -> None:
         """The controller cancelled run ``run_id``: the island drops what of its nodes it has queued, if its
@@ -629,58 +594,6 @@ class RemoteTransfer:
         else:  # from this process: waiting for the value and serialising it is the mailbox's, not ours
             ticket = dst.call(lambda: dst.actor.put.remote(handle, dst.link.put(to_wire(x)), layout, spec))
         return [RemoteArray(dst, handle, v.shape, v.dtype, want, ticket)]
-
-
-_actor_class = None
-
-
-def start_ray_islands(
-    address: str | None = None,
-    *,
-    count: int | None = None,
-    devices_per_island: int | None = None,
-    platform: str = "cpu",
-    env: dict[str, str] | None = None,
-) -> list[RemoteIsland]:
-    """Start (or attach) the Ray actors of remote islands; `pw.add_ray_islands` (documented there) registers them."""
-    try:
-        import ray
-    except ImportError:
-        raise PathwaysError(
-            "`pw.add_ray_islands` needs Ray: `pip install 'ray[default]'` (or the project's `bench` extra)."
-        ) from None
-    global _actor_class
-    if not ray.is_initialized():
-        ray.init(address=address, include_dashboard=False, log_to_driver=False)
-    if _actor_class is None:
-        _actor_class = ray.remote(IslandActor)
-    env_vars = dict(env or {})
-    if platform == "cpu":
-        env_vars.setdefault("JAX_PLATFORMS", "cpu")
-        if devices_per_island:
-            env_vars.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={devices_per_island}")
-            # ... and over what the workers inherit from this process (a Pathways kernel sets 8 for itself)
-            env_vars.setdefault("JAX_NUM_CPU_DEVICES", str(devices_per_island))
-    options: dict[str, Any] = {"runtime_env": {"env_vars": env_vars}, "num_cpus": 0}
-    if count is None:
-        nodes = [n for n in ray.nodes() if n.get("Alive")]
-        actors = [
-            _actor_class.options(
-                **options,
-                scheduling_strategy=ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(n["NodeID"], soft=False),
-            ).remote()
-            for n in nodes
-        ]
-    else:
-        actors = [_actor_class.options(**options).remote() for _ in range(count)]
-    infos = ray.get([a.describe.remote() for a in actors], timeout=300)
-    remotes = []
-    for actor, info in zip(actors, infos):
-        t0 = time.perf_counter_ns()
-        remote_now = ray.get(actor.clock.remote(), timeout=60)
-        t1 = time.perf_counter_ns()
-        remotes.append(RemoteIsland(actor, info, (t0 + t1) // 2 - remote_now))
-    return remotes
 
 
 def stand_in_devices(n: int, api: str) -> Sequence[jax.Device]:

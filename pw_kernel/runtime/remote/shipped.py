@@ -31,7 +31,6 @@ from typing import Any
 from ..errors import SliceError
 from .node_output import NodeOutput, Pieces
 
-
 _PRIMITIVES: dict[int, tuple[Any, tuple[str, str]]] = {}  # id(primitive) -> (it, (module, attribute))
 
 
@@ -40,7 +39,10 @@ def _where(prim) -> tuple[str, str]:
     hit = _PRIMITIVES.get(id(prim))
     if hit is not None and hit[0] is prim:
         return hit[1]
-    modules = sorted(sys.modules.items(), key=lambda m: not m[0].startswith("jax"))  # JAX's own first
+    # JAX's public modules first (`jax.lax`, `jax.extend.core.primitives`), its private ones only for a
+    # primitive no public module holds.
+    modules = sorted(sys.modules.items(), key=lambda m: (not m[0].startswith("jax"),
+                                                         any(p.startswith("_") for p in m[0].split("."))))
     for name, module in modules:
         for attr, value in list(getattr(module, "__dict__", {}).items()):
             if value is prim:
@@ -89,25 +91,24 @@ def _pickled(fn, devices) -> bytes:
     import cloudpickle
     import jax
     import numpy as np
-    from jax._src import core
-    from jax._src.lib import _jax
-
-    from jax._src.literals import TypedNdArray as literal_type
+    from jax.extend.core import Primitive
 
     position = {d: k for k, d in enumerate(devices)}
 
     class _Pickler(cloudpickle.Pickler):
         def reducer_override(self, obj):
             kind = type(obj)
-            if kind is _jax.Traceback:
+            # (Two of JAX's types have no public name: known by their own, not imported from jax._src.)
+            if kind.__name__ == "Traceback" and kind.__module__.startswith(("jax", "jaxlib")):
                 return no_traceback, ()
-            if isinstance(obj, core.Primitive):
+            if isinstance(obj, Primitive):
                 return primitive, _where(obj)
-            if kind is _jax.Device:
+            if isinstance(obj, jax.Device):
                 if obj not in position:
                     raise pickle.PicklingError(f"it names device {obj}, which is not one of the island's")
                 return island_device, (position[obj],)
-            if kind is literal_type:  # a literal: its aval lives in slots that pickle would scramble
+            if kind.__name__ == "TypedNdArray" and kind.__module__.startswith("jax"):
+                # a literal: its aval lives in slots that pickle would scramble
                 return kind, (np.asarray(obj), obj.aval)
             return super().reducer_override(obj)
 

@@ -1,0 +1,94 @@
+"""What the service holds for each client: its tenant, its buffers and executables, its kept trees.
+
+Owned by the service's worker (or its socket thread for a quick request, holding the same lock):
+`Client` is one connected client; `Kept`, a tree pinned under a name that outlives its client;
+`collect_after` frees what a dropped client's cancelled runs held once their last nodes end.
+"""
+
+from __future__ import annotations
+
+import gc
+import queue
+import threading
+import time
+from typing import Any
+
+#: A client not heard from for this long is gone (its runs cancelled, its buffers freed).
+DEAD_AFTER_S = 4.0
+
+
+class Client:
+    """One connected client: its tenant, and the buffers and executables only it can name."""
+
+    def __init__(self, ident: bytes, name: str, tenant: str, weight: float, user: str, pid: int):
+        self.ident = ident
+        self.name = name
+        self.tenant = tenant
+        self.weight = weight
+        self.user = user
+        self.pid = pid
+        self.buffers: dict[int, Any] = {}  # handle -> jax.Array or this controller's Future
+        self.executables: dict[str, Any] = {}  # export key -> CompiledFunction on a service slice
+        self.load_errors: dict[str, str] = {}  # export key -> why it could not be loaded
+        self.programs: dict[tuple, Any] = {}  # the shape of a burst of nodes -> its Program
+        self.live: set = set()  # runs not finished (cancelled if the client goes)
+        self.by_run: dict[int, set] = {}  # the client's run id -> those of its runs here (what its cancel names)
+        self.runs = 0
+        self.nodes = 0  # nodes that ran (a cancelled run's dropped ones do not count)
+        self.count_lock = threading.Lock()  # (outputs' done-callbacks count down on the completing thread)
+        self.device_ns = 0
+        self.last_seen = time.monotonic()
+        self.since = time.time()
+        self.dropping = False
+        self._waiting: queue.SimpleQueue | None = None
+
+    def waiter(self) -> queue.SimpleQueue:
+        """Where finished-run replies wait: a thread of this client's that waits for its runs in order.
+
+        It waits with `Future.result`, which completes a run on the waiting thread as soon as it is
+        computed; a done-callback would fire only when the controller's watcher gets to a run nobody
+        waits on (up to 5 ms later: the watcher leaves lone calls to their callers).
+        """
+        if self._waiting is None:
+            self._waiting = queue.SimpleQueue()
+            threading.Thread(target=self._wait_loop, name=f"pw-service-wait-{self.tenant}", daemon=True).start()
+        return self._waiting
+
+    def _wait_loop(self) -> None:
+        box = self._waiting
+        while True:
+            item = box.get()
+            if item is None:
+                return
+            outs, then = item
+            for f in outs:
+                try:
+                    f.result()
+                except BaseException:  # (failed or cancelled: `then` reports it)
+                    pass
+            then()
+            del item, outs, then  # (nothing of a finished run stays alive here while the next is waited for)
+
+    def stop_waiting(self) -> None:
+        if self._waiting is not None:
+            self._waiting.put(None)
+
+
+def collect_after(runs: list) -> None:
+    """Collect cycles once the nodes that ``runs`` (cancelled) had on the devices finished (a cancelled run is
+    final at once; its dispatched nodes still run, and hold their buffers until they end)."""
+    deadline = time.monotonic() + 10 * DEAD_AFTER_S
+    while any(r.nodes_on_devices for r in runs) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    runs.clear()
+    gc.collect()
+
+
+class Kept:
+    """A tree pinned under a name: its leaves (arrays / futures with where they live, or constants)."""
+
+    def __init__(self, leaves: list, treedef: bytes, by: str):
+        self.leaves = leaves  # ("a", value, shape, dtype, layout, spec) or ("c", constant)
+        self.treedef = treedef
+        self.by = by
+        self.at = time.time()
