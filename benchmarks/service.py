@@ -303,7 +303,17 @@ def killed(args, procs: list, conn: Path, env: dict, served, xs) -> dict:
     import pw_kernel as pw
     from pw_kernel import service
 
+    # What the service holds before: once the earlier rows' clients are gone and their buffers freed
+    # (a client that exits is dropped, and its last buffers are collected when its nodes end).
+    deadline = time.monotonic() + 60
     before = service.stats()
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        now = service.stats()
+        settled = now["clients"] == 1 and now["live_runs"] == 0 and now["live_bytes"] == before["live_bytes"]
+        before = now
+        if settled:
+            break
     doomed = Proc([sys.executable, "-c", DOOMED, str(conn), str(args.doomed_size), str(args.doomed_runs)], env,
                   "doomed")
     procs.append(doomed)

@@ -171,6 +171,13 @@ TRAIN = """
     def train(w, x, y):
         loss, g = jax.value_and_grad(lambda w: jnp.mean((x @ w - y) ** 2))(w)
         return w - 0.05 * g, loss
+
+    def three_steps():
+        state = {"w": jnp.zeros((4, 1)), "step": 0}
+        for i in range(3):
+            w, loss = train(state["w"], x, y)
+            state = {"w": w, "step": i + 1}
+        return state
 """
 
 
@@ -178,10 +185,7 @@ def test_kept_state_survives_a_client_restart_and_training_goes_on_exactly(servi
     path, _ = service
     first = notebook(
         TRAIN + "\0" + """
-        state = {"w": jnp.zeros((4, 1)), "step": 0}
-        for i in range(3):
-            w, loss = train(state["w"], x, y)
-            state = {"w": w, "step": i + 1}
+        state = three_steps()
         pw.keep("state", state)                    # pinned in the service under a name
         w4, loss4 = train(state["w"], x, y)        # what an uninterrupted run does next
         print(json.dumps({"loss4": float(loss4.result())}))
@@ -212,10 +216,7 @@ def test_a_checkpoint_of_arrays_in_the_service_is_written_there_and_restored_the
     ck = str(tmp_path / "ck")
     first = notebook(
         TRAIN + "\0" + """
-        state = {"w": jnp.zeros((4, 1)), "step": 0}
-        for i in range(3):
-            w, loss = train(state["w"], x, y)
-            state = {"w": w, "step": i + 1}
+        state = three_steps()
         ckpt = pw.CheckpointManager(ARGS[0])
         ckpt.save(3, {"state": state})              # the service writes its arrays' shards itself
         ckpt.wait_until_finished()
