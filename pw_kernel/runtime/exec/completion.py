@@ -329,8 +329,8 @@ class Completion:
         for i, batch in enumerate(batches):
             if i in ahead:
                 continue
-            if not _computed(batch):
-                self._overtake(batches, i, ahead, reports)  # (a remote batch: later ones may finish first)
+            if batch[0][0][1].remote and not _computed(batch):  # (local batches finish in order: never asked)
+                self._overtake(batches, i, ahead, reports)  # a remote batch: later ones may finish first
             if reports and not _computed(batch):
                 if self._report_early(reports, batches, i, done, ahead):
                     return
@@ -383,12 +383,10 @@ class Completion:
         A device runs its nodes in order, so local batches finish in dispatch order; a remote island
         that schedules (the Pathways service: priorities, fair share between its clients) may finish a
         later run's nodes first, and their results must not wait behind this one. Batches handed over
-        meanwhile are taken too (appended to ``batches``). False (nothing done) unless batch ``i`` is remote.
+        meanwhile are taken too (appended to ``batches``). False (nothing done) if its outputs cannot be waited on.
         """
         head = batches[i]
         first = head[0][0]
-        if not first[1].remote:
-            return False
         wait = next((a.wait for a in first[4] if hasattr(a, "wait")), None)
         if wait is None:
             return False
