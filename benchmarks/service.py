@@ -289,11 +289,15 @@ def shares(args, procs: list, conn: Path, env: dict) -> dict:
     ratios = [p["device_s"]["heavy"] / p["device_s"]["light"] if p["device_s"]["light"] > 0 else float("inf")
               for p in both]
     node_s = [p["device_s"]["solo"] / p["nodes"]["solo"] for p in alone if p["nodes"]["solo"]]
+    both_node_s = [sum(p["device_s"].values()) / sum(p["nodes"].values()) for p in both if sum(p["nodes"].values())]
+    busy = lambda phases: statistics.median(sum(p["device_s"].values()) / p["wall_s"] for p in phases)
     return {
         "alone": alone, "both": both, "ratio_samples": ratios, "ratio": statistics.median(ratios),
         "alone_nodes_per_s": statistics.median(p["nodes_per_s"] for p in alone),
         "both_nodes_per_s": statistics.median(p["nodes_per_s"] for p in both),
         "node_device_ms": statistics.median(node_s) * 1e3 if node_s else None,
+        "both_node_device_ms": statistics.median(both_node_s) * 1e3 if both_node_s else None,
+        "busy_alone": busy(alone), "busy_both": busy(both),
         "window_s": min(p["wall_s"] for p in alone + both), "rejoin": rejoin,
     }
 
@@ -413,7 +417,9 @@ def run(args, procs: list, conn: Path, env: dict, n: int) -> dict:
     print(f"  nodes/s, both                    {b['both_nodes_per_s']:>10,.0f}")
     agg = b["both_nodes_per_s"] / b["alone_nodes_per_s"] if b["alone_nodes_per_s"] else 0.0
     print(f"  both / alone                     {agg:>10.2f}x")
-    print(f"  a node's device time             {b['node_device_ms'] or 0:>10.2f} ms")
+    print(f"  a node's device time             {b['node_device_ms'] or 0:>10.2f} ms alone, "
+          f"{b['both_node_device_ms'] or 0:.2f} ms both")
+    print(f"  the device busy                  {b['busy_alone']:>10.0%} alone, {b['busy_both']:.0%} both")
     rj = b["rejoin"]["device_s"]
     print(f"  heavy rejoining after light ran alone {args.window:g} s: device time heavy {rj['heavy']:.2f} s, "
           f"light {rj['light']:.2f} s in the next {args.window:g} s")

@@ -203,3 +203,26 @@ def test_reading_a_failed_runs_error_keeps_nothing_of_the_reader_alive():
         assert reader() is None and kept() is None
     finally:
         pw.shutdown()
+
+
+def test_a_done_callback_that_refers_to_its_future_does_not_keep_its_buffer_for_the_collector():
+    # A callback is a closure over the run's outputs (the Pathways service answers a run from one): kept
+    # after it ran, it would hold its future, and the device buffer, in a cycle that only a full garbage
+    # collection frees. In the service that was every run: ~6,700 futures with their arrays per 2 s.
+    import gc
+    import weakref
+
+    pw.init(pw.Config(keep_outputs=0))
+    gc.disable()  # (only reference counts free what is dropped here)
+    try:
+        f = pw.compiled(lambda x: x * 2.0, slice=pw.slice(1, name="s"), name="double")(jnp.ones((256, 256)))
+        seen = []
+        f.add_done_callback(lambda _, me=f: seen.append(me.shape))  # refers to f: a cycle while it is kept
+        f.result()
+        assert seen == [(256, 256)]
+        gone = weakref.ref(f)
+        del f
+        assert gone() is None
+    finally:
+        gc.enable()
+        pw.shutdown()

@@ -124,6 +124,9 @@ class Future(concurrent.futures.Future):
                     w.add_cancelled(self)
             cond.notify_all()
         self._invoke_callbacks()
+        # Each runs once: dropped now, so that a callback referring to this future (a closure over a
+        # run's outputs) does not hold it, and its device buffer, in a cycle until a full collection.
+        self._done_callbacks.clear()
 
     def set_result(self, result: Any) -> None:
         self._settle(_FINISHED, result)

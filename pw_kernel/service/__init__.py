@@ -91,7 +91,7 @@ def serve(connection_file: str | None = None, *, background: bool = False, ip: s
     """
     from .server import Service
 
-    svc = Service(connection_file, ip=ip)
+    svc = Service(connection_file, ip=ip, owns_process=not background)
     if background:
         return svc
     given = "" if connection_file is None else repr(svc.path)

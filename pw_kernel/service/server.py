@@ -35,7 +35,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ..runtime import FairShare, Future, NodeEvent, PathwaysError, compiled, controller, init, program
 from ..runtime.extend import executions, from_wire, start_trace, to_wire
-from .clients import DEAD_AFTER_S, Client, Kept, collect_after
+from .clients import DEAD_AFTER_S, Client, Heap, Kept, collect_after
 from .wire import (
     Hub,
     Messages,
@@ -72,7 +72,7 @@ class Service:
         svc.stop()               # removes it
     """
 
-    def __init__(self, connection_file: str | None = None, *, ip: str = "127.0.0.1"):
+    def __init__(self, connection_file: str | None = None, *, ip: str = "127.0.0.1", owns_process: bool = False):
         import zmq
 
         # Outputs are the clients' to keep (their handles); the controller keeps none of its own.
@@ -115,6 +115,8 @@ class Service:
         )
         self._worker = threading.Thread(target=self._work, name="pw-service-worker", daemon=True)
         self.stopped = threading.Event()
+        # The process is the service's alone: its collector's full passes skip what lives long (see `Heap`).
+        self.heap = Heap() if owns_process else None
         self.hub.start()
         self._worker.start()
         write_connection_file(self.path, self.info)
@@ -178,6 +180,8 @@ class Service:
         self._suspect_from = time.monotonic()
 
     def _on_tick(self) -> None:
+        if self.heap is not None:
+            self.heap.tick()
         now = time.monotonic()
         suspect = self._suspect_until and now >= self._suspect_until
         for ident, c in list(self.clients.items()):
@@ -283,11 +287,11 @@ class Service:
         c.executables.clear()
         c.by_run.clear()
         c.live.clear()
-        # Runs and futures refer to each other: their buffers go only when the cyclic collector runs,
-        # which an idle service's allocations would not trigger for a long while. Once more after
+        # What it alone held, cycles included (its programs and executables), goes now; once more after
         # the cancelled runs' nodes already on the devices have finished (what they hold goes then).
-        gc.collect()
-        threading.Thread(target=collect_after, args=(runs,), name="pw-service-collect", daemon=True).start()
+        collect = self.heap.collect_soon if self.heap is not None else gc.collect
+        collect()
+        threading.Thread(target=collect_after, args=(runs, collect), name="pw-service-collect", daemon=True).start()
         del runs
         log.info("pw_kernel service: client %r dropped (%s): %d runs cancelled, %d buffers freed",
                  c.tenant, why, cancelled, n)
@@ -598,6 +602,8 @@ class Service:
         self.hub.stop()
         self._unsubscribe()
         self._pool.shutdown(wait=False)
+        if self.heap is not None:
+            self.heap.close()
         try:
             _, info = read_connection_file(self.path, "pw.serve")
             if info.get("key") == self.info["key"]:  # ours, not a newer service's
