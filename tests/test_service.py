@@ -622,3 +622,53 @@ def test_pw_profile_in_a_client_shows_the_services_xla_ops_inside_its_nodes(serv
     assert got["ops"] > 0 and got["in"] == ["mm"], got
     assert got["devices"] == got["node_devices"] and all(d >= 1000 for d in got["devices"]), got  # the service's
     assert got["inside"], got
+
+
+def test_what_a_stage_prints_in_the_service_comes_back_to_the_client_whose_run_it_was(service):
+    # Two notebooks run stages that print (jax.debug.print, a callback that prints and logs) while the
+    # service interleaves their nodes: each gets its own lines, in order, marked with the island.
+    path, _ = service
+    code = """
+        import json, logging
+        name = ARGS[0]
+        pw.connect(CONN, name=name)
+        lines = []
+        pw.controller().events.subscribe(lambda out: lines.append((out.island, out.stream, out.text)), kinds=("output",))
+
+        def note(total):
+            logging.getLogger("stage").warning("%s logged %d", name, int(total))
+
+        def stage(x):
+            jax.debug.print(name + " saw {}", x.sum().astype(jnp.int32))
+            jax.debug.callback(note, x.sum())
+            return x + 1
+
+        s = pw.slice(2, mesh={"d": 2})
+        f = pw.compiled(stage, slice=s, name="stage")
+        x = jnp.zeros(4)
+        for _ in range(12):
+            x = f(x)                                  # queued together: the service runs them among the other's
+        x.result()
+
+        def bad(v):
+            raise ValueError(name + " refuses")
+
+        boom = pw.compiled(lambda x: (jax.debug.callback(bad, x.sum()), x * 2)[1], slice=s, name="boom")
+        try:
+            boom(x).result()
+            error = None
+        except Exception as e:
+            error = str(e)
+        print(json.dumps({"lines": lines, "island": s.island.id, "error": error}))
+        """
+    a, b = notebook(code, path, "ann"), notebook(code, path, "bob")
+    for got, me, other in ((finish(a), "ann", "bob"), (finish(b), "bob", "ann")):
+        said = [(stream, text.strip()) for island, stream, text in got["lines"]]
+        assert all(island == got["island"] for island, _, _ in got["lines"]), got
+        printed = [text for stream, text in said if stream == "stdout"]
+        assert printed == [f"{me} saw {4 * k}" for k in range(12)], said
+        logged = [text for stream, text in said if stream == "stderr"]
+        assert len(logged) == 12 and all(f"{me} logged" in t for t in logged), said
+        assert not any(other in text for _, text in said), said
+        # A callback that raised failed its node with its traceback, and the client's run with it.
+        assert got["error"] and f"ValueError: {me} refuses" in got["error"], got["error"]

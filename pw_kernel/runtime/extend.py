@@ -35,7 +35,9 @@ from .exec.events import EventLog, TraceRow, busy_time, chrome_trace
 from .profiling import executions, start_trace
 from .remote.actor import from_wire, to_wire
 from .remote.client import RemoteIsland
+from .remote.node_output import RoutedOutput
 from .run import pace
+from .trace.executables import calling_node
 from .trace.graph import describe_sharding, nbytes_of
 from .trace.sources import is_library, set_file_labels
 from .trace.tracing import context_mesh_hint
@@ -77,6 +79,10 @@ __all__ = [
     # JAX's profiler in a process that serves `pw.profile` for another (the service): start, and its XLA runs
     "executions",
     "start_trace",
+    # a process running several clients' nodes that call the host (the service): whose callback runs on this
+    # thread, and output routed to it by the writing thread
+    "RoutedOutput",
+    "calling_node",
     # the simulated CPU devices, chosen before JAX starts
     "DEFAULT_CPU_DEVICES",
     "backends_started",

@@ -199,6 +199,24 @@ class Future(concurrent.futures.Future):
         """True once the producing node was dispatched: later programs can consume it now."""
         return self._cell.value is not None
 
+    def is_ready(self) -> bool:
+        """Whether its devices have computed it (as `jax.Array.is_ready`): True before `done()` is, which
+        waits for the controller to report the node. False while not dispatched.
+
+        Example::
+
+            y = f(x); y.is_ready()   # False while the node runs; y.done() follows soon after True
+        """
+        if self._state in _DONE:
+            return True
+        value = self._cell.value
+        if value is None:
+            return False
+        try:
+            return value.is_ready()
+        except Exception:  # (deleted: a later node took it as a donated input, so this one ran)
+            return True
+
     def result(self, timeout: float | None = None):
         """Block until the value is computed and return it as a `jax.Array`.
 

@@ -50,6 +50,17 @@ Design
   that run's nodes still queued; the priority orders a client's own runs in
   the service's `FairShare` (weights share between clients). A client
   completes remote runs in the order they finish there, not the order sent.
+* **Host callbacks** (`callbacks.py`): a node with `jax.debug.print` or a
+  callback cannot be exported; it comes as its pickled function, as to a Ray
+  island, and its Python runs in the service. Writes and log records are
+  routed by the thread that makes them: a callback's thread names its node,
+  whose runs in dispatch order say which one runs now; what a run's nodes
+  wrote goes back with its reply, to its client's cell.
+* **The collector** (`clients.Heap`, in a process that is the service alone):
+  a full garbage collection walks the whole heap with the GIL held (70-300 ms
+  here, no request read meanwhile), so what survives one is frozen; a run's
+  objects form no cycles (futures drop their done-callbacks once resolved), so
+  only a dropped client's leftovers need a walk of everything.
 * **Faults**: a message with a wrong or no signature is refused, counted and
   logged, never answered; a client whose service stops answering heartbeats
   gets `pw.IslandLostError` saying so and that ``pw.connect()`` again is the

@@ -89,6 +89,8 @@ class ServiceLink:
     cancels = True
     #: `pw.profile` traces the service's XLA ops too (`profile_start`, `profile_stop`).
     profiles = True
+    #: A node that calls the host goes as its pickled Python (`load_shipped`); its output comes back.
+    runs_python = True
 
     again = (
         "start the service again if it stopped (`python -m pw_kernel serve`), then call `pw.connect()` again "
@@ -200,9 +202,9 @@ class ServiceLink:
             return
         if content["ok"]:
             value = decode(content["value"], msg["buffers"])
-            if isinstance(value, tuple) and len(value) == 3:  # a run's (times, failure, small values)
+            if isinstance(value, tuple) and len(value) in (3, 4):  # a run's (times, failure, small values[, said])
                 self.inline.update(value[2])
-                value = value[:2]
+                value = value[:2] + value[3:]  # (times, failure[, what its nodes' callbacks wrote]), as a Ray actor's
             ref.value = value
         else:
             ref.error = RuntimeError(f"in the Pathways service: {content['error']}")

@@ -30,6 +30,7 @@ class Client:
         self.user = user
         self.pid = pid
         self.buffers: dict[int, Any] = {}  # handle -> jax.Array or this controller's Future
+        self.shipped: dict[str, Any] = {}  # key -> the NodeSink of a node that calls the host (`callbacks`)
         self.executables: dict[str, Any] = {}  # export key -> CompiledFunction on a service slice
         self.load_errors: dict[str, str] = {}  # export key -> why it could not be loaded
         self.programs: dict[tuple, Any] = {}  # the shape of a burst of nodes -> its Program

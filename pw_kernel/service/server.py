@@ -10,9 +10,11 @@ work in one order. Replies that wait for device work (a run, a value fetched)
 are sent from the thread where that finishes.
 
 The methods a client calls are the remote island's (`describe`, `clock`,
-`load`, `run_many`, `put`, `reshard`, `get`, `free`, `stats`: what a Ray island
-actor answers, `pw_kernel.runtime.remote.actor`) plus the service's own
-(`hello`, `bye`, `keep`, `kept`, `adopt`, `clients`).
+`load`, `load_shipped`, `run_many`, `put`, `reshard`, `get`, `free`, `stats`:
+what a Ray island actor answers, `pw_kernel.runtime.remote.actor`) plus the
+service's own (`hello`, `bye`, `keep`, `kept`, `adopt`, `clients`). A node
+that calls the host runs its Python here, its output routed to its run
+(`callbacks`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ..runtime import FairShare, Future, NodeEvent, PathwaysError, compiled, controller, init, program
 from ..runtime.extend import executions, from_wire, start_trace, to_wire
+from .callbacks import load as load_calling_host
 from .clients import DEAD_AFTER_S, Client, Heap, Kept, collect_after
 from .wire import (
     Hub,
@@ -285,6 +288,7 @@ class Service:
         c.buffers.clear()
         c.programs.clear()
         c.executables.clear()
+        c.shipped.clear()
         c.by_run.clear()
         c.live.clear()
         # What it alone held, cycles included (its programs and executables), goes now; once more after
@@ -324,6 +328,19 @@ class Service:
         try:
             self._load(c, key, blob, layout, in_specs, out_specs)
         except Exception as e:  # nobody waits for a load's answer: the node's run says it instead
+            c.load_errors[key] = f"{type(e).__name__}: {e}"
+            raise
+
+    def _m_load_shipped(self, c: Client, reply, key: str, blob: bytes, layout, in_specs, out_specs) -> None:
+        """A node that calls the host, as its pickled evaluator: its Python runs here (see `callbacks`)."""
+        try:
+            evaluate, sink = load_calling_host(blob)
+            ins = tuple(PartitionSpec(*sp) for sp in in_specs)
+            outs = tuple(PartitionSpec(*sp) for sp in out_specs)
+            c.executables[key] = compiled(evaluate, slice=self._slice(layout), in_specs=ins, out_specs=outs,
+                                          name=f"{c.tenant}:{key}")
+            c.shipped[key] = sink
+        except Exception as e:  # (a module this process lacks: a callback defined in a file only the client has)
             c.load_errors[key] = f"{type(e).__name__}: {e}"
             raise
 
@@ -443,26 +460,11 @@ class Service:
         ``client_run``: (id, priority) of the client's run the burst belongs to. The priority orders it
         among the client's own runs here (fair share orders the clients); a cancel names the id.
         """
-        shape: list = []
-        inputs: list = []
-        where: dict[int, tuple] = {}  # handle -> ("e", input index) or ("o", op, output)
-        for i, (key, in_ids, out_ids) in enumerate(ops):
-            if key in c.load_errors:
-                raise PathwaysError(f"the service could not load node executable {key}: {c.load_errors[key]}")
-            refs = []
-            for h in in_ids:
-                ref = where.get(h)
-                if ref is None:
-                    inputs.append(self._buffer(c, h))
-                    ref = where[h] = ("e", len(inputs) - 1)
-                refs.append(ref)
-            shape.append((key, tuple(refs), len(out_ids)))
-            for k, h in enumerate(out_ids):
-                where[h] = ("o", i, k)
-        shape_key = tuple(shape)
-        prog = c.programs.get(shape_key)
-        if prog is None:
-            prog = c.programs[shape_key] = self._program(c, shape_key)
+        prog, inputs = self._burst(c, ops)
+        # Runs of nodes that call the host, expected in dispatch order before they can run: their callbacks'
+        # output is theirs.
+        said = [(i, c.shipped[o[0]]) for i, o in enumerate(ops) if o[0] in c.shipped] if c.shipped else []
+        said = [(i, sink, sink.expect()) for i, sink in said]
         start = time.perf_counter_ns()
         rid, priority = client_run if client_run else (None, 0)
         # Chained: the client planned the nodes (a fused step of its arrives as one); fusing a burst again here
@@ -476,6 +478,8 @@ class Service:
             for h, f in zip(out_ids, outs[k:k + len(out_ids)]):
                 c.buffers[h] = f
             k += len(out_ids)
+        for i, _, one in said:
+            one.outs = per_op[i]
         c.live.add(run)
         if rid is not None:
             c.by_run.setdefault(rid, set()).add(run)
@@ -496,6 +500,14 @@ class Service:
                     err = "cancelled" if bad.cancelled() else f"{type(bad.exception()).__name__}: {bad.exception()}"
                     failure = (i, err)
                     break
+            told = {}  # op index -> what its host callbacks wrote: [(stream, text), ...]
+            for i, sink, one in said:
+                sink.finished(one)
+                if one.pieces:
+                    told[i] = one.pieces
+                raised = one.failure()
+                if raised is not None and (failure is None or i < failure[0]):
+                    failure = (i, raised)
             # Small values travel with the reply: a loss read right after its step costs no second round trip.
             inline = {}
             if failure is None:
@@ -503,7 +515,8 @@ class Service:
                     if f.size * f.dtype.itemsize <= INLINE_BYTES:
                         inline[h] = to_wire(f.result())
             c.nodes += len(ops) if failure is None else failure[0]
-            reply(([(start, end)] * len(ops), failure, inline))
+            times = [(start, end)] * len(ops)
+            reply((times, failure, inline, told) if told else (times, failure, inline))
 
         if all(f.done() for f in outs):  # computed inside the call (a lone node): no thread hop to reply
             finished()
@@ -529,6 +542,30 @@ class Service:
             f.add_done_callback(one_done)
         c.waiter().put((outs, answer))
         return _LATER
+
+    def _burst(self, c: Client, ops: list) -> tuple:
+        """The program that runs a burst of this shape (made once per shape) and its inputs, from the buffers."""
+        shape: list = []
+        inputs: list = []
+        where: dict[int, tuple] = {}  # handle -> ("e", input index) or ("o", op, output)
+        for i, (key, in_ids, out_ids) in enumerate(ops):
+            if key in c.load_errors:
+                raise PathwaysError(f"the service could not load node executable {key}: {c.load_errors[key]}")
+            refs = []
+            for h in in_ids:
+                ref = where.get(h)
+                if ref is None:
+                    inputs.append(self._buffer(c, h))
+                    ref = where[h] = ("e", len(inputs) - 1)
+                refs.append(ref)
+            shape.append((key, tuple(refs), len(out_ids)))
+            for k, h in enumerate(out_ids):
+                where[h] = ("o", i, k)
+        shape_key = tuple(shape)
+        prog = c.programs.get(shape_key)
+        if prog is None:
+            prog = c.programs[shape_key] = self._program(c, shape_key)
+        return prog, inputs
 
     def _program(self, c: Client, shape: tuple):
         executables = c.executables

@@ -110,8 +110,8 @@ def _export_key(fn) -> str:
 def _refuse_host_callbacks(nodes: list[Node], graph: ProgramGraph) -> None:
     """A node on a remote island that calls the host, refused at submit where its Python cannot run there.
 
-    A Ray actor runs such a node as its pickled function (`remote/shipped.py`); an island that runs only
-    jax.export artifacts (the Pathways service) cannot: export cannot carry a host callback.
+    A Ray actor and the Pathways service run such a node as its pickled function (`remote/shipped.py`);
+    an island whose link runs only jax.export artifacts cannot: export cannot carry a host callback.
     """
     for node in nodes:
         if node.host_callbacks and not runs_python(node.slice.island.remote):

@@ -10,8 +10,8 @@ step executes:
   `jax.export` artifact of its compiled function and run there on the actor's
   own mesh of the same shape (`Step.call` is a `RemoteCall`). A node that calls
   the host (`jax.debug.print`, callbacks), which export cannot carry, travels to
-  a Ray actor as pickled Python instead (`shipped.py`); what it prints or logs
-  there comes back with its burst's reply (`node_output.py`).
+  a Ray actor (or the Pathways service) as pickled Python instead (`shipped.py`);
+  what it prints or logs there comes back with its burst's reply (`node_output.py`).
 - Values computed there stay there, as device buffers behind integer handles;
   the controller holds `RemoteArray` handles. Only transfers between islands
   move bytes (through Ray's object store; actor to actor for remote-remote),
@@ -512,8 +512,8 @@ def _avals(values) -> list[jax.ShapeDtypeStruct]:
 
 
 def runs_python(island: RemoteIsland) -> bool:
-    """Whether ``island`` runs a node shipped as pickled Python (a Ray actor does; the Pathways service,
-    which runs only `jax.export` artifacts, does not)."""
+    """Whether ``island`` runs a node shipped as pickled Python (a Ray actor and the Pathways service do;
+    its link says so with ``runs_python``)."""
     return bool(getattr(island.link, "runs_python", isinstance(island.link, RayLink)))
 
 

@@ -10,6 +10,10 @@ write and log record, from any thread, as ``(stream, text)`` pieces for the
 burst's reply. Outside a catch a write goes where it always went (the
 worker's log).
 
+A process that runs several clients' nodes at once (the Pathways service) cannot
+say "whatever is written now is that node's": `RoutedOutput` asks, for each
+write and record, whose host callback runs on the writing thread.
+
 Only the standard library: it runs inside the island's process.
 """
 
@@ -19,7 +23,8 @@ import contextlib
 import logging
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 #: A node's output: (stream, text) pieces, in the order written; stream is "stdout" or "stderr".
 Pieces = list[tuple[str, str]]
@@ -104,3 +109,35 @@ class NodeOutput:
         finally:
             root.removeHandler(self._records)
             self._pieces = None
+
+
+class RoutedOutput:
+    """Writes and log records made inside a host callback, given to that callback's node by the writing thread.
+
+    ``whose()`` says, on the calling thread, where what is written now goes (an object with
+    ``keep(stream, text)``), or None: then it only goes where it always went.
+
+    Example::
+
+        out = RoutedOutput(lambda: getattr(calling_node(), "sink", None))
+        out.install()      # once per process
+    """
+
+    def __init__(self, whose: Callable[[], Any]):
+        self._whose = whose
+        self._records = _Records(self)
+        self._records.addFilter(lambda record: self._whose() is not None)  # (formatted only if someone keeps it)
+        self._installed = False
+
+    def install(self) -> None:
+        if self._installed:
+            return
+        self._installed = True
+        sys.stdout = _Stream("stdout", sys.stdout, self)
+        sys.stderr = _Stream("stderr", sys.stderr, self)
+        logging.getLogger().addHandler(self._records)
+
+    def keep(self, stream: str, text: str) -> None:
+        sink = self._whose()
+        if sink is not None and text:
+            sink.keep(stream, text)

@@ -9,6 +9,8 @@ the ones XLA chose are read back from the compiled executable.
 from __future__ import annotations
 
 import itertools
+import sys
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -71,6 +73,40 @@ def _jaxpr_calls_host(jaxpr: Any) -> bool:
 _CALLS_HOST: dict[int, tuple[Any, bool]] = {}
 
 
+class CallbackErrors(list):
+    """What one node executable's guarded host callbacks raised, in order (`jit_of` makes one per executable).
+
+    Also the node's identity while one of its callbacks runs (`calling_node`). A process that runs
+    several clients' nodes at once (the Pathways service) gives it a ``sink``: then what the callbacks
+    raise goes there, to the run of the node that raised it, and is not kept here.
+    """
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.sink: Any = None  # has .raised(exception) and .keep(stream, text): see `calling_node`
+
+    def append(self, error: BaseException) -> None:
+        if self.sink is not None:
+            self.sink.raised(error)
+        else:
+            super().append(error)
+
+    def __reduce__(self):  # (shipped to an island without the sink of the process it was made in)
+        return CallbackErrors, (list(self),)
+
+
+_calling = threading.local()
+
+
+def calling_node() -> CallbackErrors | None:
+    """The `CallbackErrors` of the node whose host callback runs on this thread now, else None.
+
+    XLA runs a node's callbacks on its own threads, whoever dispatched the node: what a callback
+    writes belongs to its node, and this is how a process that catches writes tells whose they are.
+    """
+    return getattr(_calling, "node", None)
+
+
 class _GuardedCallback:
     """A host callback that never raises into XLA: it records the exception and returns zeros.
 
@@ -79,23 +115,77 @@ class _GuardedCallback:
     node fails afterwards with the recorded exception (`HostCallbackError`).
     """
 
-    def __init__(self, callback: Callable, result_avals: Sequence[Any], errors: list):
+    def __init__(self, callback: Callable, result_avals: Sequence[Any], errors: CallbackErrors):
         self.callback = callback
         self.result_avals = tuple(result_avals)
         self.errors = errors
 
     def __call__(self, *args):
+        outer = getattr(_calling, "node", None)
+        _calling.node = self.errors
         try:
             return self.callback(*args)
         except BaseException as e:  # noqa: BLE001 - any raise would strand the other devices
             self.errors.append(e)
             return [np.zeros(a.shape, a.dtype) for a in self.result_avals]
+        finally:
+            _calling.node = outer
 
 
-def guard_callbacks(eqns: Sequence[Any], errors: list) -> list:
-    """``eqns`` with every host callback (also in nested jaxprs) guarded, recording into ``errors``."""
+class _Print:
+    """`jax.debug.print`'s printing, from the params of its ``debug_print`` equation, as a host callback.
+
+    JAX's own prints from inside XLA, where no thread says whose node it is; as a guarded
+    ``debug_callback`` it is one of the node's callbacks (`calling_node` names the node). It formats
+    as JAX does: ``fmt.format`` under the call's numpy print options, or the values after the text.
+    """
+
+    def __init__(self, params: dict):
+        self.fmt = params["fmt"]
+        self.in_tree = params["in_tree"]
+        self.static = dict(params["static_args"])
+        self.options = dict(params["np_printoptions"])
+        self.placeholders = params["has_placeholders"]
+
+    def __call__(self, *values) -> None:
+        flat, given = [], iter(values)
+        for i in range(len(self.static) + len(values)):
+            flat.append(self.static[i] if i in self.static else next(given))
+        args, kwargs = jax.tree_util.tree_unflatten(self.in_tree, flat)
+        if self.placeholders:
+            with np.printoptions(**self.options):
+                text = self.fmt.format(*args, **kwargs)
+        else:
+            text = " ".join((self.fmt, *(str(a) for a in args)))
+        sys.stdout.write(text + "\n")
+
+
+def _as_callback(eqn: Any) -> Any:
+    """A ``debug_print`` equation as the ``debug_callback`` one that prints the same (`_Print`), or
+    ``eqn`` itself if it logs instead (``logging_record``) or another JAX spells it otherwise."""
+    params = eqn.params
+    if params.get("logging_record") is not None or not {"fmt", "in_tree", "static_args"} <= params.keys():
+        return eqn
+    printer = _Print(params)
+    avals = [v.aval for v in eqn.invars]
+    traced = jax.make_jaxpr(
+        lambda *xs: jax.debug.callback(printer, *xs, ordered=params.get("ordered", False),
+                                       partitioned=params.get("partitioned", False))
+    )(*[jax.ShapeDtypeStruct(a.shape, a.dtype) for a in avals])
+    (made,) = traced.jaxpr.eqns
+    return made.replace(invars=list(eqn.invars), outvars=list(eqn.outvars))
+
+
+def guard_callbacks(eqns: Sequence[Any], errors: CallbackErrors) -> list:
+    """``eqns`` with every host callback (also in nested jaxprs) guarded, recording into ``errors``.
+
+    `jax.debug.print` becomes a guarded callback too (`_Print`), so that its line, like any other
+    callback's output, is its node's (`calling_node`).
+    """
     out = []
     for e in eqns:
+        if e.primitive.name == "debug_print":
+            e = _as_callback(e)
         params = dict(e.params)
         changed = False
         if "callback" in e.primitive.name and callable(params.get("callback")):
@@ -204,9 +294,9 @@ def jit_of(eqns, invars, outvars, in_sh, out_sh, donate: tuple[int, ...] = (), n
     A guarded executable carries ``callback_errors``: what its callbacks raised, for the dispatcher's
     watcher to fail the node with once the computation has finished.
     """
-    errors: list | None = None
+    errors: CallbackErrors | None = None
     if calls_host(eqns):
-        errors = []
+        errors = CallbackErrors()
         eqns = guard_callbacks(eqns, errors)
     kw = {} if out_sh is None else {"out_shardings": tuple(out_sh)}  # None: XLA chooses
     if donate:  # arguments whose buffers the outputs may reuse (the tracer checked nothing reads them later)
