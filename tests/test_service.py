@@ -430,6 +430,12 @@ def test_a_pathways_kernel_restarted_mid_training_goes_on_from_the_kept_state(se
     try:
         kc.wait_for_ready(timeout=HANG_S)
         _cell(kc, setup)
+        # A stage that prints, run in the service: its line is in this cell, marked with the island.
+        said = _cell(kc, """
+            loud = pw.compiled(lambda v: (jax.debug.print("kernel saw {}", v.sum()), v + 1)[1], slice=s, name="loud")
+            print(np.asarray(loud(jnp.ones(3)).result()), s.island.id)
+        """).splitlines()
+        assert said[0] == f"[island {said[1].split()[-1]}] kernel saw 3.0" and said[1].startswith("[2. 2. 2.]"), said
         _cell(kc, """
             state = {"w": jnp.zeros((4, 1)), "step": 0}
             for i in range(3):
