@@ -327,8 +327,15 @@ def killed(args, procs: list, conn: Path, env: dict, served, xs) -> dict:
     doomed.p.send_signal(signal.SIGKILL)
     doomed.p.wait(30)
     killed_at = time.perf_counter()
-    served(xs).result()
+    y = served(xs)
+    y.result()
     wait = time.perf_counter() - killed_at
+    # Where the wait went, on this process's clock: the way there (the service stamps a run when it arrives),
+    # the service (the doomed client's dispatched nodes, then this one, until its controller has the result)
+    # and the way back.
+    arrived_ns, done_ns = y.remote_array().timing()
+    arrived = arrived_ns / 1e9 - killed_at
+    in_service = (done_ns - arrived_ns) / 1e9
     deadline = time.monotonic() + 60
     while True:
         st = service.stats()
@@ -340,7 +347,7 @@ def killed(args, procs: list, conn: Path, env: dict, served, xs) -> dict:
             back = float("inf")
             break
         time.sleep(0.05)
-    return {"wait_s": wait, "memory_back_s": back, "bytes_before": before["live_bytes"],
+    return {"wait_s": wait, "arrived_s": arrived, "in_service_s": in_service, "memory_back_s": back, "bytes_before": before["live_bytes"],
             "bytes_held": during["live_bytes"] - before["live_bytes"], "bytes_after": st["live_bytes"],
             "runs_during": during["live_runs"], "node_s": node_s}
 
@@ -426,6 +433,11 @@ def run(args, procs: list, conn: Path, env: dict, n: int) -> dict:
     print(f"\n(c) a client SIGKILLed with {c['runs_during']} runs ({args.doomed_size}x{args.doomed_size} matmul nodes "
           f"of {node_s * 1e3:.1f} ms device time) and {c['bytes_held'] / 2**20:.0f} MiB in the service")
     print(f"  this client's next call          {c['wait_s'] * 1e3:>10.1f} ms  ({extra * 1e3:.1f} ms more than idle)")
+    back = c["wait_s"] - c["arrived_s"] - c["in_service_s"]
+    print(f"    reached the service            {c['arrived_s'] * 1e3:>10.1f} ms")
+    print(f"    there until it had the result  {c['in_service_s'] * 1e3:>10.1f} ms  (run-ahead {run_ahead_s * 1e3:g} ms "
+          f"+ a node = {(run_ahead_s + node_s) * 1e3:.1f} ms)")
+    print(f"    the answer back here           {back * 1e3:>10.1f} ms")
     print(f"  its memory and runs gone after   {c['memory_back_s']:>10.2f} s")
     bound = run_ahead_s + node_s
     targets = [
