@@ -106,6 +106,7 @@ for _ in range(5):
 print("node", (used() - t) / 5, flush=True)    # a node's device time: what the next call may wait behind
 queued = [f(a0) for _ in range(runs)]
 held[-1].result()
+pw.clients()  # (answered after the service has taken every call sent before: the runs are queued there)
 print("queued", flush=True)
 time.sleep(600)
 """

@@ -2,18 +2,21 @@
 
 Owned by the service's worker (or its socket thread for a quick request, holding the same lock):
 `Client` is one connected client; `Kept`, a tree pinned under a name that outlives its client;
-`collect_after` frees what a dropped client's cancelled runs held once their last nodes end;
+`retire` cancels a dropped client's runs and frees what they held once their last nodes end;
 `Heap` keeps long-lived objects out of the garbage collector's full passes.
 """
 
 from __future__ import annotations
 
 import gc
+import logging
 import queue
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+log = logging.getLogger("pw_kernel.service")
 
 #: A client not heard from for this long is gone (its runs cancelled, its buffers freed).
 DEAD_AFTER_S = 4.0
@@ -29,6 +32,7 @@ class Client:
         self.weight = weight
         self.user = user
         self.pid = pid
+        self.gone = False  # dropped: what it still had running is answered to nobody
         self.buffers: dict[int, Any] = {}  # handle -> jax.Array or this controller's Future
         self.shipped: dict[str, Any] = {}  # key -> the NodeSink of a node that calls the host (`callbacks`)
         self.executables: dict[str, Any] = {}  # export key -> CompiledFunction on a service slice
@@ -77,13 +81,25 @@ class Client:
             self._waiting.put(None)
 
 
-def collect_after(runs: list, collect: Callable[[], Any] = gc.collect) -> None:
-    """Collect cycles once the nodes that ``runs`` (cancelled) had on the devices finished (a cancelled run is
-    final at once; its dispatched nodes still run, and hold their buffers until they end)."""
+def retire(held: tuple, collect: Callable[[], Any] = gc.collect, said: str = "") -> None:
+    """What a dropped client held, ``(runs, buffers, programs, executables)``: cancel the runs, free the rest,
+    log ``said`` with the count of runs cancelled, and collect once the nodes they had on the devices finished
+    (a cancelled run is final at once; its dispatched nodes still run and hold their buffers until they end;
+    its programs and executables are freed by a full collection)."""
+    runs = held[0]
+    cancelled = 0
+    for run in runs:
+        cancelled += bool(run.cancel())
+        time.sleep(0)  # (the GIL to other clients' requests between two cancels, not after all of them)
+    for d in held[1:]:
+        d.clear()
+    if said:
+        log.info("pw_kernel service: " + said.format(cancelled))
     deadline = time.monotonic() + 10 * DEAD_AFTER_S
     while any(r.nodes_on_devices for r in runs) and time.monotonic() < deadline:
         time.sleep(0.02)
     runs.clear()
+    del held, runs
     collect()
 
 
