@@ -31,11 +31,20 @@ def load(blob: bytes) -> tuple[Any, NodeSink]:
     global _output
     with _output_lock:
         if _output is None:  # (once per process: stdout, stderr and the root logger, routed by thread)
-            _output = RoutedOutput(lambda: getattr(calling_node(), "sink", None))
+            _output = RoutedOutput(_pieces_here)
             _output.install()
     evaluate, errors = pickle.loads(blob)
     sink = errors.sink = NodeSink()
     return evaluate, sink
+
+
+def _pieces_here() -> list | None:
+    """What the run whose host callback runs on this thread wrote so far (what is written now joins it)."""
+    sink = getattr(calling_node(), "sink", None)
+    if sink is None:
+        return None
+    said = sink.now()
+    return None if said is None else said.pieces
 
 
 class Said:
@@ -65,7 +74,7 @@ class NodeSink:
 
         said = sink.expect()          # before the burst with the node is submitted
         said.outs = outputs           # once it is
-        ...                           # its callbacks write: sink.keep("stdout", "x = 3\\n")
+        ...                           # its callbacks write: into sink.now().pieces
         sink.finished(said)           # its run is answered with said.pieces
     """
 
@@ -86,7 +95,7 @@ class NodeSink:
             except ValueError:
                 pass
 
-    def _now(self) -> Said | None:
+    def now(self) -> Said | None:
         """The run whose callback runs now: the first not yet computed (before its outputs are even set, a
         node computed inside its dispatch is running)."""
         with self._lock:
@@ -95,17 +104,7 @@ class NodeSink:
                     return said
             return self._runs[-1] if self._runs else None
 
-    def keep(self, stream: str, text: str) -> None:
-        said = self._now()
-        if said is None:
-            return
-        pieces = said.pieces
-        if pieces and pieces[-1][0] == stream:  # print's text and its newline: one piece
-            pieces[-1] = (stream, pieces[-1][1] + text)
-        else:
-            pieces.append((stream, text))
-
     def raised(self, error: BaseException) -> None:
-        said = self._now()
+        said = self.now()
         if said is not None:
             said.errors.append(error)

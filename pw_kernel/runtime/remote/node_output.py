@@ -24,7 +24,6 @@ import logging
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
 
 #: A node's output: (stream, text) pieces, in the order written; stream is "stdout" or "stderr".
 Pieces = list[tuple[str, str]]
@@ -84,18 +83,14 @@ class NodeOutput:
         if self._installed:
             return
         self._installed = True
-        sys.stdout = _Stream("stdout", sys.stdout, self)
-        sys.stderr = _Stream("stderr", sys.stderr, self)
+        _wrap_streams(self)
 
     def keep(self, stream: str, text: str) -> None:
         pieces = self._pieces
         if pieces is None or not text:
             return
         with self._lock:
-            if pieces and pieces[-1][0] == stream:  # print's text and its newline: one piece
-                pieces[-1] = (stream, pieces[-1][1] + text)
-            else:
-                pieces.append((stream, text))
+            _add(pieces, stream, text)
 
     @contextlib.contextmanager
     def catching(self) -> Iterator[Pieces]:
@@ -114,17 +109,18 @@ class NodeOutput:
 class RoutedOutput:
     """Writes and log records made inside a host callback, given to that callback's node by the writing thread.
 
-    ``whose()`` says, on the calling thread, where what is written now goes (an object with
-    ``keep(stream, text)``), or None: then it only goes where it always went.
+    ``whose()`` says, on the calling thread, which pieces what is written now joins (a list), or
+    None: then it only goes where it always went.
 
     Example::
 
-        out = RoutedOutput(lambda: getattr(calling_node(), "sink", None))
+        out = RoutedOutput(lambda: pieces_of_the_node_whose_callback_runs_here())
         out.install()      # once per process
     """
 
-    def __init__(self, whose: Callable[[], Any]):
+    def __init__(self, whose: Callable[[], Pieces | None]):
         self._whose = whose
+        self._lock = threading.Lock()
         self._records = _Records(self)
         self._records.addFilter(lambda record: self._whose() is not None)  # (formatted only if someone keeps it)
         self._installed = False
@@ -133,11 +129,24 @@ class RoutedOutput:
         if self._installed:
             return
         self._installed = True
-        sys.stdout = _Stream("stdout", sys.stdout, self)
-        sys.stderr = _Stream("stderr", sys.stderr, self)
+        _wrap_streams(self)
         logging.getLogger().addHandler(self._records)
 
     def keep(self, stream: str, text: str) -> None:
-        sink = self._whose()
-        if sink is not None and text:
-            sink.keep(stream, text)
+        pieces = self._whose()
+        if pieces is not None and text:
+            with self._lock:
+                _add(pieces, stream, text)
+
+
+def _wrap_streams(sink) -> None:
+    """``sys.stdout`` and ``sys.stderr`` write through ``sink.keep`` too, from now on."""
+    sys.stdout = _Stream("stdout", sys.stdout, sink)
+    sys.stderr = _Stream("stderr", sys.stderr, sink)
+
+
+def _add(pieces: Pieces, stream: str, text: str) -> None:
+    if pieces and pieces[-1][0] == stream:  # print's text and its newline: one piece
+        pieces[-1] = (stream, pieces[-1][1] + text)
+    else:
+        pieces.append((stream, text))
