@@ -83,7 +83,7 @@ class CallbackErrors(list):
 
     def __init__(self, *args) -> None:
         super().__init__(*args)
-        self.sink: Any = None  # has .raised(exception) and .keep(stream, text): see `calling_node`
+        self.sink: Any = None  # has .raised(exception): the service's NodeSink (see `calling_node`)
 
     def append(self, error: BaseException) -> None:
         if self.sink is not None:
