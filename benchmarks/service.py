@@ -325,12 +325,15 @@ def killed(args, procs: list, conn: Path, env: dict, served, xs) -> dict:
     doomed.expect("queued")
     node_s = float(next(line.split()[1] for line in doomed.lines if line.startswith("node ")))
     during = service.stats()
+    # The next call goes at the kill, not once the dead process is reaped: its teardown (unmapping its
+    # memory) takes tens of ms, during which the service may already have dropped it. At the kill, the
+    # call meets whatever of the dead client's work the service has dispatched: the worst case.
     doomed.p.send_signal(signal.SIGKILL)
-    doomed.p.wait(30)
     killed_at = time.perf_counter()
     y = served(xs)
     y.result()
     wait = time.perf_counter() - killed_at
+    doomed.p.wait(30)
     # Where the wait went, on this process's clock: the way there (the service stamps a run when it arrives),
     # the service (the doomed client's dispatched nodes, then this one, until its controller has the result)
     # and the way back.

@@ -311,7 +311,7 @@ class Service:
         c.stop_waiting()
         # What it held leaves with the retiring task: freeing a few hundred buffers (some still being
         # computed) took ~15 ms, and starting a thread for it ~7 ms, of this thread's time.
-        held = (list(c.live), c.buffers, c.programs, c.executables)
+        held = (sorted(c.live, key=lambda r: r.id), c.buffers, c.programs, c.executables)  # (the next to run first)
         c.buffers, c.programs, c.executables, c.shipped, c.by_run, c.live = {}, {}, {}, {}, {}, set()
         collect = self.heap.collect_soon if self.heap is not None else gc.collect
         said = f"client {c.tenant!r} dropped ({why}): {{}} runs cancelled, {len(held[1])} buffers freed"
