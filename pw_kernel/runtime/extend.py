@@ -36,6 +36,7 @@ from .profiling import executions, start_trace
 from .remote.actor import from_wire, to_wire
 from .remote.client import RemoteIsland
 from .remote.node_output import RoutedOutput
+from .remote.shipped import callback_failure
 from .run import pace
 from .trace.executables import calling_node
 from .trace.graph import describe_sharding, nbytes_of
@@ -82,6 +83,7 @@ __all__ = [
     # a process running several clients' nodes that call the host (the service): whose callback runs on this
     # thread, and output routed to it by the writing thread
     "RoutedOutput",
+    "callback_failure",
     "calling_node",
     # the simulated CPU devices, chosen before JAX starts
     "DEFAULT_CPU_DEVICES",

@@ -17,10 +17,9 @@ from __future__ import annotations
 import collections
 import pickle
 import threading
-import traceback
 from typing import Any
 
-from ..runtime.extend import RoutedOutput, calling_node
+from ..runtime.extend import RoutedOutput, callback_failure, calling_node
 
 _output: RoutedOutput | None = None
 _output_lock = threading.Lock()
@@ -61,10 +60,7 @@ class Said:
         return self.outs is not None and all(f.is_ready() for f in self.outs)
 
     def failure(self) -> str | None:
-        if not self.errors:
-            return None
-        said = "".join(traceback.format_exception(self.errors[0])).rstrip("\n")
-        return f"a host callback raised:\n{said}"
+        return callback_failure(self.errors[0]) if self.errors else None
 
 
 class NodeSink:

@@ -343,22 +343,27 @@ class Service:
         return s
 
     def _m_load(self, c: Client, reply, key: str, blob: bytes, layout, in_specs, out_specs) -> None:
-        try:
-            self._load(c, key, blob, layout, in_specs, out_specs)
-        except Exception as e:  # nobody waits for a load's answer: the node's run says it instead
-            c.load_errors[key] = f"{type(e).__name__}: {e}"
-            raise
+        self._loading(c, key, lambda: self._load(c, key, blob, layout, in_specs, out_specs))
 
     def _m_load_shipped(self, c: Client, reply, key: str, blob: bytes, layout, in_specs, out_specs) -> None:
         """A node that calls the host, as its pickled evaluator: its Python runs here (see `callbacks`)."""
-        try:
+
+        def load() -> None:
             evaluate, sink = load_calling_host(blob)
             ins = tuple(PartitionSpec(*sp) for sp in in_specs)
             outs = tuple(PartitionSpec(*sp) for sp in out_specs)
             c.executables[key] = compiled(evaluate, slice=self._slice(layout), in_specs=ins, out_specs=outs,
                                           name=f"{c.tenant}:{key}")
             c.shipped[key] = sink
-        except Exception as e:  # (a module this process lacks: a callback defined in a file only the client has)
+
+        self._loading(c, key, load)
+
+    @staticmethod
+    def _loading(c: Client, key: str, load: Callable[[], None]) -> None:
+        """Run ``load``; what it raised is kept for the node's runs (nobody waits for a load's answer: they say it)."""
+        try:
+            load()
+        except Exception as e:  # (a module this process lacks, for a shipped node: a callback only the client has)
             c.load_errors[key] = f"{type(e).__name__}: {e}"
             raise
 
@@ -480,9 +485,12 @@ class Service:
         """
         prog, inputs = self._burst(c, ops)
         # Runs of nodes that call the host, expected in dispatch order before they can run: their callbacks'
-        # output is theirs.
-        said = [(i, c.shipped[o[0]]) for i, o in enumerate(ops) if o[0] in c.shipped] if c.shipped else []
-        said = [(i, sink, sink.expect()) for i, sink in said]
+        # output is theirs. (op index, its node's sink, this run of it there)
+        said = []
+        for i, op in enumerate(ops if c.shipped else ()):
+            sink = c.shipped.get(op[0])
+            if sink is not None:
+                said.append((i, sink, sink.expect()))
         start = time.perf_counter_ns()
         rid, priority = client_run if client_run else (None, 0)
         # Chained: the client planned the nodes (a fused step of its arrives as one); fusing a burst again here

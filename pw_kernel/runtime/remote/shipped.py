@@ -151,5 +151,10 @@ class ShippedNode:
             return outs, pieces, None
         first = self.errors[0]
         self.errors.clear()
-        said = "".join(traceback.format_exception(first)).rstrip("\n")
-        return outs, pieces, f"a host callback raised:\n{said}"
+        return outs, pieces, callback_failure(first)
+
+
+def callback_failure(error: BaseException) -> str:
+    """What a node whose host callback raised ``error`` fails with: the callback's traceback."""
+    said = "".join(traceback.format_exception(error)).rstrip("\n")
+    return f"a host callback raised:\n{said}"
