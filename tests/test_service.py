@@ -129,6 +129,7 @@ def test_the_connection_file_is_the_users_alone_and_a_client_runs_programs_there
 
 def test_a_message_without_the_key_is_refused_and_logged_and_handles_are_per_client(service):
     import zmq
+    from pw_kernel.service import wire
     from jupyter_client.session import Session
 
     path, log_path = service
@@ -137,16 +138,24 @@ def test_a_message_without_the_key_is_refused_and_logged_and_handles_are_per_cli
     sock = ctx.socket(zmq.DEALER)
     sock.linger = 0
     sock.connect(f"tcp://{info['ip']}:{info['port']}")
-    forged = Session(key=b"not-the-key", signature_scheme="hmac-sha256")
-    forged.send(sock, "request", {"id": 1, "method": "hello", "args": ["mallory", 1.0, 1]})
+    hello = {"id": 1, "method": "hello", "args": ("mallory", 1.0, 1), "oneway": False}
+    forged = wire.Messages({**info, "key": "not-the-key"}, "mallory")
+    sock.send_multipart(forged.pack("request", hello))  # signed with another key
+    Session(key=b"not-the-key", signature_scheme="hmac-sha256").send(sock, "request", hello)  # Jupyter's, forged
     sock.send_multipart([b"<IDS|MSG>", b"", b"{}", b"{}", b"{}", b"{}"])  # unsigned
+    # A message signed with the key, heard once (a ping: answered), then replayed (refused)
+    ping = wire.Messages(info, "eve").pack("ping", {})
+    sock.send_multipart(ping)
+    assert sock.poll(HANG_S * 1000), "the service did not answer a signed ping"
+    sock.recv_multipart()
+    sock.send_multipart(ping)
     assert sock.poll(1000) == 0, "the service answered a message it should have refused"
     ctx.destroy(linger=0)
 
     link = observer(path)
     try:
         deadline = time.monotonic() + HANG_S
-        while link.call("stats", timeout=HANG_S)["refused"] < 2:
+        while link.call("stats", timeout=HANG_S)["refused"] < 4:
             assert time.monotonic() < deadline
             time.sleep(0.05)
         assert "mallory" not in [c["name"] for c in link.call("clients", timeout=HANG_S)]
@@ -155,7 +164,8 @@ def test_a_message_without_the_key_is_refused_and_logged_and_handles_are_per_cli
     finally:
         link.call("bye", timeout=HANG_S)
         link.close()
-    assert "refused a message" in Path(log_path).read_text()
+    said = Path(log_path).read_text()
+    assert "refused a message" in said and "Invalid Signature" in said and "Duplicate Signature" in said
 
 
 TRAIN = """

@@ -23,7 +23,7 @@ import jax
 
 from ..runtime import ArgumentError, Future, IslandLostError, PathwaysError, RemoteArray, controller
 from ..runtime.extend import Controller, RemoteIsland, on_controller_replaced
-from .wire import Hub, Messages, address, decode, encode, read_connection_file
+from .wire import Hub, Messages, address, read_connection_file
 
 log = logging.getLogger("pw_kernel.service")
 
@@ -103,18 +103,23 @@ class ServiceLink:
         self.path = path
         self.info = info
         self.ctx = zmq.Context()
-        # Two sockets: requests go out on `_out` from the thread that makes them (under `_send_lock`: no
-        # hand-off to the socket thread on a call's way out); answers and heartbeats come back on the
-        # socket thread's own, whose identity the service learns from the first heartbeat and `hello`.
-        sock = self.ctx.socket(zmq.DEALER)
-        sock.linger = 0
-        sock.identity = self.reply_id = uuid.uuid4().hex.encode()
-        sock.connect(address(info))
-        self._out = self.ctx.socket(zmq.DEALER)
-        self._out.linger = 0
-        self._out.identity = uuid.uuid4().hex.encode()
-        self._out.connect(address(info))
+        # Three sockets, so that no call waits on another thread:
+        # - requests leave on `_out` from the thread that makes them (under `_send_lock`);
+        # - replies come back on `_in`, read by whichever thread waits for one (the reader, holding
+        #   `_reader`): the caller that waits for its result reads it itself. Threads that wait meanwhile
+        #   wait on `_turn`, woken when the reader has read something or leaves (leader and followers);
+        # - heartbeats go on the socket thread's own socket, which also sees the service's connection close.
+        self._out = self._socket(zmq.DEALER)
+        self._in = self._socket(zmq.DEALER)
+        self._in.rcvhwm = 0  # (replies wait there until someone waits for one: none may be dropped)
+        self.reply_id = self._in.identity
+        beats = self._socket(zmq.DEALER)
+        self.beats_id = beats.identity
         self._send_lock = threading.Lock()
+        self._reader = threading.Lock()
+        self._turn = threading.Condition(threading.Lock())
+        self._followers = 0
+        self._closing = False
         self._ponged = threading.Event()
         self.messages = Messages(info, f"pw-client-{os.getpid()}")
         self.pending: dict[int, _Ref] = {}
@@ -124,8 +129,15 @@ class ServiceLink:
         self.error: IslandLostError | None = None
         self.island: RemoteIsland | None = None
         self.hub = Hub(
-            sock, self._on_frames, self._on_tick, HEARTBEAT_S, "pw-client-socket", on_disconnect=self._on_disconnect
+            beats, self._on_frames, self._on_tick, HEARTBEAT_S, "pw-client-socket", on_disconnect=self._on_disconnect
         ).start()
+
+    def _socket(self, kind: int):
+        sock = self.ctx.socket(kind)
+        sock.linger = 0
+        sock.identity = uuid.uuid4().hex.encode()
+        sock.connect(address(self.info))
+        return sock
 
     # ------------------------------------------------------------ requests
     def request(self, method: str, args: tuple | list, oneway: bool = False) -> _Ref:
@@ -137,10 +149,9 @@ class ServiceLink:
         rid = next(self._ids)
         if not oneway:
             self.pending[rid] = ref
-        bufs: list = []
-        content = {"id": rid, "method": method, "args": encode(list(args), bufs), "oneway": oneway}
+        content = {"id": rid, "method": method, "args": args, "oneway": oneway}
+        frames = self.messages.pack("request", content)
         with self._send_lock:  # (the socket: one thread at a time)
-            frames = self.messages.pack("request", content, bufs)
             if self.error is None:
                 self._out.send_multipart(frames, copy=len(frames[-1]) < 65536)
         if oneway:
@@ -152,11 +163,16 @@ class ServiceLink:
 
     # ------------------------------------------------------------ what a RemoteIsland asks of its link
     def ready(self, ref: _Ref) -> bool:
+        if not ref.event.is_set() and self._reader.acquire(blocking=False):
+            try:
+                self._drain()
+            finally:
+                self._leave()
         return ref.event.is_set()
 
     def get(self, ref: _Ref, timeout: float | None = None) -> Any:
         deadline = None if timeout is None else time.monotonic() + timeout
-        while not ref.event.wait(0.1):  # (in slices: Ctrl-C reaches a waiting notebook)
+        while not self.wait(ref, 0.1):  # (in slices: Ctrl-C reaches a waiting notebook)
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"no answer from the Pathways service at {address(self.info)} in {timeout} s")
         if ref.error is not None:
@@ -164,7 +180,66 @@ class ServiceLink:
         return ref.value
 
     def wait(self, ref: _Ref, timeout: float) -> bool:
-        return ref.event.wait(timeout)
+        """Until ``ref`` is answered (True) or ``timeout`` s pass: reading replies if no other thread is."""
+        if ref.event.is_set():
+            return True
+        deadline = time.monotonic() + timeout
+        turn = self._turn
+        while True:
+            if self._reader.acquire(blocking=False):
+                try:
+                    self._read_until(ref, deadline)
+                finally:
+                    self._leave()
+                return ref.event.is_set()
+            with turn:  # another thread reads: it wakes us when it has read something, or leaves
+                self._followers += 1
+                try:
+                    while not ref.event.is_set() and self._reader.locked():
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            return False
+                        turn.wait(left)
+                finally:
+                    self._followers -= 1
+            if ref.event.is_set():
+                return True
+
+    def _read_until(self, ref: _Ref, deadline: float) -> None:
+        """As the reader: read replies until ``ref``'s comes, ``deadline`` passes, or the link is lost."""
+        sock = self._in
+        while not ref.event.is_set() and self.error is None and not self._closing:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            # (poll in slices: Ctrl-C reaches the reader, and a closing link is seen)
+            if sock.poll(max(1, min(int(left * 1000), 50))):
+                self._drain()
+
+    def _drain(self) -> None:
+        """Read and answer every reply that has come (the reader only)."""
+        import zmq
+
+        sock = self._in
+        if self._closing:
+            return
+        got = False
+        while sock.get(zmq.EVENTS) & zmq.POLLIN:
+            self._on_frames(sock.recv_multipart(copy=True))
+            got = True
+        if got and self._followers:
+            with self._turn:
+                self._turn.notify_all()
+
+    def _leave(self) -> None:
+        """Stop being the reader; a thread waiting for its reply becomes the next."""
+        with self._turn:
+            self._reader.release()
+            if self._followers:
+                self._turn.notify_all()
+
+    def take_inline(self, handle: int) -> Any:
+        return self.inline.pop(handle, None)
 
     def put(self, value: Any) -> Any:
         return value  # sent inside the request that uses it
@@ -182,12 +257,10 @@ class ServiceLink:
     # ------------------------------------------------------------ the socket thread
     def _on_frames(self, frames: list) -> None:
         try:
-            _, msg = self.messages.unpack(frames)
+            _, (kind, _, content) = self.messages.unpack(frames)
         except Exception as e:
             log.warning("pw_kernel client: refused a message that claims to be from the service: %s", str(e)[:200])
             return
-        content = msg["content"]
-        kind = msg["header"]["msg_type"]
         if kind == "pong":
             self.last_pong = time.monotonic()
             self._ponged.set()
@@ -201,7 +274,7 @@ class ServiceLink:
         if ref is None:
             return
         if content["ok"]:
-            value = decode(content["value"], msg["buffers"])
+            value = content["value"]
             if isinstance(value, tuple) and len(value) in (3, 4):  # a run's (times, failure, small values[, said])
                 self.inline.update(value[2])
                 value = value[:2] + value[3:]  # (times, failure[, what its nodes' callbacks wrote]), as a Ray actor's
@@ -239,24 +312,36 @@ class ServiceLink:
                 if ref is not None:
                     ref.error = self.error
                     ref.event.set()
+            with self._turn:
+                self._turn.notify_all()
         return self.error
 
     def hello(self, name: str | None, weight: float, timeout: float) -> dict:
         """Introduce this client (TimeoutError if the service does not answer): what `describe` says, and the tenant.
 
-        A heartbeat goes first, from the socket answers come back on, so that the service knows that
-        socket before it answers anything.
+        A ping goes first from each socket that hears from the service, answered on that socket: a
+        ROUTER knows a peer only once its connection is made, and drops a message to one it does not know.
         """
         self.hub.send(self.messages.pack("ping", {}))
         if not self._ponged.wait(timeout):
             raise TimeoutError(f"no answer from the Pathways service at {address(self.info)} in {timeout} s")
-        return self.call("hello", name, float(weight), os.getpid(), self.reply_id, timeout=timeout)
+        with self._reader:  # (no other thread uses the link yet: its first message is the pong)
+            self._in.send_multipart(self.messages.pack("ping", {}))
+            deadline = time.monotonic() + timeout
+            while not self._in.poll(100):  # (in slices: Ctrl-C)
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"no answer from the Pathways service at {address(self.info)} in {timeout} s")
+            self._on_frames(self._in.recv_multipart())
+        return self.call("hello", name, float(weight), os.getpid(), self.reply_id, self.beats_id, timeout=timeout)
 
     def close(self) -> None:
+        self._closing = True
         self.hub.stop()
         with self._send_lock:
             self._out.close(linger=0)
-        self.ctx.term()
+        if self._reader.acquire(timeout=2.0):  # (a reader leaves within a poll's slice once closing)
+            self._in.close(linger=0)
+            self.ctx.term()
 
 
 class ClientInfo(NamedTuple):

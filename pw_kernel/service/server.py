@@ -39,16 +39,7 @@ from ..runtime import FairShare, Future, NodeEvent, PathwaysError, compiled, con
 from ..runtime.extend import executions, from_wire, start_trace, to_wire
 from .callbacks import load as load_calling_host
 from .clients import DEAD_AFTER_S, Client, Heap, Kept, retire
-from .wire import (
-    Hub,
-    Messages,
-    decode,
-    default_connection_file,
-    encode,
-    new_key,
-    read_connection_file,
-    write_connection_file,
-)
+from .wire import Hub, Message, Messages, default_connection_file, new_key, read_connection_file, write_connection_file
 
 log = logging.getLogger("pw_kernel.service")
 
@@ -96,8 +87,9 @@ class Service:
         }
         self.messages = Messages(self.info, "pw-service")
         self.clients: dict[bytes, Client] = {}  # by the identity of the socket a client sends on ...
-        self._reply_to: dict[bytes, bytes] = {}  # ... -> that of the socket it receives on
-        self._by_reply: dict[bytes, Client] = {}  # (its heartbeats come from that one)
+        self._reply_to: dict[bytes, bytes] = {}  # ... -> that of the socket it receives replies on
+        self._beats_from: dict[bytes, bytes] = {}  # ... -> that of the socket its heartbeats come from
+        self._by_beat: dict[bytes, Client] = {}
         self._by_tenant: dict[str, Client] = {}
         self.kept: dict[tuple[str, str], Kept] = {}
         self._slices: dict[tuple, Any] = {}
@@ -155,15 +147,15 @@ class Service:
             log.warning("pw_kernel service: refused a message from %r: %s", who, str(e)[:200])
             return
         ident = idents[0]
-        if msg["header"]["msg_type"] == "ping":  # (from a client's receiving socket)
-            c = self._by_reply.get(ident)
+        if msg.kind == "ping":  # (from a client's receiving socket)
+            c = self._by_beat.get(ident)
             if c is not None:
                 c.last_seen = time.monotonic()
             self._send(ident, "pong", {"known": c is not None})
             return
         # A quick request with nothing queued before it is handled here, not handed to the worker:
         # two thread hand-offs (there and back) are most of a small call's latency.
-        if msg["content"].get("method") in _QUICK and self._queued == self._handled and self._state.acquire(False):
+        if msg.content.get("method") in _QUICK and self._queued == self._handled and self._state.acquire(False):
             try:
                 self._handle(ident, msg)
             finally:
@@ -196,7 +188,7 @@ class Service:
                 if c.dropping:
                     continue
                 try:
-                    sock.send_multipart(self.messages.pack("pong", {"known": True}, [], self._reply_to.get(c.ident)))
+                    sock.send_multipart(self.messages.pack("pong", {"known": True}, self._reply_to.get(c.ident)))
                 except zmq.ZMQError as e:
                     if e.errno != zmq.EHOSTUNREACH:
                         raise
@@ -218,13 +210,15 @@ class Service:
         if suspect:
             self._suspect_until = 0.0
 
-    def _send(self, ident: bytes, kind: str, content: dict, bufs: list = ()) -> None:
-        self.hub.send(self.messages.pack(kind, content, bufs, ident))
+    def _send(self, ident: bytes, kind: str, content: dict) -> None:
+        self.hub.send(self.messages.pack(kind, content, ident))
 
     def _reply(self, ident: bytes, rid: int, value: Any = None, error: str | None = None) -> None:
-        bufs: list = []
-        content = {"id": rid, "ok": error is None, "value": encode(value, bufs), "error": error}
-        self._send(ident, "reply", content, bufs)
+        try:
+            frames = self.messages.pack("reply", {"id": rid, "ok": error is None, "value": value, "error": error}, ident)
+        except TypeError as e:  # (a value that cannot cross: the client hears why)
+            frames = self.messages.pack("reply", {"id": rid, "ok": False, "value": None, "error": str(e)}, ident)
+        self.hub.send(frames)
 
     def _on_event(self, ev) -> None:
         if isinstance(ev, NodeEvent) and ev.kind != "compile":  # (device time is running time)
@@ -244,22 +238,22 @@ class Service:
                 finally:
                     self._handled += 1
 
-    def _handle(self, ident: bytes, msg: dict | str) -> None:
+    def _handle(self, ident: bytes, msg: Message | str) -> None:
         """Answer one request (or drop a client: ``msg`` says why); holds ``_state``, on the worker or the socket thread."""
         if isinstance(msg, str):
             self._drop(ident, msg)
             return
-        content = msg["content"]
+        content = msg.content
         rid = content.get("id")
         # A client sends on one socket and receives on another (`ServiceLink`): answers go to the second
         # (looked up now: a `bye` forgets it before its answer is sent; a `hello` tells it).
         to = self._reply_to.get(ident, ident)
         try:
             method = content["method"]
-            args = decode(content.get("args", []), msg["buffers"])
+            args = content.get("args", ())
             c = self.clients.get(ident)
             if method == "hello":
-                value = self._hello(ident, msg["header"].get("username", "?"), *args)
+                value = self._hello(ident, msg.user, *args)
             elif c is None:
                 raise PathwaysError(
                     "this service does not know the client (it was dropped after missing heartbeats, or the "
@@ -279,10 +273,12 @@ class Service:
         if value is not _LATER and not content.get("oneway"):
             self._reply(self._reply_to.get(ident, to), rid, value)
 
-    def _hello(self, ident: bytes, user: str, name: str | None, weight: float, pid: int, reply_to=None) -> dict:
+    def _hello(self, ident: bytes, user: str, name: str | None, weight: float, pid: int, reply_to=None,
+               beats_from=None) -> dict:
         if ident in self.clients:  # the same client again (reconnected): its old state goes
             self._drop(ident, "reconnected")
         reply_to = ident if reply_to is None else bytes(reply_to)
+        beats_from = reply_to if beats_from is None else bytes(beats_from)
         name = name or f"client-{pid}"
         tenant, k = name, 2
         while tenant in self._by_tenant:
@@ -290,7 +286,8 @@ class Service:
         c = Client(ident, name, tenant, float(weight), user, pid)
         self.clients[ident] = c
         self._reply_to[ident] = reply_to
-        self._by_reply[reply_to] = c
+        self._beats_from[ident] = beats_from
+        self._by_beat[beats_from] = c
         self._by_tenant[tenant] = c
         log.info("pw_kernel service: client %r (pid %s, weight %g) connected", tenant, pid, weight)
         return {**self._describe(), "tenant": tenant}
@@ -305,7 +302,8 @@ class Service:
         c = self.clients.pop(ident, None)
         if c is None:
             return
-        self._by_reply.pop(self._reply_to.pop(ident, ident), None)
+        self._reply_to.pop(ident, None)
+        self._by_beat.pop(self._beats_from.pop(ident, ident), None)
         self._by_tenant.pop(c.tenant, None)
         c.gone = True  # (its runs, cancelled, are answered to nobody)
         c.stop_waiting()

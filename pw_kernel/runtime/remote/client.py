@@ -36,6 +36,7 @@ island code over ZeroMQ with a link of its own.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import queue
 import threading
@@ -484,6 +485,9 @@ class RemoteArray:
         if isl.bursts:  # empty off the dispatching thread: what made this value was handed over
             isl.bursts.flush()
         handle = self.handle
+        value = isl.link.take_inline(handle)
+        if value is not None:  # (a small value came with the reply of the run that made it)
+            return from_wire(value)
         ticket = _Ticket(isl)
         isl.send([("call", lambda: isl.actor.get.remote(handle), ticket)], cheap=True)
         try:
@@ -493,7 +497,7 @@ class RemoteArray:
 
     def local(self) -> jax.Array:
         if self._local is None:
-            self._local = jax.numpy.asarray(self.fetch())
+            self._local = _on_this_device(self.fetch())
         return self._local
 
     def __array__(self, dtype=None, copy=None):
@@ -505,6 +509,17 @@ class RemoteArray:
 
     def __repr__(self) -> str:
         return f"RemoteArray({self.dtype.name}{list(self.shape)}, handle={self.handle}, {self.island!r})"
+
+
+@functools.cache
+def _identity():
+    return jax.jit(lambda x: x)
+
+
+def _on_this_device(value) -> jax.Array:
+    """A fetched value as a `jax.Array` on the default device (a jitted identity: ~4x quicker than
+    `jnp.asarray`, whose primitive is bound in Python on each call; a small call's result pays it)."""
+    return value if isinstance(value, jax.Array) else _identity()(value)
 
 
 def _avals(values) -> list[jax.ShapeDtypeStruct]:

@@ -41,6 +41,10 @@ class RayLink:
         done, _ = ray.wait([ref], timeout=timeout)
         return bool(done)
 
+    def take_inline(self, handle: int) -> Any:
+        """The value of ``handle`` if it came with its run's reply (the service's small values), once; else None."""
+        return None
+
     def put(self, value):
         """A value shipped as an argument of a later call (Ray: through its object store)."""
         import ray
