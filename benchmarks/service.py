@@ -106,7 +106,9 @@ for _ in range(5):
 print("node", (used() - t) / 5, flush=True)    # a node's device time: what the next call may wait behind
 queued = [f(a0) for _ in range(runs)]
 held[-1].result()
-pw.clients()  # (answered after the service has taken every call sent before: the runs are queued there)
+from pw_kernel.service import stats
+while stats()["live_runs"] < runs // 2:  # (this process's dispatcher thread sends them: until the service has them)
+    time.sleep(0.01)
 print("queued", flush=True)
 time.sleep(600)
 """

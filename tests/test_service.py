@@ -334,6 +334,9 @@ def test_a_killed_client_has_its_queued_runs_cancelled_and_its_buffers_freed(ser
             for _ in range(200):                                    # seconds of queued work
                 a = slow(a)
             held[-1].result()
+            from pw_kernel.service import stats
+            while stats()["live_runs"] < 100:                   # (the dispatcher thread sends them)
+                time.sleep(0.01)
             print("queued", flush=True)
             time.sleep(600)
             """,

@@ -182,6 +182,10 @@ class Future(concurrent.futures.Future):
         value = self._result
         return None if hasattr(value, "fetch") else value  # a remote island's stays there
 
+    def resolved_remote(self) -> bool:
+        """Whether this future has resolved to an array that stays on a remote island (read there by handle)."""
+        return self._state == _FINISHED and self._exception is None and hasattr(self._result, "fetch")
+
     @property
     def ndim(self) -> int:
         return len(self.shape)

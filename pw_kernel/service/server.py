@@ -85,7 +85,7 @@ class Service:
             "pid": os.getpid(), "user": getpass.getuser(), "devices": len(self.devices),
             "platform": self.devices[0].platform, "kind": "pw_kernel service",
         }
-        self.messages = Messages(self.info, "pw-service")
+        self.messages = Messages(self.info, "pw-service", routed=True)
         self.clients: dict[bytes, Client] = {}  # by the identity of the socket a client sends on ...
         self._reply_to: dict[bytes, bytes] = {}  # ... -> that of the socket it receives replies on
         self._beats_from: dict[bytes, bytes] = {}  # ... -> that of the socket its heartbeats come from

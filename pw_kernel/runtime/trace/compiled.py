@@ -241,8 +241,9 @@ def array_signature(args: tuple) -> tuple[tuple, tuple] | None:
 
     The key is each argument's (shape, dtype, sharding), as a program's signature keys arrays.
     A future already resolved to an array counts as that array, and ``arrays`` has it in its
-    place (a loop feeding each call the last one's future, finished by the next call); a future
-    still pending, failed, donated or remote takes the full way.
+    place (a loop feeding each call the last one's future, finished by the next call). A future
+    resolved to an array that stays on a remote island stays a future, keyed as the full way
+    keys it (with its slice); one still pending, failed or donated takes the full way.
     """
     key = []
     arrays = args
@@ -255,9 +256,13 @@ def array_signature(args: tuple) -> tuple[tuple, tuple] | None:
                 else 2 if hasattr(t, "resolved_value") else 0
             )
         if kind == 2:
-            a = a.resolved_value()
-            if _CONCRETE.get(type(a)) != 1:
+            v = a.resolved_value()
+            if _CONCRETE.get(type(v)) != 1:
+                if v is None and a.resolved_remote():  # (read where it lives, by handle)
+                    key.append((a.shape, a.dtype, a.sharding, id(a.slice)))
+                    continue
                 return None
+            a = v
             if arrays is args:
                 arrays = list(args)
             arrays[i] = a
