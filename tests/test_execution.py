@@ -292,6 +292,32 @@ def test_compiled_function_alone_is_a_one_node_program(ctl):
     np.testing.assert_array_equal(np.asarray(halve(jnp.array([2.0, 4.0])).result()), [1.0, 2.0])
 
 
+def test_a_lone_call_hands_its_values_to_on_computed_before_it_is_reported_done(ctl, caplog):
+    s = pw.slice(1, name="s")
+    double = pw.compiled(lambda x: x * 2, slice=s)
+    two = pw.program(lambda x: (double(x) + 1, double(x) * 2), name="two")
+    x = jax.device_put(jnp.arange(3.0), s.sharding())
+    two.call_run(x)[0].wait()  # (compiled: the next calls compute inside their call)
+    seen = []
+
+    def record(values):
+        seen.append(([np.asarray(v) for v in values], pw.controller().runs[-1].state))
+
+    run, (a, b) = two.call_run(x, on_computed=record)
+    assert run.state == "done"
+    (values, state), = seen  # once, with every output, before the run was reported done
+    np.testing.assert_array_equal(values[0], np.asarray(a.result()))
+    np.testing.assert_array_equal(values[1], np.asarray(b.result()))
+    assert state != "done"
+
+    def broken(values):
+        raise ValueError("the caller's bug")
+
+    run, (a, _) = two.call_run(x, on_computed=broken)  # logged; the run goes on
+    assert run.state == "done" and "the caller's bug" in caplog.text
+    np.testing.assert_array_equal(np.asarray(a.result()), np.asarray(x) * 2 + 1)
+
+
 def test_a_compiled_function_called_again_reuses_its_graph_per_input_signature(ctl):
     s = pw.slice(2, mesh={"d": 2}, name="s")
     double = pw.compiled(lambda x: x * 2, slice=s, in_specs=P("d"), out_specs=P("d"), name="double")

@@ -166,23 +166,27 @@ class Program:
     def call_run(
         self, *args, name: str | None = None, mode: str | None = None, tenant: str | None = None,
         weight: float = 1.0, priority: int = 0, source_map: dict[str, str] | None = None, on_error=None,
-        graph: ProgramGraph | None = None, **kwargs,
+        graph: ProgramGraph | None = None, on_computed=None, **kwargs,
     ) -> tuple[Run, Any]:
         """`submit`, returning the run and its outputs, held from before it started (a run that ends inside
         this call keeps none of its futures itself once final). ``graph``: what ``trace(*args)`` returned
-        for these very arguments, if the caller has it (it is not looked up again).
+        for these very arguments, if the caller has it (it is not looked up again). ``on_computed``: see
+        `Controller.call`.
 
         Example::
 
             g = f.trace(v)
             run, (y, z) = f.call_run(v, name="first", graph=g)
         """
-        run, futures = self._submit(args, kwargs, name, mode, tenant, weight, priority, source_map, on_error, graph)
+        run, futures = self._submit(
+            args, kwargs, name, mode, tenant, weight, priority, source_map, on_error, graph, on_computed
+        )
         return run, run.tree(futures)
 
     def _submit(
         self, args: tuple, kwargs: dict, name: str | None = None, mode: str | None = None, tenant: str | None = None,
         weight: float = 1.0, priority: int = 0, source_map=None, on_error=None, graph: ProgramGraph | None = None,
+        on_computed=None,
     ) -> tuple[Run, list]:
         if in_program_trace():
             raise ArgumentError(
@@ -200,7 +204,7 @@ class Program:
             graph, _ = self._trace(args, kwargs, keep)
         run, futures = self._controller().call(
             graph, traced, name=name or self.name, mode=mode or self.mode, tenant=tenant or self.tenant,
-            weight=weight, priority=priority, source_map=source_map, on_error=on_error,
+            weight=weight, priority=priority, source_map=source_map, on_error=on_error, on_computed=on_computed,
         )
         self._note_reads(graph, traced, run)
         return run, futures

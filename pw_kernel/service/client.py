@@ -23,7 +23,7 @@ import jax
 
 from ..runtime import ArgumentError, Future, IslandLostError, PathwaysError, RemoteArray, controller
 from ..runtime.extend import Controller, RemoteIsland, on_controller_replaced
-from .wire import Hub, Messages, address, read_connection_file
+from .wire import Hub, Messages, address, read_connection_file, recv, send
 
 log = logging.getLogger("pw_kernel.service")
 
@@ -156,7 +156,7 @@ class ServiceLink:
         frames = self.messages.pack("request", content)
         with self._send_lock:  # (the socket: one thread at a time)
             if self.error is None:
-                self._out.send_multipart(frames, copy=len(frames[-1]) < 65536)
+                send(self._out, frames)
         if oneway:
             ref.event.set()
         return ref
@@ -224,7 +224,7 @@ class ServiceLink:
         """Read and answer one reply that has come (the reader only), and wake the threads waiting for theirs."""
         if self._closing:
             return
-        self._on_frames(self._in.recv_multipart(_NOBLOCK))
+        self._on_frames(recv(self._in, _NOBLOCK))
         if self._followers:
             with self._turn:
                 self._turn.notify_all()
@@ -324,12 +324,12 @@ class ServiceLink:
         if not self._ponged.wait(timeout):
             raise TimeoutError(f"no answer from the Pathways service at {address(self.info)} in {timeout} s")
         with self._reader:  # (no other thread uses the link yet: its first message is the pong)
-            self._in.send_multipart(self.messages.pack("ping", {}))
+            send(self._in, self.messages.pack("ping", {}))
             deadline = time.monotonic() + timeout
             while not self._in.poll(100):  # (in slices: Ctrl-C)
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"no answer from the Pathways service at {address(self.info)} in {timeout} s")
-            self._on_frames(self._in.recv_multipart())
+            self._on_frames(recv(self._in))
         return self.call("hello", name, float(weight), os.getpid(), self.reply_id, self.beats_id, timeout=timeout)
 
     def close(self) -> None:

@@ -211,6 +211,25 @@ def _array(data, dtype: str, shape: tuple) -> np.ndarray:
     return np.frombuffer(data, dtype=kind).reshape(shape)
 
 
+def send(sock, frames: list) -> None:
+    """Send ``frames`` as one message: a frame at a time (`send_multipart`'s checks double a small message's
+    cost); big frames (arrays) without a copy."""
+    last = len(frames) - 1
+    for i, f in enumerate(frames):
+        sock.send(f, _SNDMORE if i < last else 0, copy=len(f) < OUT_OF_BAND)
+
+
+def recv(sock, flags: int = 0) -> list:
+    """The frames of one message (``flags``: 1, NOBLOCK, raises `zmq.Again` if none has come)."""
+    frames = [sock.recv(flags)]
+    while sock.get(_RCVMORE):
+        frames.append(sock.recv())
+    return frames
+
+
+_SNDMORE, _RCVMORE = 2, 13  # (zmq.SNDMORE and zmq.RCVMORE, as plain ints: no import of zmq for them)
+
+
 def address(info: dict) -> str:
     return f"{info['transport']}://{info['ip']}:{info['port']}"
 
@@ -244,7 +263,7 @@ class Hub:
     def send(self, frames: list) -> None:
         """Send ``frames`` (a multipart message): on this hub's thread at once, from another thread queued for it."""
         if threading.get_ident() == self.thread.ident and self._out.empty():
-            self.socket.send_multipart(frames, copy=len(frames[-1]) < 65536)
+            send(self.socket, frames)
             return
         self._out.put(frames)
         self._wake()
@@ -286,11 +305,11 @@ class Hub:
                         frames = self._out.get_nowait()
                     except queue.Empty:
                         break
-                    sock.send_multipart(frames, copy=len(frames[-1]) < 65536)
+                    send(sock, frames)
                 if sock in events:
                     while True:
                         try:
-                            frames = sock.recv_multipart(zmq.NOBLOCK)
+                            frames = recv(sock, zmq.NOBLOCK)
                         except zmq.Again:
                             break
                         self._guard(self.on_frames, frames)

@@ -6,6 +6,7 @@ import atexit
 import collections
 import dataclasses
 import itertools
+import logging
 import threading
 import time
 import warnings
@@ -216,10 +217,15 @@ class Controller:
     def call(
         self, graph: ProgramGraph, inputs: list[Any], *, name: str | None = None, mode: str | None = None,
         tenant: str = "default", weight: float = 1.0, priority: int = 0, source_map: dict[str, str] | None = None,
-        on_error=None,
+        on_error=None, on_computed=None,
     ) -> tuple[Run, list[Future]]:
         """`submit`, returning the run and its output futures (flat), held from before it starts: a program call
-        reads them, and a run that ends within this call has let go of its own by the time it returns."""
+        reads them, and a run that ends within this call has let go of its own by the time it returns.
+
+        ``on_computed``: called with the output values (flat) if the run computes whole inside this
+        call (a lone call on arrays), before it is reported done (lock held): whoever answers another
+        process with them (the Pathways service) answers before the bookkeeping, not after.
+        """
         if self._closed:
             self._check_open("submit")
         for s in graph.slices:
@@ -263,7 +269,7 @@ class Controller:
             if may_inline and self.dispatcher.can_inline():
                 # Alone in the queue, one step on arrays: run here whole, reported in one transition.
                 args = self.lifecycle.lone_args(rec)
-                if args is not None and self._run_lone(rec, args):
+                if args is not None and self._run_lone(rec, args, on_computed):
                     return run, futures
                 # Alone in the queue: submitted and started in one transition, dispatched here.
                 work, effects = self.lifecycle.submit_lone(rec, rec.submitted_at)
@@ -277,7 +283,7 @@ class Controller:
                 self.dispatcher.wake()
         return run, futures
 
-    def _run_lone(self, rec: RunRecord, args: list) -> bool:
+    def _run_lone(self, rec: RunRecord, args: list, on_computed=None) -> bool:
         """Call a new run's only step on this thread and report what it did (lock held; `Lifecycle.lone_args`).
 
         False (nothing done, the run still new) where its step needs the dispatch loop. Computed
@@ -294,6 +300,8 @@ class Controller:
                 return False
             kind, now = outcome[0], time.time()
             if kind == "ran":
+                if on_computed is not None:
+                    self._computed(rec, on_computed, outcome[2])
                 self._apply(life.handle(rec, "ran", now, 1, *outcome[1:]))
                 return True
             self._apply(life.handle(rec, "start", rec.submitted_at))
@@ -304,6 +312,13 @@ class Controller:
             self._apply(life.handle(rec, "dispatched", now, 1, per_island, published, cost))
             self.completion.add(([item], per_island, published), lone=True)  # its caller completes it, waiting
             return True
+
+    @staticmethod
+    def _computed(rec: RunRecord, on_computed, published) -> None:
+        try:
+            on_computed([v for _, v in sorted(published, key=lambda p: p[0])])
+        except Exception:  # the caller's: logged, the run goes on
+            logging.getLogger("pw_kernel").exception("`on_computed` of run %s (%r) raised", rec.id, rec.name)
 
     def plan(self, graph: ProgramGraph, mode: str | None = None):
         """How ``graph`` would run here: its steps, slots and peak memory per device (cached per mode).
