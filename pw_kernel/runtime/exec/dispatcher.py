@@ -296,23 +296,30 @@ class Dispatcher:
 
         What `_dispatch` does for the commonest interactive call (one compiled function on
         arrays), without its loop's set-up. None (nothing done) where the step needs the
-        loop: a first call (compiled first), host callbacks, a remote island, or its devices'
-        run-ahead bound. Its credit is not asked again: the lifecycle found it in this lock
-        hold. Returns ``("ran", per_island, published, cost, events)`` when it computed inside
-        its call (completed here), ``("sent", per_island, published, cost, item)`` when it is
-        still computing (its item is completion's once reported), ``("failed", step, error)``
-        when it raised. The caller reports it: this returns rather than calls back up.
+        loop: a first call (compiled first), host callbacks, or its devices' run-ahead bound.
+        A step on a remote island is sent here (its request leaves before the run is reported
+        started: the reports overlap the island's work). Its credit is not asked again: the
+        lifecycle found it in this lock hold. Returns ``("ran", per_island, published, cost,
+        events)`` when it computed inside its call (completed here), ``("sent", per_island,
+        published, cost, item)`` when it is still computing (its item is completion's once
+        reported), ``("failed", step, error)`` when it raised. The caller reports it: this
+        returns rather than calls back up.
         """
         exe = st.exe
-        if exe.compile_first or st.host_callbacks or st.remote:
+        if exe.compile_first or st.host_callbacks:
             return None
+        remote = st.remote
         gate = self.gate
-        ns = gate.take(st) if gate.on else 0
+        ns = gate.take(st) if gate.on and not remote else 0
         if ns < 0:
             return None
+        if remote:
+            self.bursts.run = (rec.id, rec.priority)  # what the island is told its node belongs to
         t = time.perf_counter_ns() - self.log.epoch
         try:
             outs = st.call(*args)
+            if remote:
+                self.bursts.flush()
         except Exception as e:
             if ns:
                 gate.untake(st, ns)
@@ -322,7 +329,7 @@ class Dispatcher:
         published = [(j, outs[pos]) for j, pos in st.publishes]
         item = (rec, st, self.seq, t, outs)
         per_island = ((st.island, 1, exe.collectives, 0),)
-        event = self.completion.complete_one(item)
+        event = None if remote else self.completion.complete_one(item)
         if event is not None:
             return ("ran", per_island, published, cost, (event,))
         return ("sent", per_island, published, cost, item)
