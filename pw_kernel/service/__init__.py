@@ -22,29 +22,34 @@ Design
   of this process to use local ones). A burst of a client's nodes becomes one
   run of the service's controller; outputs up to 1 KiB come back with its
   reply, so reading a loss costs no second round trip.
-* **Why ZeroMQ with Jupyter's `Session`**: it is what every notebook already
+* **Why ZeroMQ, signed as Jupyter signs**: it is what every notebook already
   runs on (pyzmq and jupyter_client are the kernel's own dependencies, no new
-  service to install), it has the authentication model this needs - a
-  connection file only the user can read (0600, in Jupyter's per-user runtime
-  directory) with the address and a key, every message signed with
-  HMAC-SHA256, a replayed signature refused - and `Session` does the signing,
-  checking and serialization, so none of it is written here. gRPC (as JAX's
-  IFRT proxy) would bring TLS and a schema but no per-user key file; Ray
-  would bring a cluster for what is one host.
+  service to install), and Jupyter's authentication model is what this needs:
+  a connection file only the user can read (0600, in Jupyter's per-user
+  runtime directory) with the address and a key, every message signed with
+  HMAC-SHA256 under it, a replayed signature refused. gRPC (as JAX's IFRT
+  proxy) would bring TLS and a schema but no per-user key file; Ray would
+  bring a cluster for what is one host. The messages themselves are lighter
+  than Jupyter's (`wire.Messages`): one frame holding the signature and a
+  pickle of the content (big arrays in raw frames of their own), read only
+  once its signature holds, as ipyparallel's engines read pickles from their
+  signed clients; Jupyter's six JSON frames cost four times as much a call.
 * **State that outlives a client**: each client's handles are its own; when
   it disconnects, or misses heartbeats for a few seconds (killed), its queued
   runs are cancelled and its buffers freed. `pw.keep(name, tree)` moves
   buffers under a name of the user's, which `pw.kept(name)` hands to any later
   client as fresh handles on the same devices.
-* **Latency**: a small waited call crosses few threads. A client sends its
-  requests from the thread that makes them (the dispatching thread: one
-  socket, under a lock) and receives on its socket thread's own socket, whose
-  identity the service learns from `hello`; the service answers quick requests
-  (`run_many`, `get`, `free`, `cancel`) on its socket thread when nothing is
-  queued before them, and a run computed inside that call is answered there;
-  handles to free ride with the next call; messages are Jupyter's signed
-  frames, made and checked without what this protocol never reads
-  (`wire.Messages`).
+* **Latency**: a small waited call crosses no thread of pw's own. A client
+  sends its requests from the thread that makes them (one socket, under a
+  lock); replies come back on a socket of their own that the thread waiting
+  for one reads itself (the reader: others waiting meanwhile are woken when
+  it has read theirs, or leaves), and heartbeats go on a third, the socket
+  thread's, which also sees the service's connection close. A lone call on
+  arrays is sent by its caller before the run is reported started. The service
+  answers quick requests (`run_many`, `get`, `free`, `cancel`) on its socket
+  thread when nothing is queued before them, and a run computed inside that
+  call is answered before the controller reports it done (`on_computed`);
+  handles to free ride with the next call.
 * **Cancel and priority cross**: each burst carries the client's run id and
   priority. A client's cancel (Ctrl-C included) tells the service, which drops
   that run's nodes still queued; the priority orders a client's own runs in

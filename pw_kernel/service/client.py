@@ -252,7 +252,7 @@ class ServiceLink:
     def where(info: dict) -> str:
         return f"Pathways service on {info['host']}, pid {info['pid']}"
 
-    # ------------------------------------------------------------ the socket thread
+    # ------------------------------------------------------------ what comes back (the reader, or the socket thread)
     def _on_frames(self, frames: list) -> None:
         try:
             _, (kind, _, content) = self.messages.unpack(frames)

@@ -82,22 +82,24 @@ class Client:
 
 
 def retire(held: tuple, collect: Callable[[], Any] = gc.collect, said: str = "") -> None:
-    """What a dropped client held, ``(runs, buffers, programs, executables)``: cancel the runs, free the rest,
-    log ``said`` with the count of runs cancelled, and collect once the nodes they had on the devices finished
-    (a cancelled run is final at once; its dispatched nodes still run and hold their buffers until they end;
-    its programs and executables are freed by a full collection)."""
+    """What a dropped client held, ``(runs, buffers, programs, executables)``: cancel the runs, log ``said``
+    with the count of runs cancelled, and once the nodes they had on the devices finished, free the rest and
+    collect (a cancelled run is final at once; its dispatched nodes still run and hold their buffers until
+    they end; its programs and executables are freed by a full collection)."""
     runs = held[0]
     cancelled = 0
     for run in runs:
         cancelled += bool(run.cancel())
         time.sleep(0)  # (the GIL to other clients' requests between two cancels, not after all of them)
-    for d in held[1:]:
-        d.clear()
     if said:
         log.info("pw_kernel service: " + said.format(cancelled))
+    # Freed once its dispatched nodes have ended: freeing hundreds of MiB takes milliseconds of this process's
+    # CPU, which the nodes queued on the devices meanwhile (the other clients' next calls wait behind them) need.
     deadline = time.monotonic() + 10 * DEAD_AFTER_S
     while any(r.nodes_on_devices for r in runs) and time.monotonic() < deadline:
         time.sleep(0.02)
+    for d in held[1:]:
+        d.clear()
     runs.clear()
     del held, runs
     collect()
