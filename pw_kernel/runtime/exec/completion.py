@@ -129,6 +129,18 @@ def _computed(batch: tuple) -> bool:
     return True
 
 
+def _waiting_for(batch: tuple) -> Callable[[float], Any]:
+    """The ``wait`` of the first output of ``batch`` not yet computed (a remote island's values have one)."""
+    for item in batch[0]:
+        for a in item[4]:
+            try:
+                if not a.is_ready() and hasattr(a, "wait"):
+                    return a.wait
+            except Exception:  # (failed, or donated: `_complete` reports it)
+                pass
+    return time.sleep
+
+
 class Completion:
     """The batches dispatched and not yet completed, the watcher thread, and a waiting caller's shortcut.
 
@@ -386,9 +398,7 @@ class Completion:
         meanwhile are taken too (appended to ``batches``). False (nothing done) if its outputs cannot be waited on.
         """
         head = batches[i]
-        first = head[0][0]
-        wait = next((a.wait for a in first[4] if hasattr(a, "wait")), None)
-        if wait is None:
+        if not any(hasattr(a, "wait") for a in head[0][0][4]):
             return False
         nap = 0.001
         while not _computed(head):
@@ -419,7 +429,9 @@ class Completion:
                     report = None
                     reports.clear()
                 nap = 0.001
-            wait(nap)  # (wakes at once when this batch's reply comes; otherwise looks again, less often)
+            # (wakes at once when the reply of an output not yet computed comes - a batch may span several
+            # calls to the island, a transfer's and a burst's; otherwise looks again, less often)
+            _waiting_for(head)(nap)
             nap = min(2 * nap, 0.016)
         return True
 
