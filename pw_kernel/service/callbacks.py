@@ -37,6 +37,17 @@ def load(blob: bytes) -> tuple[Any, NodeSink]:
     return evaluate, sink
 
 
+def expected(shipped: dict, ops: list) -> list:
+    """``(op index, its node's sink, this run of it)`` for each op of a burst whose node calls the host:
+    expected in dispatch order before it can run, so what its callbacks write is this run's."""
+    said = []
+    for i, op in enumerate(ops if shipped else ()):
+        sink = shipped.get(op[0])
+        if sink is not None:
+            said.append((i, sink, sink.expect()))
+    return said
+
+
 def _pieces_here() -> list | None:
     """What the run whose host callback runs on this thread wrote so far (what is written now joins it)."""
     sink = getattr(calling_node(), "sink", None)

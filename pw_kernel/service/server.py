@@ -37,17 +37,18 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ..runtime import FairShare, Future, NodeEvent, PathwaysError, compiled, controller, init, program
 from ..runtime.extend import executions, from_wire, start_trace, to_wire
+from .callbacks import expected as expected_output
 from .callbacks import load as load_calling_host
 from .clients import DEAD_AFTER_S, Client, Heap, Kept, retire
-from .wire import Hub, Message, Messages, default_connection_file, new_key, read_connection_file, write_connection_file
+from .wire import (
+    Hub, Message, Messages, default_connection_file, new_key, read_connection_file, small_values, write_connection_file,
+)
 
 log = logging.getLogger("pw_kernel.service")
 
 #: Clients ping this often; one not heard from for DEAD_AFTER_S is gone (its runs cancelled, buffers freed).
 HEARTBEAT_S = 0.5
 
-#: Outputs up to this size come back with their run's reply (`.result()` then needs no request).
-INLINE_BYTES = 1024
 
 _LATER = object()  # a handler's answer: "I reply myself, when the work is done"
 
@@ -482,43 +483,31 @@ class Service:
         among the client's own runs here (fair share orders the clients); a cancel names the id.
         """
         prog, inputs = self._burst(c, ops)
-        # Runs of nodes that call the host, expected in dispatch order before they can run: their callbacks'
-        # output is theirs. (op index, its node's sink, this run of it there)
-        said = []
-        for i, op in enumerate(ops if c.shipped else ()):
-            sink = c.shipped.get(op[0])
-            if sink is not None:
-                said.append((i, sink, sink.expect()))
+        said = expected_output(c.shipped, ops)  # (the runs of its nodes that call the host)
         start = time.perf_counter_ns()
         rid, priority = client_run if client_run else (None, 0)
-        # Chained: the client planned the nodes (a fused step of its arrives as one); fusing a burst again here
-        # would compile an executable per burst and leave nowhere for a cancel or a priority to act.
+        handles = [h for o in ops for h in o[2]]
         answered = []
 
         def computed(values: list) -> None:
             # It ran whole inside the call (a lone node, nothing queued): answered now, before the controller
             # reports it done, so the client has it while this process does the bookkeeping.
-            end = time.perf_counter_ns()
-            inline = {}
-            for h, v in zip((h for o in ops for h in o[2]), values):
-                if v.size * v.dtype.itemsize <= INLINE_BYTES:
-                    inline[h] = to_wire(v)
             c.nodes += len(ops)
-            reply(([(start, end)] * len(ops), None, inline))
+            reply(([(start, time.perf_counter_ns())] * len(ops), None, small_values(handles, values)))
             answered.append(True)
 
+        # Chained: the client planned the nodes (a fused step of its arrives as one); fusing a burst again here
+        # would compile an executable per burst and leave nowhere for a cancel or a priority to act.
         run, outs = prog.call_run(
             *inputs, tenant=c.tenant, weight=c.weight, priority=int(priority), mode="chained",
             on_computed=None if said else computed,
         )
         c.runs += 1
-        per_op = []
-        k = 0
-        for _, out_ids in ((o[0], o[2]) for o in ops):
-            per_op.append(outs[k:k + len(out_ids)])
-            for h, f in zip(out_ids, outs[k:k + len(out_ids)]):
-                c.buffers[h] = f
-            k += len(out_ids)
+        c.buffers.update(zip(handles, outs))
+        per_op, k = [], 0
+        for o in ops:
+            per_op.append(outs[k:k + len(o[2])])
+            k += len(o[2])
         if answered:
             return _LATER
         for i, _, one in said:
@@ -553,12 +542,7 @@ class Service:
                 raised = one.failure()
                 if raised is not None and (failure is None or i < failure[0]):
                     failure = (i, raised)
-            # Small values travel with the reply: a loss read right after its step costs no second round trip.
-            inline = {}
-            if failure is None:
-                for h, f in zip((h for o in ops for h in o[2]), outs):
-                    if f.size * f.dtype.itemsize <= INLINE_BYTES:
-                        inline[h] = to_wire(f.result())
+            inline = small_values(handles, [f.result() for f in outs]) if failure is None else {}
             c.nodes += len(ops) if failure is None else failure[0]
             times = [(start, end)] * len(ops)
             reply((times, failure, inline, told) if told else (times, failure, inline))

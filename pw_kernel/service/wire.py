@@ -211,6 +211,18 @@ def _array(data, dtype: str, shape: tuple) -> np.ndarray:
     return np.frombuffer(data, dtype=kind).reshape(shape)
 
 
+#: Outputs up to this size come back with their run's reply (`.result()` then needs no request): a loss read
+#: right after its step costs no second round trip.
+INLINE_BYTES = 1024
+
+
+def small_values(handles: list, arrays: list) -> dict:
+    """``{handle: value}`` of the ``arrays`` of at most INLINE_BYTES, as `to_wire` packs them."""
+    from ..runtime.extend import to_wire
+
+    return {h: to_wire(a) for h, a in zip(handles, arrays) if a.size * a.dtype.itemsize <= INLINE_BYTES}
+
+
 def send(sock, frames: list) -> None:
     """Send ``frames`` as one message: a frame at a time (`send_multipart`'s checks double a small message's
     cost); big frames (arrays) without a copy."""
