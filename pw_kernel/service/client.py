@@ -23,7 +23,7 @@ import jax
 
 from ..runtime import ArgumentError, Future, IslandLostError, PathwaysError, RemoteArray, controller
 from ..runtime.extend import Controller, RemoteIsland, on_controller_replaced
-from .wire import Hub, Messages, address, read_connection_file, recv, send
+from .wire import NOBLOCK, Hub, Messages, address, read_connection_file, recv, send
 
 log = logging.getLogger("pw_kernel.service")
 
@@ -43,8 +43,6 @@ class _Ref:
         self.error: BaseException | None = None
 
 
-_NONE = object()
-_NOBLOCK = 1  # (zmq.NOBLOCK, as a plain int: an enum flag costs a few µs on each read)
 
 
 class _Method:
@@ -57,8 +55,8 @@ class _Method:
     def remote(self, *args) -> _Ref:
         link = self.link
         if self.name == "get":  # a small value that came with its run's reply: no request
-            value = link.inline.pop(args[0], _NONE)
-            if value is not _NONE:
+            value = link.take_inline(args[0])
+            if value is not None:
                 ref = _Ref()
                 ref.value = value
                 ref.event.set()
@@ -224,7 +222,7 @@ class ServiceLink:
         """Read and answer one reply that has come (the reader only), and wake the threads waiting for theirs."""
         if self._closing:
             return
-        self._on_frames(recv(self._in, _NOBLOCK))
+        self._on_frames(recv(self._in, NOBLOCK))
         if self._followers:
             with self._turn:
                 self._turn.notify_all()

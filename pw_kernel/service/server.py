@@ -41,7 +41,8 @@ from .callbacks import expected as expected_output
 from .callbacks import load as load_calling_host
 from .clients import DEAD_AFTER_S, Client, Heap, Kept, retire
 from .wire import (
-    Hub, Message, Messages, default_connection_file, new_key, read_connection_file, small_values, write_connection_file,
+    Hub, Message, Messages, default_connection_file, new_key, read_connection_file, send, small_values,
+    write_connection_file,
 )
 
 log = logging.getLogger("pw_kernel.service")
@@ -148,7 +149,7 @@ class Service:
             log.warning("pw_kernel service: refused a message from %r: %s", who, str(e)[:200])
             return
         ident = idents[0]
-        if msg.kind == "ping":  # (from a client's receiving socket)
+        if msg.kind == "ping":  # (a client's heartbeat; or from its reply socket, once, at `hello`)
             c = self._by_beat.get(ident)
             if c is not None:
                 c.last_seen = time.monotonic()
@@ -189,7 +190,7 @@ class Service:
                 if c.dropping:
                     continue
                 try:
-                    sock.send_multipart(self.messages.pack("pong", {"known": True}, self._reply_to.get(c.ident)))
+                    send(sock, self.messages.pack("pong", {"known": True}, self._reply_to.get(c.ident)))
                 except zmq.ZMQError as e:
                     if e.errno != zmq.EHOSTUNREACH:
                         raise

@@ -232,14 +232,16 @@ def send(sock, frames: list) -> None:
 
 
 def recv(sock, flags: int = 0) -> list:
-    """The frames of one message (``flags``: 1, NOBLOCK, raises `zmq.Again` if none has come)."""
+    """The frames of one message (``flags``: NOBLOCK raises `zmq.Again` if none has come)."""
     frames = [sock.recv(flags)]
     while sock.get(_RCVMORE):
         frames.append(sock.recv())
     return frames
 
 
-_SNDMORE, _RCVMORE = 2, 13  # (zmq.SNDMORE and zmq.RCVMORE, as plain ints: no import of zmq for them)
+# zmq.NOBLOCK, zmq.SNDMORE and zmq.RCVMORE as plain ints: their enum flags cost a few µs on each use, and
+# this module imports zmq only where it runs a socket.
+NOBLOCK, _SNDMORE, _RCVMORE = 1, 2, 13
 
 
 def address(info: dict) -> str:
@@ -321,7 +323,7 @@ class Hub:
                 if sock in events:
                     while True:
                         try:
-                            frames = recv(sock, zmq.NOBLOCK)
+                            frames = recv(sock, NOBLOCK)
                         except zmq.Again:
                             break
                         self._guard(self.on_frames, frames)
