@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 
 import jax
 import jax.numpy as jnp
@@ -158,6 +159,30 @@ def test_a_run_says_which_step_it_is_compiling(ctl):
     assert re.search(r"nodes, [\d.]+ s, compiling 'deep'$", line), line
     assert run.compiling is None and run.compile_time > 0
     assert "compiling" not in widgets.progress_line(run)
+
+
+def test_a_first_call_compiling_does_not_hold_up_other_runs(ctl):
+    # A model's first step compiles for a while; meanwhile a function already compiled, on another
+    # slice, is called again and again (another notebook of a service, an eval loop): each call is
+    # dispatched and done while that compile still runs, rather than queued behind it.
+    c = pw.controller()
+    step = pw.compiled(lambda x: deep(x) * 2.0 + 3.0, slice=pw.slice(1, name="model"), out_specs=P(), name="step")
+    inc = pw.compiled(lambda x: x + 1.0, slice=pw.slice(1, name="eval"), name="inc")
+    y = inc(jnp.zeros(4))
+    y.result()
+    first = pw.program(lambda x: step(x), name="first_call").submit(jnp.ones(4))
+    deadline = time.monotonic() + 60  # (not a speed bound: a test that hangs should say so)
+    while first.compiling is None and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert first.compiling == "step"
+    calls = [inc(y) for _ in range(3)]
+    for z in calls:
+        z.result()
+    (compile_end,) = [e.end for e in first.wait().events if e.kind == "compile"]
+    ends = [e.end for e in c.events.nodes if e.node == "inc"][-3:]
+    assert len(ends) == 3 and max(ends) < compile_end, (ends, compile_end)
+    np.testing.assert_allclose(first.outputs.result(), np.asarray(deep(jnp.ones(4))) * 2 + 3, rtol=1e-5)
+    np.testing.assert_allclose(calls[-1].result(), np.full(4, 2.0))
 
 
 def test_compile_threads_must_be_a_positive_count():

@@ -366,6 +366,51 @@ def test_a_killed_client_has_its_queued_runs_cancelled_and_its_buffers_freed(ser
     assert "connection closed:" in dropped[0] and "heartbeats" not in dropped[0], dropped
 
 
+def test_one_clients_first_call_compiling_does_not_hold_up_another_clients_calls(service):
+    # A notebook starts a model (its first step compiles in the service for a second or so); another
+    # notebook's calls go on meanwhile, each answered while that compile still runs.
+    path, _ = service
+    calling = notebook(
+        """
+        import json
+        from pw_kernel.service import stats
+        pw.connect(CONN, name="calling")
+        inc = pw.compiled(lambda x: x + 1.0, slice=pw.slice(1), name="inc")
+        y = inc(jnp.zeros(4))
+        y.result()
+        print("ready", flush=True)
+        deadline = time.monotonic() + 120
+        while not stats()["compiling"]:             # until the service compiles the other notebook's step
+            assert time.monotonic() < deadline, "no compile seen"
+            time.sleep(0.001)
+        calls = 0
+        while stats()["compiling"] and calls < 20:  # calls answered while it compiles
+            inc(y).result()
+            calls += 1
+        print(json.dumps({"calls": calls}))
+        """,
+        path,
+    )
+    assert calling.stdout.readline().strip() == "ready", calling.stderr.read()[-3000:]
+    compiling = notebook(
+        """
+        import json
+        pw.connect(CONN, name="compiling")
+        def deep(x):
+            for i in range(500):
+                x = jnp.sin(x) * 1.001 + i
+            return x
+        step = pw.compiled(deep, slice=pw.slice(1), name="deep")
+        print(json.dumps({"y": float(step(jnp.ones(4)).result()[0])}))
+        """,
+        path,
+    )
+    got = finish(calling)
+    finish(compiling)
+    # Compiled on the dispatcher thread, the first call after it began waited for the whole compile.
+    assert got["calls"] >= 5, got
+
+
 def test_a_service_that_dies_leaves_its_clients_a_clear_error_and_a_way_back(tmp_path):
     path, log_path = tmp_path / "conn.json", tmp_path / "service.log"
     first = _start_service(path, log_path)

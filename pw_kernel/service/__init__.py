@@ -47,9 +47,15 @@ Design
   thread's, which also sees the service's connection close. A lone call on
   arrays is sent by its caller before the run is reported started. The service
   answers quick requests (`run_many`, `get`, `free`, `cancel`) on its socket
-  thread when nothing is queued before them, and a run computed inside that
+  thread when nothing of that client's is queued before them, and a run computed inside that
   call is answered before the controller reports it done (`on_computed`);
   handles to free ride with the next call.
+* **One client does not hold up another**: the service's worker takes one
+  request of each client with requests waiting in turn (`inbox.Inbox`), each
+  client's in its order, and a dropped client's waiting requests are
+  discarded. A first call's compile (seconds, minutes for a big model) runs
+  on a thread of its own (`Dispatcher._compile_aside`): other clients' calls
+  go on being dispatched meanwhile, where they waited for the whole compile.
 * **Cancel and priority cross**: each burst carries the client's run id and
   priority. A client's cancel (Ctrl-C included) tells the service, which drops
   that run's nodes still queued; the priority orders a client's own runs in

@@ -2,8 +2,9 @@
 
 One `Service` per process. Its socket thread (`Hub`) checks every
 message's signature (a bad one is refused, counted and logged, never
-answered) and answers heartbeats; everything else goes, in arrival order, to
-one worker thread that owns the clients' state, so no lock guards it. Nodes
+answered) and answers heartbeats; everything else goes to one worker thread that owns the
+clients' state (each client's requests in their order, the clients in turn:
+`Inbox`). Nodes
 run as runs of this process's `pw.controller()`, each client a `FairShare`
 tenant of its weight: the controller's per-island queues order every client's
 work in one order. Replies that wait for device work (a run, a value fetched)
@@ -24,7 +25,6 @@ import gc
 import getpass
 import logging
 import os
-import queue
 import socket as _socket
 import threading
 import time
@@ -40,6 +40,7 @@ from ..runtime.extend import executions, from_wire, start_trace, to_wire
 from .callbacks import expected as expected_output
 from .callbacks import load as load_calling_host
 from .clients import DEAD_AFTER_S, Client, Heap, Kept, retire
+from .inbox import Inbox
 from .wire import (
     Hub, Message, Messages, default_connection_file, new_key, read_connection_file, send, small_values,
     write_connection_file,
@@ -96,13 +97,11 @@ class Service:
         self.kept: dict[tuple[str, str], Kept] = {}
         self._slices: dict[tuple, Any] = {}
         self.refused = 0
-        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._inbox = Inbox()
         # The clients' state is the holder's of `_state`: the worker's, or the socket thread's for a quick
-        # request when nothing is queued (`_queued` - `_handled`: each counter has one writer).
+        # request of a client with nothing queued (`Inbox.idle`).
         self._state = threading.Lock()
         self._profiling: tuple | None = None  # (tenant, trace folder, anchor) of a client's open `pw.profile()`
-        self._queued = 0
-        self._handled = 0
         self._pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="pw-service-fetch")
         self._unsubscribe = self.ctrl.events.subscribe(self._on_event)
         self._suspect_until = 0.0  # after a connection closed: clients silent past then are gone
@@ -155,20 +154,22 @@ class Service:
                 c.last_seen = time.monotonic()
             self._send(ident, "pong", {"known": c is not None})
             return
-        # A quick request with nothing queued before it is handled here, not handed to the worker:
+        # A quick request of a client with nothing queued is handled here, not handed to the worker:
         # two thread hand-offs (there and back) are most of a small call's latency.
-        if msg.content.get("method") in _QUICK and self._queued == self._handled and self._state.acquire(False):
+        if msg.content.get("method") in _QUICK and self._inbox.idle(ident) and self._state.acquire(False):
             try:
                 self._handle(ident, msg)
             finally:
                 self._state.release()
             return
-        self._queue((ident, msg))
+        self._inbox.put(ident, msg)
 
-    def _queue(self, item) -> None:
-        """Hand ``item`` to the worker, after what is queued (this thread only: it alone counts them)."""
-        self._queued += 1
-        self._inbox.put(item)
+    def _dropping(self, c: Client, why: str) -> None:
+        """Have the worker drop ``c`` next in its turn; what it sent and is not yet handled is discarded."""
+        c.dropping = True
+        gone = self._inbox.drop(c.ident, why)
+        if gone:
+            log.info("pw_kernel service: %d requests of client %r discarded (%s)", gone, c.tenant, why)
 
     def _on_disconnect(self) -> None:
         """Some connection closed (the monitor does not say whose): the clients whose socket is gone are dropped now.
@@ -194,8 +195,7 @@ class Service:
                 except zmq.ZMQError as e:
                     if e.errno != zmq.EHOSTUNREACH:
                         raise
-                    c.dropping = True
-                    self._queue((c.ident, "its connection closed: the process exited or was killed"))
+                    self._dropping(c, "its connection closed: the process exited or was killed")
         finally:
             sock.router_mandatory = False
 
@@ -204,11 +204,10 @@ class Service:
             self.heap.tick()
         now = time.monotonic()
         suspect = self._suspect_until and now >= self._suspect_until
-        for ident, c in list(self.clients.items()):
+        for c in list(self.clients.values()):
             silent = now - c.last_seen
             if not c.dropping and (silent > DEAD_AFTER_S or (suspect and c.last_seen < self._suspect_from)):
-                c.dropping = True
-                self._queue((ident, "its heartbeats stopped: the process died or hangs"))  # the worker drops it
+                self._dropping(c, "its heartbeats stopped: the process died or hangs")
         if suspect:
             self._suspect_until = 0.0
 
@@ -238,7 +237,7 @@ class Service:
                 try:
                     self._handle(*item)
                 finally:
-                    self._handled += 1
+                    self._inbox.done()
 
     def _handle(self, ident: bytes, msg: Message | str) -> None:
         """Answer one request (or drop a client: ``msg`` says why); holds ``_state``, on the worker or the socket thread."""
@@ -473,6 +472,7 @@ class Service:
             "all_buffers": sum(len(x.buffers) for x in self.clients.values()), "refused": self.refused,
             "live_arrays": len(live), "live_bytes": int(sum(a.nbytes for a in live)), "kept": len(self.kept),
             "live_runs": sum(len(x.live) for x in self.clients.values()), "status": str(self.ctrl.status()),
+            "compiling": sum(1 for r in list(self.ctrl.runs) if r.compiling),
             "slices": sorted([d.id for d in sl.devices] for sl in self._slices.values()),
         }
 
@@ -661,7 +661,7 @@ class Service:
         if self.stopped.is_set():
             return
         self.stopped.set()
-        self._inbox.put(None)
+        self._inbox.close()
         self._worker.join(5)
         with self._state:
             for ident in list(self.clients):

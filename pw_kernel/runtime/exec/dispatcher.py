@@ -11,6 +11,7 @@ waits). It hands what it sent to `Completion`, which waits for it.
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import os
 import threading
 import time
@@ -239,10 +240,10 @@ class Dispatcher:
                 # seconds: the call must return at once, so these are the dispatcher thread's.
                 break
             if exe.compile_first:
-                if batch:  # let the watcher time what is in flight while this thread compiles
-                    self._hand_over(rec, k, sent_on, published, cost, batch)
-                    batch, sent_on, published, cost, sent = [], {}, [], 0, _NONE_SENT
-                self._compile(rec, k, [slots[i] for i in st.ins])
+                # Compiled on a thread of its own: this run's steps of it wait (`Lifecycle.no_room`), other
+                # runs, other clients' in a service, go on being dispatched meanwhile.
+                self._compile_aside(rec, k, [slots[i] for i in st.ins])
+                break
             if no_room(st, sent):
                 break  # credit comes back as earlier steps finish (the lifecycle decides: `Lifecycle.no_room`)
             ns = gate.take(st) if gated and not st.remote else 0
@@ -345,26 +346,29 @@ class Dispatcher:
             per_island, published, cost, item = outcome[1:]
             self._report(rec, 1, per_island, published, cost, [item], lone=True)
 
-    def _compile(self, rec: RunRecord, k: int, args: list) -> None:
-        """Compile step ``k``'s executable before its first call, with the run's later ones: a "compile" event each.
+    def _compile_aside(self, rec: RunRecord, k: int, args: list) -> None:
+        """Compile step ``k``'s executable before its first call, with the run's later ones, on a thread of its own.
 
         Otherwise XLA compiles inside the first call, and its time (often 100x a
-        later call) shows up as that node's device time, or inside a transfer.
-        Later calls (of any step sharing the executable) hit JAX's cache. A pipeline's
-        first step has tens of executables to compile: those of the later steps are
-        compiled from what their arguments will be (`Step.in_values`), on
-        `Config.compile_threads` threads at once, and steps that call one function
-        on arguments of the same kind share its compile.
+        later call) shows up as that node's device time, or inside a transfer. It
+        compiles aside because a compile can take seconds to minutes: done on the
+        dispatching thread, it held up every other run's dispatch, on every device
+        (and in a service, every other client's calls). Meanwhile the steps of the
+        executables it compiles have no credit (`Executable.compiling`): their runs
+        wait, and the compile's end wakes the dispatcher. Later calls (of any step
+        sharing the executable) hit JAX's cache. A pipeline's first step has tens of
+        executables to compile: those of the later steps are compiled from what
+        their arguments will be (`Step.in_values`), on `Config.compile_threads`
+        threads at once, and steps that call one function on arguments of the same
+        kind share its compile.
         """
-        port = self.port
-        log = self.log
         steps = rec.plan.steps
         st = steps[k]
         first = _compile_key(st)
         jobs: dict = {first: (st, args, [st])}  # key -> (step, arguments, the steps it compiles)
         ahead = self.compile_threads > 1  # else only the steps that share this one's executable
         for later in steps[k + 1:] if first is not None else ():
-            if not later.exe.compile_first or later.host_callbacks:
+            if not later.exe.compile_first or later.exe.compiling or later.host_callbacks:
                 continue
             key = _compile_key(later)
             if key is None:
@@ -376,36 +380,55 @@ class Dispatcher:
                 specs = [jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=v.sharding) for v in later.in_values]
                 jobs[key] = (later, specs, [later])
         todo = list(jobs.values())
-        st.exe.compile_first = False
-        # Progress views say so: a first call can compile for minutes.
-        names = [job[0].name for job in todo]
-        port.compiling(rec, ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else ""))
-        if len(todo) == 1:
-            results = [_lower_and_compile(st.call, args, log)]
-        else:
-            results = list(self._compile_pool().map(lambda job: _lower_and_compile(job[0].call, job[1], log), todo))
-        events = []
-        for (step, _, sharing), (start, end, compiled) in zip(todo, results):
-            if compiled is None:
-                continue  # its call raises it, attributed to the node (a later step: when it comes up)
-            collectives = has_collectives(compiled)
-            for s in sharing:
+        for _, _, sharing in todo:
+            for s in sharing:  # (written here, the dispatching thread, before the thread starts)
                 s.exe.compile_first = False
-                s.exe.collectives = collectives
-            self.seq += 1
-            ev = NodeEvent(
-                self.seq, rec.id, rec.name, rec.tenant, f"compile {step.name}", "compile", (), step.island, None,
-                start, 0, step.shapes,
-            )
-            ev.end = end
-            events.append(ev)
-        if events:
-            # On the run before they are emitted: a view reading the run on one sees them.
-            span = max(e.end for e in events) - min(e.dispatch for e in events)  # (they overlap)
-            port.compiling(rec, rec.compiling, events, span)
-            for ev in events:
-                log.emit_node(ev)
-        port.compiling(rec, None)  # after its events: the run says what it compiled until they are out
+                s.exe.compiling = True
+        seq = self.seq  # the compile events' numbers, taken here: ``seq`` has one writer
+        self.seq += len(todo)
+        threading.Thread(target=self._compile, args=(rec, todo, seq), name="pw-compile", daemon=True).start()
+
+    def _compile(self, rec: RunRecord, todo: list, seq: int) -> None:
+        """The compile thread: compile ``todo`` (`_compile_aside`), a "compile" event each, then let its steps go."""
+        port = self.port
+        log = self.log
+        try:
+            # Progress views say so: a first call can compile for minutes.
+            names = [job[0].name for job in todo]
+            port.compiling(rec, ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else ""))
+            if len(todo) == 1:
+                results = [_lower_and_compile(todo[0][0].call, todo[0][1], log)]
+            else:
+                results = list(self._compile_pool().map(lambda job: _lower_and_compile(job[0].call, job[1], log), todo))
+            events = []
+            for (step, _, sharing), (start, end, compiled) in zip(todo, results):
+                if compiled is None:
+                    continue  # its call raises it, attributed to the node (a later step: when it comes up)
+                collectives = has_collectives(compiled)
+                for s in sharing:
+                    s.exe.collectives = collectives
+                seq += 1
+                ev = NodeEvent(
+                    seq, rec.id, rec.name, rec.tenant, f"compile {step.name}", "compile", (), step.island, None,
+                    start, 0, step.shapes,
+                )
+                ev.end = end
+                events.append(ev)
+            if events:
+                # On the run before they are emitted: a view reading the run on one sees them.
+                span = max(e.end for e in events) - min(e.dispatch for e in events)  # (they overlap)
+                port.compiling(rec, rec.compiling, events, span)
+                for ev in events:
+                    log.emit_node(ev)
+            port.compiling(rec, None)  # after its events: the run says what it compiled until they are out
+        except Exception:  # a bug of ours, or the controller stopping: its steps go, and compile in their call
+            logging.getLogger("pw_kernel").debug("compiling for run %s failed", rec.id, exc_info=True)
+        finally:
+            with self.cond:
+                for _, _, sharing in todo:
+                    for s in sharing:
+                        s.exe.compiling = False
+                self.cond.notify()  # its steps have credit again
 
     def _compile_pool(self) -> concurrent.futures.ThreadPoolExecutor:
         if self._compilers is None:

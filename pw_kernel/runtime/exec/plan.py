@@ -30,15 +30,19 @@ class Executable:
 
     A plan is cached and shared by every run of its graph, so its steps never
     change once planned; what execution finds out lives here, the one mutable
-    part a step points at, each field with one writer: the dispatcher's compile
-    (compiled yet, collectives) and `RunAhead.finished` on the completing thread
+    part a step points at, each field with one writer at a time: the dispatcher's
+    compile (compiled yet, compiling, collectives: the dispatching thread hands
+    them to the compile thread) and `RunAhead.finished` on the completing thread
     (device time).
     """
 
-    __slots__ = ("compile_first", "collectives", "cost", "measured")
+    __slots__ = ("compile_first", "compiling", "collectives", "cost", "measured")
 
     def __init__(self, compile_first: bool = False):
         self.compile_first = compile_first  # a jax.jit not yet run by this step: compile it ahead (its own event)
+        # being compiled on the compile thread: its steps have no credit until it is (set by the dispatching
+        # thread as it hands the compile over, cleared by the compile thread under the controller's lock)
+        self.compiling = False
         self.collectives = False  # its compiled executable holds collectives (known once compiled)
         self.cost = 1000  # ns of device time, a running mean (`RunAhead.finished`; fair share charges it)
         self.measured = 0  # how many executions ``cost`` has seen (the first sets it)
