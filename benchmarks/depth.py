@@ -94,7 +94,7 @@ def pick_us(depth: int, calls: int = 200) -> float:
             return True
 
     class Exe:
-        collectives = False
+        collectives = compiling = False
 
     class Step:
         island, host_callbacks, remote, src_island, exe = 0, False, False, None, Exe()

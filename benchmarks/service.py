@@ -14,6 +14,9 @@ client of it (CPU stand-in devices, as every client is); the other clients are s
   queued on the service's device 0. Device-time shares over ``--window`` s from `pw.clients()`
   deltas (target: heavy / light within +-5% of 2), and the nodes both finish per second against one
   client alone, the two phases interleaved round by round (target: >= 0.9x).
+* **Another client's first calls compiling.** This client's waited calls while another client's
+  first calls of new functions compile in the service (seconds): the longest and the 90th
+  percentile against the whole compile (a call queued behind a compile waits for all of it).
 * **A client SIGKILLed with runs queued.** This client's next call's wait (target: at most the
   run-ahead bound, ``pw.Config.run_ahead_s`` plus one node, beyond an idle call's cost), and the
   seconds until the service holds no run, client or buffer of the dead one
@@ -111,6 +114,32 @@ while stats()["live_runs"] < runs // 2:  # (this process's dispatcher thread sen
     time.sleep(0.01)
 print("queued", flush=True)
 time.sleep(600)
+"""
+
+#: A client whose first calls of ``k`` new functions (hundreds of ops each) compile in the service: waits for
+#: "go" on stdin, calls them all, prints "done <seconds until all were computed>".
+COMPILER = r"""
+import sys, time
+import pw_kernel as pw
+import jax.numpy as jnp
+conn, k, ops = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+pw.connect(conn, name="compiler")
+s = pw.slice(1)
+
+def deep(x, j):
+    for i in range(ops):
+        x = jnp.sin(x) * (1.0 + j * 1e-3) + i
+    return x
+
+fs = [pw.compiled(lambda x, j=j: deep(x, j), slice=s, name=f"deep{j}") for j in range(k)]
+x = jnp.ones(16, jnp.float32)
+print("ready", flush=True)
+sys.stdin.readline()
+t = time.perf_counter()
+outs = [f(x) for f in fs]
+[o.result() for o in outs]
+print("done", time.perf_counter() - t, flush=True)
+sys.stdin.readline()
 """
 
 #: A raw ZeroMQ echo: a ROUTER that sends every message back to its sender.
@@ -358,6 +387,30 @@ def killed(args, procs: list, conn: Path, env: dict, served, xs) -> dict:
             "runs_during": during["live_runs"], "node_s": node_s}
 
 
+def compiling(args, procs: list, env: dict, conn: Path, served, xs) -> dict:
+    """Row (d): this client's waited calls while another client's first calls compile in the service."""
+    other = Proc([sys.executable, "-c", COMPILER, str(conn), str(args.compiles), str(args.compile_ops)], env,
+                 "compiler")
+    procs.append(other)
+    other.expect("ready")
+    took: list[float] = []
+    other.send("go")
+    deadline = time.monotonic() + 600
+    while not any(line.startswith("done ") for line in other.lines):
+        if other.p.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError("the compiling client did not finish:\n" + "\n".join(other.err[-30:]))
+        t = time.perf_counter()
+        served(xs).result()
+        took.append(time.perf_counter() - t)
+    whole = float(next(line.split()[1] for line in other.lines if line.startswith("done ")))
+    other.send("exit")
+    other.p.wait(60)
+    ordered = sorted(took)
+    return {"calls": len(took), "median_ms": statistics.median(took) * 1e3,
+            "p90_ms": ordered[int(0.9 * (len(ordered) - 1))] * 1e3, "max_ms": ordered[-1] * 1e3,
+            "compile_s": whole}
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--window", type=float, default=2.0, help="seconds each phase of the shares is measured over")
@@ -369,9 +422,11 @@ def main(argv=None) -> dict:
     ap.add_argument("--calls", type=int, default=200, help="rounds of the waited calls (at least)")
     ap.add_argument("--doomed-runs", type=int, default=200, help="matmul calls the killed client has queued")
     ap.add_argument("--doomed-size", type=int, default=512, help="the killed client's matmul n")
+    ap.add_argument("--compiles", type=int, default=3, help="new functions the compiling client calls")
+    ap.add_argument("--compile-ops", type=int, default=400, help="ops in each of them")
     ap.add_argument("--json", default=None)
     args = common.parse_args(ap, argv, {"window": 0.3, "settle": 0.2, "rounds": 1, "size": 128, "calls": 20,
-                                        "doomed_runs": 100})
+                                        "doomed_runs": 100, "compiles": 1, "compile_ops": 200})
 
     tmp = Path(tempfile.mkdtemp(prefix="pw-bench-service-"))
     conn, log = tmp / "conn.json", tmp / "service.log"
@@ -409,7 +464,9 @@ def run(args, procs: list, conn: Path, env: dict, n: int) -> dict:
 
     a = waited_call(args, procs)
     b = shares(args, procs, conn, env)
-    c = killed(args, procs, conn, env, a.pop("served"), a.pop("xs"))
+    served, xs = a.pop("served"), a.pop("xs")
+    c = killed(args, procs, conn, env, served, xs)
+    d = compiling(args, procs, env, conn, served, xs)
     run_ahead_s = pw.Config().run_ahead_s or 0.0
     node_s = c["node_s"]
     extra = c["wait_s"] - a["us"]["service"] / 1e6
@@ -445,6 +502,12 @@ def run(args, procs: list, conn: Path, env: dict, n: int) -> dict:
           f"+ a node = {(run_ahead_s + node_s) * 1e3:.1f} ms)")
     print(f"    the answer back here           {back * 1e3:>10.1f} ms")
     print(f"  its memory and runs gone after   {c['memory_back_s']:>10.2f} s")
+    print(f"\n(d) this client's waited calls while another client's first calls of {args.compiles} new functions "
+          f"({args.compile_ops} ops each) compile in the service ({d['compile_s']:.2f} s until computed)")
+    print(f"  calls made meanwhile             {d['calls']:>10,}")
+    print(f"  median, 90th percentile, longest {d['median_ms']:>10.2f} / {d['p90_ms']:.2f} / {d['max_ms']:.1f} ms "
+          f"(idle {us['service'] / 1e3:.2f} ms)")
+    print(f"  longest / the whole compile      {d['max_ms'] / 1e3 / d['compile_s']:>10.2f}")
     bound = run_ahead_s + node_s
     targets = [
         common.target("waited call: service / (ZeroMQ round trip + local)", a["ratio"], 2.0, unit="x"),
@@ -458,7 +521,7 @@ def run(args, procs: list, conn: Path, env: dict, n: int) -> dict:
     return {
         "benchmark": "service", "platform": jax.devices()[0].platform, "jax": jax.__version__,
         "python": platform.python_version(), "date": time.strftime("%Y-%m-%d"), "devices": n,
-        "waited_call": a, "shares": b, "killed": c | {"extra_wait_s": extra, "bound_s": bound},
+        "waited_call": a, "shares": b, "killed": c | {"extra_wait_s": extra, "bound_s": bound}, "compiling": d,
         "targets": targets,
     }
 

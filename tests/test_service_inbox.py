@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("zmq")
 
-from pw_kernel.service.inbox import Inbox  # noqa: E402
+from pw_kernel.service.inbox import Inbox
 
 
 def served(box: Inbox, n: int) -> list:

@@ -32,7 +32,7 @@ class Inbox:
     """
 
     def __init__(self):
-        self._mail: dict[bytes, deque] = {}  # a client -> its requests not yet taken (never an empty deque)
+        self._mail: dict[bytes, deque] = {}  # a client -> its requests not yet taken (empty only while put to)
         self._turns: deque[bytes] = deque()  # the clients with mail, in the order they are served
         self._cond = threading.Condition(threading.Lock())
         self._in_hand: bytes | None = None  # the client whose request the worker handles now
@@ -41,27 +41,25 @@ class Inbox:
     def put(self, who: bytes, item) -> None:
         """Queue ``item`` behind ``who``'s waiting requests."""
         with self._cond:
-            mail = self._mail.get(who)
-            if mail is None:
-                self._mail[who] = deque([item])
-                self._turns.append(who)
-                self._cond.notify()
-            else:
-                mail.append(item)
+            self._mail_of(who).append(item)
 
     def drop(self, who: bytes, item) -> int:
         """Discard ``who``'s waiting requests and queue ``item`` (the request to drop it); returns how many went."""
         with self._cond:
-            mail = self._mail.get(who)
-            if mail is None:
-                self._mail[who] = deque([item])
-                self._turns.append(who)
-                self._cond.notify()
-                return 0
+            mail = self._mail_of(who)
             gone = len(mail)
             mail.clear()
             mail.append(item)
             return gone
+
+    def _mail_of(self, who: bytes) -> deque:
+        """``who``'s queue, made (and given its turn, the worker woken) if it had none (lock held)."""
+        mail = self._mail.get(who)
+        if mail is None:
+            mail = self._mail[who] = deque()
+            self._turns.append(who)
+            self._cond.notify()
+        return mail
 
     def get(self):
         """The next request in turn, as ``(who, item)``, once there is one; None once closed."""
