@@ -44,7 +44,8 @@ class Config:
     run_ahead_s: float | None = 0.02
     #: Threads that compile a run's executables before their first calls, several at once (XLA
     #: compiles without holding the GIL: a pipeline's first step has tens to compile). None: the
-    #: machine's CPU count, at most 4. 1: one after the other, each as its step comes up.
+    #: machine's CPU count, at most 4. 1: one after the other, each as its step comes up. Whatever
+    #: the count, compiling holds up only the steps it compiles for: other runs are dispatched meanwhile.
     compile_threads: int | None = None
     #: Check state-machine invariants on every transition (on in tests).
     validate: bool = dataclasses.field(default_factory=lambda: _env_flag("PW_VALIDATE"))
