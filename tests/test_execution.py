@@ -185,6 +185,21 @@ def test_a_first_call_compiling_does_not_hold_up_other_runs(ctl):
     np.testing.assert_allclose(calls[-1].result(), np.full(4, 2.0))
 
 
+def test_a_run_cancelled_while_it_compiles_ends_at_once_and_the_next_call_uses_that_compile(ctl):
+    # Ctrl-C during a model's long first compile: the run is cancelled now, not once XLA is done,
+    # and the next call of the same step runs (its executable's steps get their credit back).
+    step = pw.compiled(lambda x: deep(x) + 1.0, slice=pw.slice(1, name="model"), out_specs=P(), name="step")
+    prog = pw.program(lambda x: step(x), name="first_call")
+    first = prog.submit(jnp.ones(4))
+    deadline = time.monotonic() + 60  # (a hang guard)
+    while first.compiling is None and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert first.cancel() and first.wait(60).state == "cancelled"
+    again = prog.submit(jnp.ones(4)).wait(120)
+    assert again.state == "done"
+    np.testing.assert_allclose(again.outputs.result(), np.asarray(deep(jnp.ones(4))) + 1, rtol=1e-5)
+
+
 def test_compile_threads_must_be_a_positive_count():
     for bad in (0, -2, 1.5, "4"):
         with pytest.raises(pw.ArgumentError, match=r"compile_threads=\.\.\.\)` must be a positive int .*got " + re.escape(repr(bad))):
