@@ -4,9 +4,9 @@ A client that sends a burst (a few hundred runs queued by a loop) must not
 stand in front of another client's next request. ZeroMQ's ROUTER already
 reads its peers in turn; a single first-in-first-out queue behind it would
 undo that, so the worker takes one request of each client with mail in turn.
-A client's own requests keep their
-order, and a client that is dropped has its waiting requests discarded: it
-is gone, and running what it sent would only queue runs to cancel.
+A client's own requests keep their order, and a client that is dropped has
+its waiting requests discarded: it is gone, and running what it sent would
+only queue runs to cancel.
 """
 
 from __future__ import annotations

@@ -225,21 +225,20 @@ class Lifecycle:
 
     def no_room(self, step: Step, sent: Sequence[int] = (0, 0, 0)) -> bool:
         """Whether ``step``'s island has no room for it beside ``sent`` (steps, with collectives, with host
-        callbacks, sent and not yet reported): too many steps, or too many with collectives, queued, a
-        step with host callbacks already in flight, or its executable still compiling. The one place credit is decided (the dispatcher asks it
+        callbacks, sent and not yet reported): too many steps, or too many with collectives, queued, or a
+        step with host callbacks already in flight. The one place credit is decided (the dispatcher asks it
         for each step of a burst; `out_of_credit` for the first)."""
         island = step.island
         if self.inflight[island] + sent[0] >= self.max_inflight:
-            return True
-        if step.exe.compiling:  # its executable compiles aside (`Dispatcher._compile_aside`): it wakes us
             return True
         if step.host_callbacks and self.callbacks_inflight[island] + sent[2]:
             return True
         return step.exe.collectives and self.collectives_inflight[island] + sent[1] >= self.max_collectives[island]
 
     def out_of_credit(self, step: Step) -> bool:
-        """Whether ``step`` cannot go now: `no_room`, or its devices' run-ahead bound reached."""
-        if self.no_room(step):
+        """Whether ``step`` cannot go now: `no_room`, its devices' run-ahead bound reached, or its executable
+        compiling (`Dispatcher._compile_aside`, whose end wakes the dispatcher)."""
+        if self.no_room(step) or step.exe.compiling:
             return True
         return self.gate is not None and self.gate.full(step, self.inflight)
 

@@ -240,9 +240,11 @@ class Dispatcher:
                 # seconds: the call must return at once, so these are the dispatcher thread's.
                 break
             if exe.compile_first:
-                # Compiled on a thread of its own: this run's steps of it wait (`Lifecycle.no_room`), other
-                # runs, other clients' in a service, go on being dispatched meanwhile.
-                self._compile_aside(rec, k, [slots[i] for i in st.ins])
+                # Compiled on a thread of its own (unless it is already): its steps wait (`Lifecycle.out_of_credit`),
+                # other runs, other clients' in a service, go on being dispatched meanwhile.
+                # (read in this order: the compile thread clears them in the other)
+                if not exe.compiling and exe.compile_first:
+                    self._compile_aside(rec, k, [slots[i] for i in st.ins])
                 break
             if no_room(st, sent):
                 break  # credit comes back as earlier steps finish (the lifecycle decides: `Lifecycle.no_room`)
@@ -354,7 +356,8 @@ class Dispatcher:
         compiles aside because a compile can take seconds to minutes: done on the
         dispatching thread, it held up every other run's dispatch, on every device
         (and in a service, every other client's calls). Meanwhile the steps of the
-        executables it compiles have no credit (`Executable.compiling`): their runs
+        executables it compiles have no credit (`Executable.compiling`; they stay
+        ``compile_first`` until it ends, so no dispatch loop calls them): their runs
         wait, and the compile's end wakes the dispatcher. Later calls (of any step
         sharing the executable) hit JAX's cache. A pipeline's first step has tens of
         executables to compile: those of the later steps are compiled from what
@@ -382,7 +385,6 @@ class Dispatcher:
         todo = list(jobs.values())
         for _, _, sharing in todo:
             for s in sharing:  # (written here, the dispatching thread, before the thread starts)
-                s.exe.compile_first = False
                 s.exe.compiling = True
         seq = self.seq  # the compile events' numbers, taken here: ``seq`` has one writer
         self.seq += len(todo)
@@ -426,7 +428,8 @@ class Dispatcher:
         finally:
             with self.cond:
                 for _, _, sharing in todo:
-                    for s in sharing:
+                    for s in sharing:  # (a failed compile: its call compiles again, and raises at its node)
+                        s.exe.compile_first = False
                         s.exe.compiling = False
                 self.cond.notify()  # its steps have credit again
 

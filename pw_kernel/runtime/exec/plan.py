@@ -41,7 +41,8 @@ class Executable:
     def __init__(self, compile_first: bool = False):
         self.compile_first = compile_first  # a jax.jit not yet run by this step: compile it ahead (its own event)
         # being compiled on the compile thread: its steps have no credit until it is (set by the dispatching
-        # thread as it hands the compile over, cleared by the compile thread under the controller's lock)
+        # thread as it hands the compile over, cleared with ``compile_first`` by the compile thread, under the
+        # controller's lock)
         self.compiling = False
         self.collectives = False  # its compiled executable holds collectives (known once compiled)
         self.cost = 1000  # ns of device time, a running mean (`RunAhead.finished`; fair share charges it)
