@@ -17,10 +17,11 @@ client of it (CPU stand-in devices, as every client is); the other clients are s
 * **Another client's first calls compiling.** This client's waited calls while another client's
   first calls of new functions compile in the service (seconds): the longest and the 90th
   percentile against the whole compile (a call queued behind a compile waits for all of it).
-* **A client SIGKILLed with runs queued.** This client's next call's wait (target: at most the
-  run-ahead bound, ``pw.Config.run_ahead_s`` plus one node, beyond an idle call's cost), and the
-  seconds until the service holds no run, client or buffer of the dead one
-  (`pw_kernel.service.stats`, `pw.clients`; target: <= 10 s).
+* **A client SIGKILLed with runs queued**, ``--kills`` times, one after another. This client's next
+  call's wait (target: the median at most the run-ahead bound, ``pw.Config.run_ahead_s`` plus one
+  node, beyond an idle call's cost; every kill is listed), and the seconds until the service holds
+  no run, client or buffer of the dead one (`pw_kernel.service.stats`, `pw.clients`; target: the
+  longest <= 10 s).
 """
 
 from __future__ import annotations
@@ -422,11 +423,13 @@ def main(argv=None) -> dict:
     ap.add_argument("--calls", type=int, default=200, help="rounds of the waited calls (at least)")
     ap.add_argument("--doomed-runs", type=int, default=200, help="matmul calls the killed client has queued")
     ap.add_argument("--doomed-size", type=int, default=512, help="the killed client's matmul n")
+    ap.add_argument("--kills", type=int, default=3, help="clients killed, one after another (medians)")
     ap.add_argument("--compiles", type=int, default=3, help="new functions the compiling client calls")
     ap.add_argument("--compile-ops", type=int, default=400, help="ops in each of them")
     ap.add_argument("--json", default=None)
     args = common.parse_args(ap, argv, {"window": 0.3, "settle": 0.2, "rounds": 1, "size": 128, "calls": 20,
-                                        "doomed_runs": 100, "compiles": 1, "compile_ops": 200})
+                                        "doomed_runs": 100, "kills": 1, "compiles": 1,
+                                        "compile_ops": 200})
 
     tmp = Path(tempfile.mkdtemp(prefix="pw-bench-service-"))
     conn, log = tmp / "conn.json", tmp / "service.log"
@@ -465,11 +468,15 @@ def run(args, procs: list, conn: Path, env: dict, n: int) -> dict:
     a = waited_call(args, procs)
     b = shares(args, procs, conn, env)
     served, xs = a.pop("served"), a.pop("xs")
-    c = killed(args, procs, conn, env, served, xs)
+    # Each kill's wait depends on where the dead client's nodes were and on what the dying process takes of
+    # this machine's cores: the median kill is the row's figure, and every kill is listed.
+    kills = [killed(args, procs, conn, env, served, xs) for _ in range(max(1, args.kills))]
+    c = sorted(kills, key=lambda k: k["wait_s"] - k["node_s"])[(len(kills) - 1) // 2]
     d = compiling(args, procs, env, conn, served, xs)
     run_ahead_s = pw.Config().run_ahead_s or 0.0
     node_s = c["node_s"]
-    extra = c["wait_s"] - a["us"]["service"] / 1e6
+    idle_s = a["us"]["service"] / 1e6
+    extra = c["wait_s"] - idle_s
     us = a["us"]
     print(f"service: {n} {json.loads(conn.read_text())['platform']} device(s) in a service process; this process "
           f"and the clients use CPU stand-ins; load average {common.loadavg()}")
@@ -494,14 +501,18 @@ def run(args, procs: list, conn: Path, env: dict, n: int) -> dict:
     print(f"  heavy rejoining after light ran alone {args.window:g} s: device time heavy {rj['heavy']:.2f} s, "
           f"light {rj['light']:.2f} s in the next {args.window:g} s")
     print(f"\n(c) a client SIGKILLed with {c['runs_during']} runs ({args.doomed_size}x{args.doomed_size} matmul nodes "
-          f"of {node_s * 1e3:.1f} ms device time) and {c['bytes_held'] / 2**20:.0f} MiB in the service")
+          f"of {node_s * 1e3:.1f} ms device time) and {c['bytes_held'] / 2**20:.0f} MiB in the service; "
+          + (f"the median of {len(kills)} kills" if len(kills) > 1 else "one kill"))
     print(f"  this client's next call          {c['wait_s'] * 1e3:>10.1f} ms  ({extra * 1e3:.1f} ms more than idle)")
+    print("    every kill: more than idle / its bound, ms  "
+          + ", ".join(f"{(k['wait_s'] - idle_s) * 1e3:.1f} / {(run_ahead_s + k['node_s']) * 1e3:.1f}" for k in kills))
     back = c["wait_s"] - c["arrived_s"] - c["in_service_s"]
     print(f"    reached the service            {c['arrived_s'] * 1e3:>10.1f} ms")
     print(f"    there until it had the result  {c['in_service_s'] * 1e3:>10.1f} ms  (run-ahead {run_ahead_s * 1e3:g} ms "
           f"+ a node = {(run_ahead_s + node_s) * 1e3:.1f} ms)")
     print(f"    the answer back here           {back * 1e3:>10.1f} ms")
-    print(f"  its memory and runs gone after   {c['memory_back_s']:>10.2f} s")
+    back_s = max(k["memory_back_s"] for k in kills)
+    print(f"  its memory and runs gone after   {back_s:>10.2f} s  (the longest of {len(kills)})")
     print(f"\n(d) this client's waited calls while another client's first calls of {args.compiles} new functions "
           f"({args.compile_ops} ops each) compile in the service ({d['compile_s']:.2f} s until computed)")
     print(f"  calls made meanwhile             {d['calls']:>10,}")
@@ -514,14 +525,15 @@ def run(args, procs: list, conn: Path, env: dict, n: int) -> dict:
         common.target("weights 2:1: |device time heavy / light / 2 - 1|", abs(b["ratio"] / 2 - 1), 0.05,
                       note=f"ratio {b['ratio']:.2f}"),
         common.target("nodes/s of two clients / one alone", agg, 0.9, below=False, unit="x"),
-        common.target("next call after a SIGKILL, beyond idle (run-ahead + 1 node)", extra * 1e3, bound * 1e3,
-                      unit=" ms"),
-        common.target("a killed client's memory back", c["memory_back_s"], 10.0, unit=" s"),
+        common.target("next call after a SIGKILL (median), beyond idle, <= run-ahead + 1 node", extra * 1e3,
+                      bound * 1e3, unit=" ms"),
+        common.target("a killed client's memory back", back_s, 10.0, unit=" s"),
     ]
     return {
         "benchmark": "service", "platform": jax.devices()[0].platform, "jax": jax.__version__,
         "python": platform.python_version(), "date": time.strftime("%Y-%m-%d"), "devices": n,
-        "waited_call": a, "shares": b, "killed": c | {"extra_wait_s": extra, "bound_s": bound}, "compiling": d,
+        "waited_call": a, "shares": b, "killed": c | {"extra_wait_s": extra, "bound_s": bound, "kills": kills},
+        "compiling": d,
         "targets": targets,
     }
 

@@ -357,7 +357,28 @@ def test_fair_share_gives_a_returning_tenant_no_credit_for_idling():
         r = policy.pick([a, b])
         later.append(r.tenant)
         policy.charge(r, 1000)
-    assert later == ["A", "B"] * 5  # B starts from A's virtual time: they alternate, no 50-node burst of B
+    # B starts from A's virtual time: they alternate, no 50-node burst of B; level, B (picked longest ago) first
+    assert later == ["B", "A"] * 5
+
+
+def test_fair_share_takes_a_tenant_that_comes_back_before_the_next_node_of_one_that_kept_its_queue_full():
+    # A notebook's call while another keeps the device busy: it waits for the work already dispatched (the
+    # run-ahead bound), not also for the busy one's next node; and level tenants take turns, not oldest run first.
+    policy = FairShare()
+    a = [record(i, make_plan(1), tenant="A") for i in range(3)]
+    for _ in range(200):
+        policy.charge(policy.pick(a), 1000)
+    b = record(99, make_plan(1), tenant="B")
+    assert policy.pick([*a, b]) is b
+    policy.charge(b, 1000)
+    c, d = record(100, make_plan(1), tenant="C"), record(101, make_plan(1), tenant="D")
+    order = []
+    for _ in range(8):
+        r = policy.pick([a[0], c, d])
+        order.append(r.tenant)
+        policy.charge(r, 1000)
+    assert order[:2] in (["C", "D"], ["D", "C"]) and order[2] == "A", order  # the newcomers, then A, in turn
+    assert sorted(order[:6]) == ["A", "A", "C", "C", "D", "D"], order
 
 
 def test_fair_share_gives_a_tenant_back_from_a_pause_no_credit_for_it():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 
 import jax
 import jax.numpy as jnp
@@ -70,6 +71,33 @@ def test_weighted_fair_share_interleaves_in_proportion(ctl):
     share_b = first.count(rb.id) / len(first)
     assert 0.65 <= share_b <= 0.85, share_b  # 3:1 weights -> 75% of the nodes
     assert {e.tenant for e in ra.events} == {"A"}
+
+
+def test_under_fair_share_a_call_waits_for_the_work_on_the_device_not_for_a_busy_tenants_next_node(ctl):
+    # Two notebooks share a device: A keeps dozens of runs queued, B makes one call. The run-ahead bound
+    # keeps A's dispatched work short; B's node is the next to go once there is room, so B waits for what
+    # is on the device and no more (level in virtual time, B was picked longest ago: not A's older run).
+    ctl.set_policy(pw.FairShare())
+    s = pw.slice(1)
+    slow = pw.compiled(lambda a: jnp.tanh(a @ a) * 0.5, slice=s, name="slow")
+    quick = pw.compiled(lambda x: x + 1.0, slice=s, name="quick")
+    a = jax.device_put(jnp.eye(256) * 0.1, s.sharding())
+    x = jax.device_put(jnp.zeros(4), s.sharding())
+    busy = pw.program(lambda v: slow(v), name="busy")
+    call = pw.program(lambda v: quick(v), name="call")
+    busy(a).result(), call(x).result()  # compiled and measured first
+    runs = [busy.submit(a, tenant="A") for _ in range(pw.FairShare.RETURN_AFTER + 200)]
+    # A alone long enough that B comes back level with it (no credit for the warm-up calls above)
+    while sum(r.state == "done" for r in runs) < pw.FairShare.RETURN_AFTER + 5:
+        time.sleep(0.002)
+    with ctl.lock:  # what A had started when B called
+        started = sum(r.state != "queued" for r in runs)
+        rb = call.submit(x, tenant="B")
+    assert started < len(runs)  # A still had runs queued
+    assert rb.wait(60).state == "done" and all(r.wait(60).state == "done" for r in runs)
+    b_seq = next(e.seq for e in rb.events if e.kind != "compile")
+    a_before = sum(1 for r in runs for e in r.events if e.kind != "compile" and e.seq < b_seq)
+    assert a_before == started, (a_before, started)
 
 
 def test_switching_policy_at_run_time(ctl):

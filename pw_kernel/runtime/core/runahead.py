@@ -7,16 +7,24 @@ only act after all of it has run. So the dispatcher asks this gate before each
 step: a step may go to its devices while each of them has less than the bound
 of estimated work queued (so at most the bound plus one node).
 
-A step's estimate is a running mean of the measured device time of the nodes
-that share its executable (the same jit and shapes), learnt as the completing
-thread finishes them. A node not yet measured counts as small, but only one
-such node of an executable is in flight at once (and no other run's step passes
-the one that waits for it, on its devices): a program of 20 slow nodes of one
-function is bounded from its first run, after one node's round trip. The
-accounting is two counters per device (added by the one dispatching thread,
-retired by the one completing thread) and a queue of the estimates in flight,
-so neither side takes the controller's lock for it. Remote (Ray) islands are
-not gated: their nodes keep the behaviour they had (``max_inflight`` only).
+A step's estimate is the measured device time of the nodes that share its
+executable (the same jit and shapes), learnt as the completing thread finishes
+them: the first node's time, then the mean of each block of `_BLOCK` nodes
+(from the second block on, averaged with the estimate before). Not a per-node
+running mean: completion, finding several nodes done at once, gives the first
+their time and the rest ~0, and the dispatcher looks right after such a batch,
+so a per-node mean was read near its trough (0.87 of the nodes' mean time over
+11 traced kills of `benchmarks/service.py`'s row (c); block means: 1.07) and
+let more work ahead than the bound.
+
+A node not yet measured counts as small, but only one such node of an
+executable is in flight at once (and no other run's step passes the one that
+waits for it, on its devices): a program of 20 slow nodes of one function is
+bounded from its first run, after one node's round trip. The accounting is two
+counters per device (added by the one dispatching thread, retired by the one
+completing thread) and a queue of the estimates in flight, so neither side
+takes the controller's lock for it. Remote (Ray) islands are not gated: their
+nodes keep the behaviour they had (``max_inflight`` only).
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from ..errors import ArgumentError
 
 _UNMEASURED_NS = 50_000  # what a node not yet measured counts for: small, so a first run is not throttled
 _MIN_NS = 1_000  # a measured node counts for at least this (tiny nodes measure ~0 when seen late)
+_BLOCK = 8  # nodes whose mean moves an estimate at once (a batch found done together falls in one or two)
 _FORGET = 100_000  # executables (or shapes) remembered before the maps start afresh (estimates are relearnt)
 
 
@@ -75,11 +84,14 @@ class _Devices:
 class _Estimate:
     """The measured device time of one executable at one signature (-1: not measured yet)."""
 
-    __slots__ = ("ns", "probing")
+    __slots__ = ("blocks", "n", "ns", "probing", "sum")
 
     def __init__(self):
         self.ns = -1
         self.probing = False  # a first, unmeasured node is in flight: the next waits for its measurement
+        self.sum = 0  # the measurements of the block under way, and their count
+        self.n = 0
+        self.blocks = 0  # blocks measured (the first replaces the first node's time, which often runs slow)
 
 
 class _Track:
@@ -194,7 +206,16 @@ class RunAhead:
         old = est.ns
         if device_ns < _MIN_NS:
             device_ns = _MIN_NS
-        est.ns = device_ns if old < 0 else old + ((device_ns - old) >> 2)
+        if old < 0:
+            est.ns = device_ns
+        else:
+            est.sum += device_ns
+            est.n += 1
+            if est.n == _BLOCK:
+                mean = est.sum // _BLOCK
+                est.ns = (old + mean) >> 1 if est.blocks else mean
+                est.blocks += 1
+                est.sum = est.n = 0
         est.probing = False
         devs = track.devs
         lane = devs.lane

@@ -92,7 +92,10 @@ class FairShare:
     picks, starts no lower than the least virtual time of the tenants that
     stayed, so idling earns no credit (a notebook back from a pause does not
     starve the others with the share it did not use; a client a moment late
-    with its next node is not idle). Weights come from ``weights`` or from
+    with its next node is not idle). Level tenants go in turn, the one picked
+    longest ago first: one that comes back goes before the next node of a
+    tenant that kept its queue full (its call waits only for the work already
+    on the devices, the run-ahead bound, not also for that node). Weights come from ``weights`` or from
     the ``weight=`` of a tenant's runs. Within a tenant, a run of higher
     ``priority=`` goes before its older ones (the Pathways service: a
     notebook's urgent call passes its own queued work, not other clients').
@@ -113,6 +116,7 @@ class FairShare:
         self.vtime: dict[str, float] = {}
         self._picks = 0
         self._seen: dict[str, int] = {}  # tenant -> the pick it was last runnable at
+        self._chosen: dict[str, int] = {}  # tenant -> the pick it was last chosen at (level tenants take turns)
 
     #: Picks a tenant may sit out and keep its place (a backlogged tenant waiting a moment for credit,
     #: the run-ahead bound or its input, is not idle); sitting out longer, it comes back at the floor.
@@ -133,6 +137,8 @@ class FairShare:
             live = {r.tenant for r in runnable}
             self.vtime = vtime = {t: v for t, v in vtime.items() if t in live}
             self._seen = seen = {t: n for t, n in seen.items() if t in live}
+            self._chosen = {t: n for t, n in self._chosen.items() if t in live}
+        chosen = self._chosen
         picks = self._picks = self._picks + 1
         back = picks - self.RETURN_AFTER  # seen after this pick: stayed; before it (or never): joins now
         # Those that stayed count even when not runnable at this very pick (between two of their runs): a
@@ -148,9 +154,11 @@ class FairShare:
             v = vtime.get(r.tenant)
             if v is None or v < floor:
                 v = vtime[r.tenant] = floor
-            key = (v, -r.priority, r.id)  # (a tenant's heads of several credit classes: its most urgent first)
+            # (a tenant's heads of several credit classes: its most urgent first)
+            key = (v, -r.priority, chosen.get(r.tenant, -1), r.id)
             if best_key is None or key < best_key:
                 best, best_key = r, key
+        chosen[best.tenant] = picks
         return best
 
     def charge(self, run: Schedulable, cost_ns: int) -> None:
