@@ -95,10 +95,11 @@ class FairShare:
     with its next node is not idle). Level tenants go in turn, the one picked
     longest ago first: one that comes back goes before the next node of a
     tenant that kept its queue full (its call waits only for the work already
-    on the devices, the run-ahead bound, not also for that node). Weights come from ``weights`` or from
-    the ``weight=`` of a tenant's runs. Within a tenant, a run of higher
-    ``priority=`` goes before its older ones (the Pathways service: a
-    notebook's urgent call passes its own queued work, not other clients').
+    on the devices, the run-ahead bound, not also for that node). Weights
+    come from ``weights`` or from the ``weight=`` of a tenant's runs. Within
+    a tenant, a run of higher ``priority=`` goes before its older ones (the
+    Pathways service: a notebook's urgent call passes its own queued work,
+    not other clients').
 
     Example::
 
