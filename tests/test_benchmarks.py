@@ -192,9 +192,11 @@ QUICK = {
          rf"^  service / \(round trip \+ local\)\s+{NUM}x$",
          r"^  device time heavy / light\s+\S+\s+\(samples \[.*\]\)$",
          rf"^  both / alone\s+{NUM}x$",
-         r"^\(c\) a client SIGKILLed with \d+ runs \(.*\) and \d+ MiB in the service$",
+         r"^\(c\) a client SIGKILLed with \d+ runs \(.*\) and \d+ MiB in the service; "
+         r"(one kill|the median of \d+ kills)$",
          rf"^  this client's next call\s+{NUM} ms  \(-?{NUM} ms more than idle\)$",
-         r"^  its memory and runs gone after\s+\S+ s$",
+         rf"^    every kill: more than idle / its bound, ms  -?{NUM} / {NUM}(, -?{NUM} / {NUM})*$",
+         r"^  its memory and runs gone after\s+\S+ s  \(the longest of \d+\)$",
          r"^  a killed client's memory back\s+.*\(target <= 10 s\)  (met|MISSED)$"],
     ),
 }
