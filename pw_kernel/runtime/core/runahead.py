@@ -14,8 +14,8 @@ them: the first node's time, then the mean of each block of `_BLOCK` nodes
 running mean: completion, finding several nodes done at once, gives the first
 their time and the rest ~0, and the dispatcher looks right after such a batch,
 so a per-node mean was read near its trough (0.87 of the nodes' mean time over
-11 traced kills of `benchmarks/service.py`'s row (c); block means: 1.07) and
-let more work ahead than the bound.
+11 traced kills of `benchmarks/service.py`'s row (c); block means: 1.06 over
+6) and let more work ahead than the bound.
 
 A node not yet measured counts as small, but only one such node of an
 executable is in flight at once (and no other run's step passes the one that
