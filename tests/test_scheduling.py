@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import time
 
 import jax
 import jax.numpy as jnp
@@ -88,8 +87,7 @@ def test_under_fair_share_a_call_waits_for_the_work_on_the_device_not_for_a_busy
     busy(a).result(), call(x).result()  # compiled and measured first
     runs = [busy.submit(a, tenant="A") for _ in range(pw.FairShare.RETURN_AFTER + 200)]
     # A alone long enough that B comes back level with it (no credit for the warm-up calls above)
-    while sum(r.state == "done" for r in runs) < pw.FairShare.RETURN_AFTER + 5:
-        time.sleep(0.002)
+    runs[pw.FairShare.RETURN_AFTER + 4].wait(60)  # (a tenant's runs on one device end in order)
     with ctl.lock:  # what A had started when B called
         started = sum(r.state != "queued" for r in runs)
         rb = call.submit(x, tenant="B")

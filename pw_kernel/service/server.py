@@ -5,10 +5,10 @@ message's signature (a bad one is refused, counted and logged, never
 answered) and answers heartbeats; everything else goes to one worker thread
 that owns the clients' state (each client's requests in their order, the
 clients in turn: `Inbox`). Nodes run as runs of this process's
-`pw.controller()`, each client a `FairShare`
-tenant of its weight: the controller's per-island queues order every client's
-work in one order. Replies that wait for device work (a run, a value fetched)
-are sent from the thread where that finishes.
+`pw.controller()`, each client a `FairShare` tenant of its weight: the
+controller's per-island queues order every client's work in one order.
+Replies that wait for device work (a run, a value fetched) are sent from the
+thread where that finishes.
 
 The methods a client calls are the remote island's (`describe`, `clock`,
 `load`, `load_shipped`, `run_many`, `put`, `reshard`, `get`, `free`, `stats`:
