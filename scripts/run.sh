@@ -24,8 +24,11 @@ if [ "$mode" = demo ]; then
     exec .venv/bin/python -m pw_kernel.demo "$@"
 fi
 
-# The kernel in this environment (always on its Jupyter's path) and for this user (other Jupyters).
-.venv/bin/python -m pw_kernel install --sys-prefix >/dev/null
+# The kernel in this environment (always on its Jupyter's path; skipped where the environment is not
+# this user's to write, a shared one) and for this user (other Jupyters).
+if [ -w .venv ]; then
+    .venv/bin/python -m pw_kernel install --sys-prefix >/dev/null
+fi
 .venv/bin/python -m pw_kernel install --user
 
 if [ "$mode" = headless ]; then
@@ -45,4 +48,7 @@ for f in notebooks/*.ipynb notebooks/README.md; do
     [ -e "$ws/$(basename "$f")" ] || cp "$f" "$ws/"
 done
 echo "[run] tutorials: your copies in $ws/ (the originals stay in notebooks/)"
-exec .venv/bin/jupyter lab "$ws" --MappingKernelManager.default_kernel_name=pathways "${extra[@]}" "$@"
+# The folder goes as an option, not a positional argument: `jupyter lab NAME` reads NAME as a
+# subcommand when it is one (`workspace` is: `jupyter lab workspace` exports or imports layouts).
+exec .venv/bin/jupyter lab --ServerApp.root_dir="$(cd "$ws" && pwd)" \
+    --MappingKernelManager.default_kernel_name=pathways "${extra[@]}" "$@"

@@ -62,8 +62,21 @@ if [ ! -x .venv/bin/python ]; then
 fi
 
 # 4. The package and its extras; one stamp per extras set, skipped while pyproject.toml is unchanged.
+# A stamp for more extras covers fewer: after test.sh ("notebook,test"), run.sh ("notebook") installs nothing.
 stamp=".venv/.pw_kernel-installed-${EXTRAS//,/-}"
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+covered() {
+    local s have want
+    for s in .venv/.pw_kernel-installed-*; do
+        [ -f "$s" ] && [ ! pyproject.toml -nt "$s" ] || continue
+        have="-${s#.venv/.pw_kernel-installed-}-"
+        for want in ${EXTRAS//,/ }; do
+            [[ "$have" == *"-$want-"* ]] || continue 2
+        done
+        return 0
+    done
+    return 1
+}
+if ! covered; then
     log "installing pw_kernel[$EXTRAS] into .venv (first time: a few minutes)"
     .venv/bin/python -m pip install -q --upgrade pip
     .venv/bin/python -m pip install -q -e ".[$EXTRAS]"

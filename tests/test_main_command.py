@@ -1,18 +1,24 @@
 """The README's main command, `./scripts/run.sh`, as a new user meets it: JupyterLab on the tutorials.
 
-It serves the user's own copies of the tutorials with the "Python 3 (Pathways)" kernel as the
-one each notebook asks for and the default for new ones, and saving a notebook with its outputs
-(what autosave does) leaves the checkout clean.
+The command runs exactly as the README writes it (`./scripts/run.sh --no-browser --port N`, no
+variables of ours), as root and as an ordinary user, in a checkout of its own (the scripts and
+tutorials copied, the environment shared), so the default `workspace/` is the one made. It serves
+the user's copies of the tutorials with the "Python 3 (Pathways)" kernel as the one each notebook
+asks for and the default for new ones, and saving a notebook with its outputs (what autosave does)
+leaves the tracked tutorials clean.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import secrets
+import pwd
+import re
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -38,38 +44,63 @@ def _get(url: str, token: str, data: dict | None = None, method: str = "GET"):
         return json.loads(r.read() or b"null")
 
 
-def _git_status(path: str) -> str:
-    return subprocess.run(
-        ["git", "status", "--porcelain", "--", path], cwd=REPO, capture_output=True, text=True, check=True
-    ).stdout
+def _checkout(user: str | None) -> Path:
+    """A checkout of the repository as a user has one: scripts and tutorials, the environment set up."""
+    root = Path(tempfile.mkdtemp(prefix="pw-checkout-"))
+    root.chmod(0o755)  # (an ordinary user reaches it)
+    for d in ("scripts", "notebooks"):
+        shutil.copytree(REPO / d, root / d)
+    for f in (".venv", "pyproject.toml", "pw_kernel", "README.md"):
+        (root / f).symlink_to(REPO / f)
+    (root / "home").mkdir()
+    if user is not None:
+        shutil.chown(root, user)
+        for p in root.rglob("*"):
+            if not p.is_symlink():
+                shutil.chown(p, user)
+    return root
 
 
-def test_run_sh_opens_copies_of_the_tutorials_in_the_pathways_kernel_and_leaves_the_checkout_clean(tmp_path):
-    home, ws = tmp_path / "home", tmp_path / "workspace"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PW_", "JAX_", "XLA_", "JUPYTER"))}
-    env.update(
-        HOME=str(home), PW_WORKSPACE=str(ws), JUPYTER_CONFIG_DIR=str(home / "config"),
-        JUPYTER_DATA_DIR=str(home / "data"), JUPYTER_RUNTIME_DIR=str(home / "runtime"),
-        JUPYTERLAB_WORKSPACES_DIR=str(home / "lab-workspaces"), IPYTHONDIR=str(home / "ipython"),
-    )
-    token, port = secrets.token_hex(16), _free_port()
-    args = ["--no-browser", "--ServerApp.ip=127.0.0.1", f"--port={port}", "--ServerApp.port_retries=0",
-            f"--IdentityProvider.token={token}"]
-    before = _git_status("notebooks")
-    log = open(tmp_path / "run.log", "w")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(["./scripts/run.sh", *args], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
+AS = [pytest.param(None, id="as-root" if os.geteuid() == 0 else "as-this-user")]
+if os.geteuid() == 0:
+    AS.append(pytest.param("nobody", id="as-an-ordinary-user"))
+
+
+@pytest.mark.parametrize("user", AS)
+def test_run_sh_as_the_readme_writes_it_opens_copies_of_the_tutorials_in_the_pathways_kernel(user):
+    root = _checkout(user)
+    home, ws = root / "home", root / "workspace"
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PW_", "JAX_", "XLA_", "JUPYTER", "IPYTHON", "XDG_"))}
+    env.update(HOME=str(home))
+    port = _free_port()
+    cmd = ["./scripts/run.sh", "--no-browser", "--port", str(port)]  # the README's words
+    if user is not None:
+        # An ordinary uid; it may read what root installed (the environment's interpreter can live in
+        # root's home), and nothing more: JupyterLab and run.sh see a user who is not root.
+        uid = pwd.getpwnam(user).pw_uid
+        cmd = ["setpriv", f"--reuid={uid}", f"--regid={pwd.getpwnam(user).pw_gid}", "--clear-groups",
+               "--inh-caps=+dac_read_search", "--ambient-caps=+dac_read_search", "--", *cmd]
+    log_path = root / "run.log"
+    log = open(log_path, "w")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 240  # set-up checks, the kernel install, JupyterLab's start
         while True:
-            assert proc.poll() is None, (tmp_path / "run.log").read_text()[-3000:]
-            try:
-                specs = _get(f"{base}/api/kernelspecs", token)
-                break
-            except OSError:
-                assert time.monotonic() < deadline, (tmp_path / "run.log").read_text()[-3000:]
-                time.sleep(1)
+            text = log_path.read_text()
+            assert proc.poll() is None, text[-3000:]
+            m = re.search(r"http://(?:localhost|127\.0\.0\.1):(\d+)/lab\?token=([0-9a-f]+)", text)
+            if m:
+                base, token = f"http://127.0.0.1:{m.group(1)}", m.group(2)
+                try:
+                    specs = _get(f"{base}/api/kernelspecs", token)
+                    break
+                except OSError:
+                    pass
+            assert time.monotonic() < deadline, text[-3000:]
+            time.sleep(1)
+        assert m.group(1) == str(port), text[-3000:]
+        assert "One of export, import or list" not in text and "unrecognized arguments" not in text
         tutorials = sorted(p.name for p in (REPO / "notebooks").glob("*.ipynb"))
         listed = sorted(c["name"] for c in _get(f"{base}/api/contents", token)["content"] if c["type"] == "notebook")
         assert listed == tutorials and sorted(p.name for p in ws.glob("*.ipynb")) == tutorials
@@ -86,11 +117,13 @@ def test_run_sh_opens_copies_of_the_tutorials_in_the_pathways_kernel_and_leaves_
         cell["execution_count"] = 1
         _get(f"{base}/api/contents/{tutorials[0]}", token, {"type": "notebook", "content": nb}, "PUT")
         assert '"ran\\n"' in (ws / tutorials[0]).read_text()
-        assert _git_status("notebooks") == before  # the tracked tutorials are untouched
+        assert (root / "notebooks" / tutorials[0]).read_bytes() == (REPO / "notebooks" / tutorials[0]).read_bytes()
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
         log.close()
+        shutil.rmtree(root, ignore_errors=True)
