@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import jax
@@ -27,17 +27,18 @@ import jax
 from .errors import ArgumentError
 
 _lock = threading.Lock()
-# id(value) -> (weak reference to the value, readers): each reader says whether it is still to read.
-# Finished readers are dropped when the list doubles since it was last pruned: a loop of 3,000 calls
-# reading one array without waiting notes 3,000 readers in linear time (pruning on every note was
-# quadratic: 245 µs per call at the 3,000th).
-_readers: dict[int, tuple[Any, list[Callable[[], bool]], list[int]]] = {}
-_PRUNE_AT = 8  # readers of one value kept before the first pruning
-_donated: dict[int, tuple[Any, str]] = {}  # id(value) -> (weak reference to it, where it went)
-
-
-def _key(x: Any) -> int:
-    return id(x)
+# Who still has to read what, one record per reader (not per value): reader token -> [its inputs, the
+# ids of their keys once asked]. A reader is a run not yet final (the controller adds its inputs when
+# it submits it and takes them away when it retires it) or a `Hold`. Adding and removing a reader is
+# O(1), whatever its leaves; only a run that would donate looks, and then at the live readers alone:
+# the table's size is bounded by them, never by the session's age. A future is read through its
+# output cell (what a run's inputs hold), so a future and its cell are the same value here.
+_readers: dict[Any, list] = {}
+# id(value) -> (weak reference to it, where it went). Entries whose values were collected are
+# dropped when the table has doubled since the last sweep: amortised O(1) per donation.
+_donated: dict[int, tuple[Any, str]] = {}
+_SWEEP_AT = 4096
+_sweep_at = [_SWEEP_AT]
 
 
 def _entry(table: dict, x: Any) -> Any:
@@ -47,10 +48,11 @@ def _entry(table: dict, x: Any) -> Any:
     return hit[1]
 
 
-def _prune(table: dict) -> None:
-    if len(table) > 4096:
+def _sweep(table: dict) -> None:
+    if len(table) >= _sweep_at[0]:
         for k in [k for k, entry in table.items() if entry[0]() is None]:
             del table[k]
+        _sweep_at[0] = max(_SWEEP_AT, 2 * len(table))
 
 
 def _weak(x: Any) -> Any:
@@ -60,27 +62,56 @@ def _weak(x: Any) -> Any:
         return None
 
 
-def read_later(x: Any, active: Callable[[], bool]) -> None:
-    """Note that ``x`` (an array or future) will be read while ``active()`` is true."""
-    if _weak(x) is None:
-        return
+def _read_key(x: Any) -> Any:
+    cell = getattr(x, "_cell", None)  # a Future: its output cell
+    return x if cell is None else cell
+
+
+def reading(token: Any, values: list[Any]) -> None:
+    """Note that ``token`` (a run id, a `Hold`) has yet to read ``values`` (arrays, futures or output cells)."""
     with _lock:
-        hit = _readers.get(id(x))
-        if hit is None or hit[0]() is not x:
-            _prune(_readers)
-            hit = _readers[id(x)] = (weakref.ref(x), [], [_PRUNE_AT])
-        readers, prune_at = hit[1], hit[2]
-        readers.append(active)
-        if len(readers) >= prune_at[0]:
-            readers[:] = [r for r in readers if r()]
-            prune_at[0] = max(_PRUNE_AT, 2 * len(readers))
+        _readers[token] = [values, None]
+
+
+def done_reading(token: Any) -> None:
+    """``token`` has read what it had to (or never will)."""
+    with _lock:
+        _readers.pop(token, None)
+
+
+def readers() -> int:
+    """How many readers are noted (bounded by the runs not yet final and the holds not released)."""
+    return len(_readers)
+
+
+def still_read_among(values: list[Any]) -> set[int]:
+    """The positions in ``values`` of those a reader pw knows of (a run not yet final, a `Hold`) has yet to read.
+
+    O(readers x values), in C: the ids of each reader's values are made into a set once, at its
+    first question.
+    """
+    if not _readers:
+        return set()
+    want = {id(_read_key(x)): i for i, x in enumerate(values)}
+    hit: set[int] = set()
+    with _lock:
+        for entry in _readers.values():
+            ids = entry[1]
+            if ids is None:
+                ids = entry[1] = set(map(id, map(_read_key, entry[0])))
+            for k in ids.intersection(want):
+                hit.add(want[k])
+    return hit
 
 
 def still_read(x: Any) -> bool:
-    """Whether a reader pw knows of has yet to read ``x``."""
-    with _lock:
-        readers = _entry(_readers, x)
-        return bool(readers) and any(r() for r in readers)
+    """Whether a reader pw knows of (a run not yet final, a `Hold`) has yet to read ``x``."""
+    return bool(still_read_among([x]))
+
+
+def donations_remembered() -> int:
+    """How many donated values the table remembers (collected ones included until its next sweep)."""
+    return len(_donated)
 
 
 def mark_donated(x: Any, where: str) -> None:
@@ -89,7 +120,7 @@ def mark_donated(x: Any, where: str) -> None:
     if ref is None:
         return
     with _lock:
-        _prune(_donated)
+        _sweep(_donated)
         _donated[id(x)] = (ref, where)
 
 
@@ -134,12 +165,15 @@ class Hold:
 
     def __init__(self, tree: Any):
         self.active = True
-        for leaf in jax.tree_util.tree_leaves(tree):
-            if hasattr(leaf, "shape") and hasattr(leaf, "dtype") and not isinstance(leaf, jax.ShapeDtypeStruct):
-                read_later(leaf, lambda: self.active)
+        values = [
+            leaf for leaf in jax.tree_util.tree_leaves(tree)
+            if hasattr(leaf, "shape") and hasattr(leaf, "dtype") and not isinstance(leaf, jax.ShapeDtypeStruct)
+        ]
+        reading(self, values)
 
     def release(self) -> None:
         self.active = False
+        done_reading(self)
 
 
 def hold(tree: Any) -> Hold:
@@ -147,4 +181,7 @@ def hold(tree: Any) -> Hold:
     return Hold(tree)
 
 
-__all__ = ["Hold", "check_not_donated", "donated_to", "donated_to_any", "hold", "mark_donated", "read_later", "still_read"]
+__all__ = [
+    "Hold", "check_not_donated", "done_reading", "donated_to", "donated_to_any", "donations_remembered", "hold",
+    "mark_donated", "readers", "reading", "still_read", "still_read_among",
+]

@@ -4,19 +4,17 @@ from __future__ import annotations
 
 import functools
 import threading
-import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import jax
-import numpy as np
 
-from .core.records import FINAL, NOTHING
-from .donation import check_not_donated, donated_to_any, mark_donated, read_later, still_read
+from .core.records import NOTHING
+from .devices import VirtualSlice
+from .donation import check_not_donated, donated_to_any, still_read_among
+from .errors import ArgumentError
 from .trace.compiled import CompiledFunction, array_signature, in_program_trace
 from .trace.feeds import input_node
-from .devices import VirtualSlice
-from .errors import ArgumentError
 from .trace.graph import ProgramGraph
 from .trace.signatures import is_traced_leaf, placed_signature, signature
 from .trace.tracing import trace_program
@@ -206,7 +204,6 @@ class Program:
             graph, traced, name=name or self.name, mode=mode or self.mode, tenant=tenant or self.tenant,
             weight=weight, priority=priority, source_map=source_map, on_error=on_error, on_computed=on_computed,
         )
-        self._note_reads(graph, traced, run)
         return run, futures
 
     def call_arrays(self, args: tuple, key: tuple, arrays: tuple):
@@ -223,7 +220,6 @@ class Program:
         traced = list(arrays)
         self._inputs_still_read(traced, NOTHING)
         run, futures = c.call(graph, traced, name=self.name, mode=self.mode, tenant=self.tenant)
-        self._note_reads(graph, traced, run)
         return run.tree(futures)
 
     def _inputs_still_read(self, traced: list, donated: dict[int, str]) -> tuple[int, ...]:
@@ -233,28 +229,8 @@ class Program:
                 check_not_donated(x, self.name, lambda: f"input {i} ({getattr(x, 'dtype', '')}{list(x.shape)})")
         if not donated:
             return ()
-        return tuple(i for i in sorted(donated) if still_read(traced[i]))
-
-    @staticmethod
-    def _note_reads(graph: ProgramGraph, traced: list, run: Run) -> None:
-        """What this run donates is marked; what it reads stays read (not donated by others) until it ends."""
-        donated = graph.donated_inputs
-        rec = run.record
-        if not donated and (rec.dispatched >= rec.total or rec.state in FINAL):
-            # Every step was given its inputs already (a lone call dispatched on this thread): XLA
-            # holds them until read, and a later run may donate them as jax.jit would.
-            return
-        ref = weakref.ref(run)
-
-        def active() -> bool:
-            r = ref()
-            return r is not None and r.state not in FINAL
-
-        for i, x in enumerate(traced):
-            if i in donated:
-                mark_donated(x, f"run {run.id} ({run.name!r}), node {donated[i]!r}")
-            elif not isinstance(x, np.ndarray):  # numpy inputs are copied to the devices: nothing to keep
-                read_later(x, active)
+        read = still_read_among([traced[i] for i in donated])
+        return tuple(sorted(i for k, i in enumerate(donated) if k in read))
 
     def __call__(self, *args, **kwargs):
         """Submit a run and return its outputs as futures; inside another program, become part of it.

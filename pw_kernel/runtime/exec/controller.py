@@ -17,9 +17,11 @@ import jax
 from ..config import Config, configure_cpu_devices, device_flags_ignored
 from ..core.lifecycle import Lifecycle
 from ..core.records import FINAL, Emit, Finish, Reject, Resolve, RunRecord, Wake
+from ..core.runahead import RunAhead
 from ..core.scheduler import Policy
 from ..core.story import Story
 from ..devices import Island, ResourceManager, VirtualSlice, build_islands
+from ..donation import done_reading, mark_donated, reading
 from ..errors import AdmissionError, ArgumentError, ControllerShutdownError, PathwaysError
 from ..futures import Future
 from ..remote.client import Bursts, stand_in_devices
@@ -32,7 +34,6 @@ from .events import EventLog
 from .interrupts import interrupts_deferred
 from .plan import plan_for
 from .port import Port
-from ..core.runahead import RunAhead
 
 
 class RunSummary(NamedTuple):
@@ -264,24 +265,43 @@ class Controller:
             futures = run._futures
             self.runs.append(run)
             self._live[rec.id] = run
-            # Its events in order (queued, then running if this thread starts it); the dispatcher
-            # thread is woken only if this thread does not dispatch the run itself (it would contend).
-            if may_inline and self.dispatcher.can_inline():
-                # Alone in the queue, one step on arrays: run here whole, reported in one transition.
-                args = self.lifecycle.lone_args(rec)
-                if args is not None and self._run_lone(rec, args, on_computed):
-                    return run, futures
-                # Alone in the queue: submitted and started in one transition, dispatched here.
-                work, effects = self.lifecycle.submit_lone(rec, rec.submitted_at)
-                self._apply(effects)
-                if work is not None:
-                    self.dispatcher.dispatch_inline(work)
-                return run, futures
-            effects = self.lifecycle.handle(rec, "submit", rec.submitted_at)
-            self._apply([e for e in effects if type(e) is not Wake])
-            if not (may_inline and self.dispatcher.dispatch_inline()):
-                self.dispatcher.wake()
+            self._start(rec, may_inline, on_computed)
+            self._note_reads(rec, graph, inputs, ins)
         return run, futures
+
+    def _start(self, rec: RunRecord, may_inline: bool, on_computed) -> None:
+        """Queue a new run, or run or dispatch it on this thread when it is alone in the queue (lock held)."""
+        # Its events in order (queued, then running if this thread starts it); the dispatcher
+        # thread is woken only if this thread does not dispatch the run itself (it would contend).
+        if may_inline and self.dispatcher.can_inline():
+            # Alone in the queue, one step on arrays: run here whole, reported in one transition.
+            args = self.lifecycle.lone_args(rec)
+            if args is not None and self._run_lone(rec, args, on_computed):
+                return
+            # Alone in the queue: submitted and started in one transition, dispatched here.
+            work, effects = self.lifecycle.submit_lone(rec, rec.submitted_at)
+            self._apply(effects)
+            if work is not None:
+                self.dispatcher.dispatch_inline(work)
+            return
+        effects = self.lifecycle.handle(rec, "submit", rec.submitted_at)
+        self._apply([e for e in effects if type(e) is not Wake])
+        if not (may_inline and self.dispatcher.dispatch_inline()):
+            self.dispatcher.wake()
+
+    def _note_reads(self, rec: RunRecord, graph: ProgramGraph, inputs: list, ins: list) -> None:
+        """Mark what the run donates; note what it still has to read until it retires (lock held).
+
+        A run already final, or whose steps were all dispatched (XLA holds what they read), reads
+        nothing more: a later run may donate its inputs, as after a `jax.jit` call. One record per
+        run, whatever its leaves: nothing here looks at earlier runs.
+        """
+        donated = graph.donated_inputs
+        for i, node in donated.items():
+            mark_donated(inputs[i], f"run {rec.id} ({rec.name!r}), node {node!r}")
+        if rec.state in FINAL or rec.dispatched >= rec.total:
+            return
+        reading(rec, [x for i, x in enumerate(ins) if i not in donated] if donated else ins)
 
     def _run_lone(self, rec: RunRecord, args: list, on_computed=None) -> bool:
         """Call a new run's only step on this thread and report what it did (lock held; `Lifecycle.lone_args`).
@@ -509,6 +529,7 @@ class Controller:
         """A run became final: keep its outputs among the most recent, forget old runs, and wake its waiters
         once this thread lets go of the lock (and of what it held of the run's arrays: `Completion._finish`)."""
         futures = run.retire()
+        done_reading(run.record)
         self.lock.pending.append(run)  # woken once this thread lets go of the lock (`RunLock`)
         if self.lifecycle.validate:
             assert all(f.done() for f in futures), run
