@@ -218,8 +218,10 @@ def test_a_done_callback_that_refers_to_its_future_does_not_keep_its_buffer_for_
         f = pw.compiled(lambda x: x * 2.0, slice=pw.slice(1, name="s"), name="double")(jnp.ones((256, 256)))
         seen = []
         f.add_done_callback(lambda _, me=f: seen.append(me.shape))  # refers to f: a cycle while it is kept
+        run = f.run
         f.result()
         assert seen == [(256, 256)]
+        run.wait()  # retired: the run lets go of its outputs (keep_outputs=0) just after they resolve
         gone = weakref.ref(f)
         del f
         assert gone() is None

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import pw_kernel as pw
+from pw_kernel.runtime.run import PACE_AFTER_S
 from test_faults import ctrl_c_once_main_is_in
 
 BOUND_S = 0.02  # the default Config.run_ahead_s
@@ -254,9 +255,14 @@ def test_a_long_run_tells_its_pace_and_about_how_long_it_has_left():
 
     ctl, long, tiny, x, v = slow_notebook()
     try:
-        longer = pw.program(lambda x: long(long(long(long(long(long(x)))))), name="longer")
-        run = longer.submit(x, mode="chained")
-        wait_until(lambda: run.nodes_done >= run.nodes_total // 2, "half the long run finish")
+        def longer(x):
+            for _ in range(18):  # long enough to have run a while (PACE_AFTER_S) before half of it is done
+                x = long(x)
+            return x
+
+        run = pw.program(longer).submit(x, mode="chained")
+        wait_until(lambda: run.nodes_done >= run.nodes_total // 4 and run.nodes_done / run.throughput > PACE_AFTER_S,
+                   "a quarter of the long run finish, after it ran a while")
         left, since = run.time_left, time.monotonic()
         assert left > 0 and run.throughput > 0
         pace = re.compile(r"[\d,.]+ nodes/s, ~[\d.]+ s left")

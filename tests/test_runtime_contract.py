@@ -132,7 +132,9 @@ def test_runtime_imports_only_jax_and_numpy():
     assert run_python(code).strip() == "8"  # the embedded default: 8 simulated CPU devices
 
 
-def test_finished_runs_keep_outputs_only_while_referenced_or_recent():
+def test_finished_runs_keep_outputs_only_while_recent_and_the_callers_futures_stay_good():
+    # an old run is a summary: it holds nothing per output (a training step's state has hundreds),
+    # while the futures its call returned live as long as the caller keeps them
     import gc
 
     import numpy as np
@@ -148,9 +150,12 @@ def test_finished_runs_keep_outputs_only_while_referenced_or_recent():
         gc.collect()
         runs = pw.controller().runs
         np.testing.assert_array_equal(np.asarray(runs[-1].outputs.result()), [1.0, 1.0])  # among the last 2
-        assert runs[0].outputs is kept  # still referenced by the user
-        with pytest.raises(pw.PathwaysError, match=re.escape("its outputs were released because nothing referenced them")):
-            runs[1].outputs
+        assert runs[-2].futures and not runs[-3].futures
+        for old in (runs[0], runs[1]):
+            with pytest.raises(pw.PathwaysError, match=re.escape("its outputs were released (the controller keeps "
+                                                                 "only the last 2 finished runs' outputs)")):
+                old.outputs
+        np.testing.assert_array_equal(np.asarray(kept.result()), [1.0, 1.0])  # the caller's future
     finally:
         pw.shutdown()
 

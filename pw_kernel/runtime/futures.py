@@ -20,6 +20,7 @@ from .trace.graph import as_dtype, describe_sharding
 
 if TYPE_CHECKING:
     from .core.records import OutputCell
+    from .trace.graph import Value
 
 
 class Producer(Protocol):
@@ -74,29 +75,45 @@ class Future(concurrent.futures.Future):
         await z                   # or asynchronously
     """
 
-    # A future is made per output of every call: it makes no Condition of its own until another
-    # thread waits on it or a callback is added (`__getattr__` makes the base class's lazily).
-    __slots__ = ("run", "index", "slice", "shape", "dtype", "sharding", "_cell", "_state", "_result", "_exception")
+    # A future is made per output of every call (a training step's state: hundreds): it keeps what it
+    # was made from by reference (its graph's `Value`: shape, dtype, sharding, slice), and makes no
+    # Condition of its own until another thread waits on it or a callback is added (`__getattr__`
+    # makes the base class's lazily, and says so in ``_waited``).
+    __slots__ = ("run", "index", "_spec", "_cell", "_state", "_result", "_exception", "_waited")
 
-    def __init__(
-        self, run: Producer, index: int, shape, dtype, sharding: Sharding | None, slice, cell: OutputCell  # noqa: A002
-    ):
+    def __init__(self, run: Producer, index: int, spec: Value, cell: OutputCell):
         self.run = run
         self.index = index
-        self.slice = slice  # the VirtualSlice the value lives on (None: the host or no slice)
-        self.shape: tuple[int, ...] = shape if type(shape) is tuple else tuple(shape)
-        self.dtype = dtype if isinstance(dtype, np.dtype) else as_dtype(dtype)  # (as_dtype asks JAX: slow)
-        self.sharding = sharding
+        self._spec = spec  # shared by every run of its graph: also what a program's signature keys it by
         self._cell = cell  # holds the value once the producing node is dispatched
         self._state = _PENDING
         self._result = None
         self._exception = None
+        self._waited = False
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._spec.shape
+
+    @property
+    def dtype(self):
+        return self._spec.dtype
+
+    @property
+    def sharding(self) -> Sharding | None:
+        return self._spec.sharding
+
+    @property
+    def slice(self):
+        """The VirtualSlice the value lives on (None: the host or no slice)."""
+        return self._spec.slice
 
     def __getattr__(self, name: str):
         # The parts of `concurrent.futures.Future` only a waiter on another thread, `wait` or a
         # done-callback needs, made on first use (the condition last: `_settle` looks for it).
         if name in ("_condition", "_waiters", "_done_callbacks"):
             with _LAZY:
+                self._waited = True
                 d = self.__dict__
                 if "_condition" not in d:
                     d["_waiters"] = []
@@ -110,19 +127,22 @@ class Future(concurrent.futures.Future):
         self._result = result
         self._exception = exception
         self._state = state
-        # The state is set, then the condition looked for; a waiter makes the condition, then looks
-        # at the state (`_wait`). With the GIL each sees the other's write first: either this finds
-        # the condition and notifies under it, or the waiter finds the state set and does not wait.
-        cond = self.__dict__.get("_condition")
-        if cond is None:
-            return  # nobody waits on another thread and no callback: nothing more to do
-        with cond:
+        # The state is set, then ``_waited`` read; a waiter sets ``_waited``, then looks at the state
+        # (`_wait`). With the GIL each sees the other's write first: either this finds it set and
+        # notifies, or the waiter finds the state set and does not wait.
+        if self._waited:
+            self._wake(state)
+
+    def _wake(self, state: str) -> None:
+        """Notify the waiters and run the callbacks of a future just settled (someone waits on it)."""
+        exception = self._exception
+        with self._condition:
             for w in self._waiters:
                 if state == _FINISHED:
                     w.add_result(self) if exception is None else w.add_exception(self)
                 else:
                     w.add_cancelled(self)
-            cond.notify_all()
+            self._condition.notify_all()
         self._invoke_callbacks()
         # Each runs once: dropped now, so that a callback referring to this future (a closure over a
         # run's outputs) does not hold it, and its device buffer, in a cycle until a full collection.
@@ -368,4 +388,18 @@ def get(tree: Any, timeout: float | None = None) -> Any:
     return jax.tree_util.tree_map(one, tree)
 
 
-__all__ = ["Future", "get", "check_timeout"]
+def resolve(futures: list[Future], outputs) -> None:
+    """Set ``futures[j]`` to ``value`` for each ``(j, value)``: a run's outputs, settled as one batch.
+
+    What `Future.set_result` does, inline: a training step's state settles hundreds at once, and
+    only those someone waits on need more than two writes.
+    """
+    for j, value in outputs:
+        f = futures[j]
+        f._result = value
+        f._state = _FINISHED
+        if f._waited:  # (read after the state: see `Future._settle`)
+            f._wake(_FINISHED)
+
+
+__all__ = ["Future", "check_timeout", "get", "resolve"]

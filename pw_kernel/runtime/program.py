@@ -24,6 +24,12 @@ if TYPE_CHECKING:
     from .run import Run
 
 
+#: Signatures a program remembers the graph of (futures are keyed by the graph output they came
+#: from, so a program fed by several others has a key per combination): past it, they are
+#: looked up again through `placed_signature`, which keys the graphs themselves.
+_MAX_SIGNATURES = 256
+
+
 class Program:
     """A traced dataflow program; calling it submits a run and returns futures at once.
 
@@ -133,6 +139,8 @@ class Program:
                     self.fn, args, kwargs, name=self.name, resources=c.resources, default_slice=self.slice, keep=keep
                 )
             with self._cache_lock:
+                if len(self._cache) >= _MAX_SIGNATURES:  # bounded: a key per combination of producers
+                    self._cache.clear()
                 self._cache[key] = graph
                 self._placed[placed] = graph
         return graph, leaves

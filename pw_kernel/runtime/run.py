@@ -5,7 +5,7 @@ from __future__ import annotations
 import operator
 import threading
 import time
-import weakref
+from itertools import count, repeat
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -14,7 +14,7 @@ import jax
 from .core.records import FINAL, RunRecord
 from .core.story import Story
 from .errors import PathwaysError, TimeoutError
-from .futures import Future, check_timeout, get
+from .futures import Future, check_timeout, get, resolve
 
 if TYPE_CHECKING:
     from .trace.graph import ProgramGraph
@@ -100,7 +100,7 @@ class Run:
 
     # Slots: the controller remembers thousands of finished runs (Config.keep_runs), and every object
     # a remembered run keeps is walked by each full garbage collection.
-    __slots__ = ("_link", "_rec", "graph", "_retired", "error_seen", "_final", "_futures", "_weak", "__weakref__")
+    __slots__ = ("_link", "_rec", "graph", "_retired", "error_seen", "_final", "_futures", "__weakref__")
 
     def __init__(self, link: RunLink, rec: RunRecord, graph: ProgramGraph):
         self._link = link
@@ -111,16 +111,11 @@ class Run:
         #: it): the kernel's failure report then has nothing to add.
         self.error_seen = False
         self._final: threading.Event | None = None  # made only if someone waits before that
-        cells = rec.cells
-        futures = [
-            Future(self, j, v.shape, v.dtype, v.sharding, v.slice, cells[j]) for j, v in enumerate(graph.output_values)
-        ]
-        # Strong while the run is in flight; once final, the futures (and the device buffers they
-        # hold) live as long as the user keeps them, or the controller keeps the run among its
-        # most recent (Config.keep_outputs).
-        self._futures: list[Future] | None = futures
-        # (one output: its reference alone, not a list of one: a remembered run keeps one object fewer)
-        self._weak = weakref.ref(futures[0]) if len(futures) == 1 else [weakref.ref(f) for f in futures]
+        # Held while the run is in flight and while the controller keeps it among its most recent
+        # (Config.keep_outputs); after that, the futures (and the device buffers they hold) live as
+        # long as the user keeps them, and the run remembers none of them (`release_outputs`).
+        self._futures: list[Future] | None = list(map(Future, repeat(self, len(rec.cells)), count(),
+                                                      graph.output_values, rec.cells))
 
     # ------------------------------------------------------ from the record
     @property
@@ -184,28 +179,24 @@ class Run:
     # ----------------------------------------------------------------- public
     @property
     def futures(self) -> list[Future]:
-        """The output futures, flat; after the run ended, only those still referenced somewhere."""
-        if self._futures is not None:
-            return self._futures
-        alive = self._alive()
-        return [f for f in alive if f is not None]
+        """The output futures, flat (empty once the run is final and no longer among the most recent)."""
+        return self._futures if self._futures is not None else []
 
     @property
     def outputs(self):
         """The output futures in the tree the program returned.
 
-        Raises PathwaysError once the run is final and its futures were released (nothing held
-        them and the run is no longer among the controller's most recent).
+        Raises PathwaysError once the run is final and no longer among the controller's most
+        recent (`Config.keep_outputs`): a finished run is then a summary, and its outputs are
+        the futures its call returned (as long as they are kept).
         """
         futures = self._futures
         if futures is None:
-            futures = self._alive()
-            if any(f is None for f in futures):
-                raise PathwaysError(
-                    f"run {self.id} ({self.name!r}): its outputs were released because nothing referenced them "
-                    f"any more (the controller keeps only the last {self._link.keep_outputs} runs' "
-                    f"outputs). Keep the futures the call returned, e.g. `y = step(x)`."
-                )
+            raise PathwaysError(
+                f"run {self.id} ({self.name!r}): its outputs were released (the controller keeps only the last "
+                f"{self._link.keep_outputs} finished runs' outputs). Keep the futures the call returned, "
+                f"e.g. `y = step(x)`."
+            )
         return self.tree(futures)
 
     def tree(self, futures: list[Future]):
@@ -226,11 +217,6 @@ class Run:
         """
         story = self._link.story(self._rec.id)
         return Story(story, self._rec.id, self._rec.name)
-
-    def _alive(self) -> list:
-        """The output futures through their weak references (None where one was collected)."""
-        weak = self._weak
-        return [weak()] if type(weak) is weakref.ref else [w() for w in weak]
 
     @property
     def progress(self) -> tuple[int, int]:
@@ -334,9 +320,7 @@ class Run:
     # ------------------------------------------- effects the controller applies (its lock held)
     def resolve(self, outputs) -> None:
         """Set the futures of outputs ``(j, value)``."""
-        futures = self._futures
-        for j, value in outputs:
-            futures[j].set_result(value)
+        resolve(self._futures, outputs)
 
     def reject(self, indices, error: BaseException, cancelled: bool) -> None:
         """Fail (or mark cancelled) the futures of outputs ``indices``."""
@@ -348,10 +332,9 @@ class Run:
             else:
                 fut.set_exception(error)
 
-    def retire(self) -> list[Future]:
-        """The run is final: let go of the futures (returned); whoever waits on the run is woken by `wake`."""
-        futures, self._futures = self._futures, None
-        return futures
+    def release_outputs(self) -> None:
+        """The run is no longer among the controller's most recent: let go of its futures (the user's stay)."""
+        self._futures = None
 
     def wake(self) -> None:
         """Wake whoever waits on the run (`RunLock`: once the thread that made it final holds none of its arrays)."""

@@ -528,13 +528,17 @@ class Controller:
     def _retire(self, run: Run) -> None:
         """A run became final: keep its outputs among the most recent, forget old runs, and wake its waiters
         once this thread lets go of the lock (and of what it held of the run's arrays: `Completion._finish`)."""
-        futures = run.retire()
         done_reading(run.record)
         self.lock.pending.append(run)  # woken once this thread lets go of the lock (`RunLock`)
         if self.lifecycle.validate:
-            assert all(f.done() for f in futures), run
+            assert all(f.done() for f in run.futures), run
+        recent = self._recent
         if self.config.keep_outputs > 0:
-            self._recent.append(futures)
+            if len(recent) == recent.maxlen:
+                recent[0].release_outputs()  # (the deque drops it below)
+            recent.append(run)
+        else:
+            run.release_outputs()
         self._kept_events += len(run.record.events)
         keep_runs, keep_events = self.config.keep_runs, self.config.max_events
         if len(self.runs) > keep_runs or self._kept_events > keep_events:

@@ -27,16 +27,24 @@ def abstract_leaf(x: Any) -> jax.ShapeDtypeStruct:
 
 
 def signature(args: tuple, kwargs: dict) -> tuple[Any, list[Any], tuple]:
-    """Flatten (args, kwargs); return (treedef, leaves, hashable cache key)."""
+    """Flatten (args, kwargs); return (treedef, leaves, hashable cache key).
+
+    A future is keyed by the graph `Value` it was made from (shape, dtype, sharding and slice;
+    hashed by identity): a training loop passing a step's outputs to the next asks nothing of them.
+    """
     leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
     key = []
+    add = key.append
     for i, leaf in enumerate(leaves):
-        if isinstance(leaf, (Future, RemoteArray)):
-            key.append(("A", tuple(leaf.shape), leaf.dtype, leaf.sharding, id(leaf.slice) if leaf.slice else None))
+        t = type(leaf)
+        if t is Future:
+            add(leaf._spec)
+        elif t is RemoteArray:
+            add(("A", tuple(leaf.shape), leaf.dtype, leaf.sharding, id(leaf.slice) if leaf.slice else None))
         elif isinstance(leaf, jax.Array):  # the hot path of every call: no ShapeDtypeStruct
-            key.append(("A", tuple(leaf.shape), leaf.dtype, leaf.sharding))
+            add(("A", leaf.shape, leaf.dtype, leaf.sharding))
         elif isinstance(leaf, (np.ndarray, np.generic)):
-            key.append(("A", np.shape(leaf), leaf.dtype, None))
+            add(("A", np.shape(leaf), leaf.dtype, None))
         else:
             try:
                 hash(leaf)
@@ -46,7 +54,7 @@ def signature(args: tuple, kwargs: dict) -> tuple[Any, list[Any], tuple]:
                     f"(traced) nor hashable (a constant baked into the trace). Pass it as a jax/numpy array, "
                     f"or as a hashable value such as a tuple."
                 ) from None
-            key.append(("S", type(leaf), leaf))
+            add(("S", t, leaf))
     return treedef, leaves, (treedef, tuple(key))
 
 
@@ -61,7 +69,7 @@ def placed_signature(key: tuple, leaves: list[Any], resources: ResourceManager) 
     treedef, parts = key
     out = []
     for part, leaf in zip(parts, leaves):
-        if part[0] == "A" and isinstance(leaf, (Future, RemoteArray, jax.Array)):
+        if isinstance(leaf, (Future, RemoteArray, jax.Array)) and (type(part) is not tuple or part[0] == "A"):
             home = getattr(leaf, "slice", None) if not isinstance(leaf, jax.Array) else None
             if home is None and leaf.sharding is not None:
                 home = home_slice(resources, leaf.sharding)
