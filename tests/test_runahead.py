@@ -223,7 +223,7 @@ def test_auto_cuts_a_program_longer_than_the_bound_into_fused_segments_that_canc
     # Once a fused run has shown that it holds the device longer than the bound, the next runs
     # are cut into fused segments of about the bound each: the same result, and cancel (or a
     # higher priority) acts between segments. A short program stays one executable.
-    ctl, long, tiny, x, v = slow_notebook(run_ahead_s=0.1)
+    ctl, long, tiny, x, v = slow_notebook(run_ahead_s=0.05)
     try:
         want = long.submit(x, mode="chained").result()
         for _ in range(2):  # auto: fused, its device time measured (twice: a first run often runs slow)
@@ -238,6 +238,7 @@ def test_auto_cuts_a_program_longer_than_the_bound_into_fused_segments_that_canc
         wait_until(lambda: run.nodes_done >= 1, "a segment of the long run finish")
         assert run.cancel() is True
         tiny(v).result()
+        run.wait()
         assert run.nodes_done == run.nodes_dispatched < len(segments)  # the rest was never sent
 
         short = pw.program(lambda v: tiny(tiny(tiny(v))), name="short")

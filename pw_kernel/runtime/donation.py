@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -31,8 +31,8 @@ _lock = threading.Lock()
 # ids of their keys once asked]. A reader is a run not yet final (the controller adds its inputs when
 # it submits it and takes them away when it retires it) or a `Hold`. Adding and removing a reader is
 # O(1), whatever its leaves; only a run that would donate looks, and then at the live readers alone:
-# the table's size is bounded by them, never by the session's age. A future is read through its
-# output cell (what a run's inputs hold), so a future and its cell are the same value here.
+# the table's size is bounded by them, never by the session's age. (A future is its output's cell:
+# what a run's inputs hold.)
 _readers: dict[Any, list] = {}
 # id(value) -> (weak reference to it, where it went). Entries whose values were collected are
 # dropped when the table has doubled since the last sweep: amortised O(1) per donation.
@@ -62,11 +62,6 @@ def _weak(x: Any) -> Any:
         return None
 
 
-def _read_key(x: Any) -> Any:
-    cell = getattr(x, "_cell", None)  # a Future: its output cell
-    return x if cell is None else cell
-
-
 def reading(token: Any, values: list[Any]) -> None:
     """Note that ``token`` (a run id, a `Hold`) has yet to read ``values`` (arrays, futures or output cells)."""
     with _lock:
@@ -92,13 +87,13 @@ def still_read_among(values: list[Any]) -> set[int]:
     """
     if not _readers:
         return set()
-    want = {id(_read_key(x)): i for i, x in enumerate(values)}
+    want = {id(x): i for i, x in enumerate(values)}
     hit: set[int] = set()
     with _lock:
         for entry in _readers.values():
             ids = entry[1]
             if ids is None:
-                ids = entry[1] = set(map(id, map(_read_key, entry[0])))
+                ids = entry[1] = set(map(id, entry[0]))
             for k in ids.intersection(want):
                 hit.add(want[k])
     return hit

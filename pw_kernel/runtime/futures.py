@@ -14,12 +14,13 @@ import jax
 import numpy as np
 from jax.sharding import Sharding
 
+from .core.records import OutputCell
 from .donation import check_not_donated, donated_to_any
 from .errors import ArgumentError, CancelledError, TimeoutError
-from .trace.graph import as_dtype, describe_sharding
+from .trace.graph import describe_sharding
 
 if TYPE_CHECKING:
-    from .core.records import OutputCell
+    from .core.records import RunRecord
     from .trace.graph import Value
 
 
@@ -61,7 +62,7 @@ _DONE = frozenset({_FINISHED, _CANCELLED, _NOTIFIED})
 _LAZY = threading.Lock()
 
 
-class Future(concurrent.futures.Future):
+class Future(concurrent.futures.Future, OutputCell):
     """A program output that will be a `jax.Array`; shape, dtype and sharding are known now.
 
     Works with `concurrent.futures.wait`, `await` (asyncio, as in ipykernel) and
@@ -75,21 +76,28 @@ class Future(concurrent.futures.Future):
         await z                   # or asynchronously
     """
 
-    # A future is made per output of every call (a training step's state: hundreds): it keeps what it
-    # was made from by reference (its graph's `Value`: shape, dtype, sharding, slice), and makes no
-    # Condition of its own until another thread waits on it or a callback is added (`__getattr__`
-    # makes the base class's lazily, and says so in ``_waited``).
-    __slots__ = ("run", "index", "_spec", "_cell", "_state", "_result", "_exception", "_waited")
+    # A future is made per output of every call (a training step's state: hundreds): it is its run's
+    # output cell too (``producer``, ``index``, ``value``: what later runs read), keeps what it was made
+    # from by reference (its graph's `Value`: shape, dtype, sharding, slice), and makes no Condition of
+    # its own until another thread waits on it or a callback is added (`__getattr__` makes the base
+    # class's lazily, and says so in ``_waited``).
+    __slots__ = ("run", "_spec", "_state", "_result", "_exception", "_waited")
 
-    def __init__(self, run: Producer, index: int, spec: Value, cell: OutputCell):
+    def __init__(self, run: Producer, index: int, spec: Value, producer: RunRecord):
         self.run = run
+        self.producer = producer  # the run's record: what the lifecycle reads of it
         self.index = index
+        self.value = None  # the array once the producing node is dispatched
         self._spec = spec  # shared by every run of its graph: also what a program's signature keys it by
-        self._cell = cell  # holds the value once the producing node is dispatched
         self._state = _PENDING
         self._result = None
         self._exception = None
         self._waited = False
+
+    @property
+    def _cell(self) -> OutputCell:
+        """What a later run reads: the future itself (it is its output's cell)."""
+        return self
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -221,7 +229,7 @@ class Future(concurrent.futures.Future):
     @property
     def dispatched(self) -> bool:
         """True once the producing node was dispatched: later programs can consume it now."""
-        return self._cell.value is not None
+        return self.value is not None
 
     def is_ready(self) -> bool:
         """Whether its devices have computed it (as `jax.Array.is_ready`): True before `done()` is, which
@@ -233,7 +241,7 @@ class Future(concurrent.futures.Future):
         """
         if self._state in _DONE:
             return True
-        value = self._cell.value
+        value = self.value
         if value is None:
             return False
         try:
@@ -267,7 +275,7 @@ class Future(concurrent.futures.Future):
         timeout = check_timeout(timeout, "Future.result")
         check_not_donated(self, "Future.result", self._label)
         if self._state not in _DONE:
-            value = self._cell.value
+            value = self.value
             if timeout is None and value is not None:
                 # Dispatched: watch the device here, as a jax.Array does, rather than wait for
                 # another thread to notice first; then complete the node on this thread.
@@ -292,8 +300,8 @@ class Future(concurrent.futures.Future):
             handle = state.params[1]["w"].remote_array()   # stays on the island
         """
         timeout = check_timeout(timeout, "Future.remote_array")
-        if timeout is None and not self.done() and self._cell.value is not None:
-            self.run.complete_here(self._cell.value, self.done)
+        if timeout is None and not self.done() and self.value is not None:
+            self.run.complete_here(self.value, self.done)
         if not self._wait(timeout):
             raise TimeoutError(f"`Future.remote_array(timeout={timeout})`: {self._label()} not ready after {timeout} s.")
         value = self._outcome()
@@ -352,7 +360,7 @@ class Future(concurrent.futures.Future):
             return "cancelled"
         if self.done():
             return "failed" if self._exception is not None else "done"
-        return "dispatched" if self._cell.value is not None else "pending"
+        return "dispatched" if self.value is not None else "pending"
 
     def __repr__(self) -> str:
         shape = ",".join(map(str, self.shape))

@@ -114,8 +114,11 @@ class Run:
         # Held while the run is in flight and while the controller keeps it among its most recent
         # (Config.keep_outputs); after that, the futures (and the device buffers they hold) live as
         # long as the user keeps them, and the run remembers none of them (`release_outputs`).
-        self._futures: list[Future] | None = list(map(Future, repeat(self, len(rec.cells)), count(),
-                                                      graph.output_values, rec.cells))
+        values = graph.output_values
+        futures = list(map(Future, repeat(self, len(values)), count(), values, repeat(rec, len(values))))
+        self._futures: list[Future] | None = futures
+        if not rec.cells:
+            rec.cells = futures  # a future is its output's cell: one object per output
 
     # ------------------------------------------------------ from the record
     @property

@@ -209,7 +209,7 @@ class Lifecycle:
         ins = rec.inputs
         args = [ins[k] for k in feed]
         for i, x in enumerate(args):
-            if type(x) is OutputCell:
+            if isinstance(x, OutputCell):
                 if x.producer.state != "done":
                     return None  # read before its producer is done: it must wait for it (`upstream`)
                 args[i] = x.value

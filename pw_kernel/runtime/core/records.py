@@ -27,9 +27,10 @@ WaitingFor = Literal["input", "memory", "credit"]
 class OutputCell:
     """One program output: the value once its step was dispatched, and the run that makes it.
 
-    A later run that reads this output holds the cell, not the future: it can start
-    as soon as ``value`` is set (dispatched, not finished), and it fails if the
-    producer failed.
+    A later run that reads this output holds the cell: it can start as soon as ``value``
+    is set (dispatched, not finished), and it fails if the producer failed. The runtime's
+    futures are their own cells (`pw.Future` subclasses this: one object per output, not
+    two); a record made without futures (the lifecycle's tests) makes plain ones.
     """
 
     __slots__ = ("producer", "index", "value")
@@ -95,6 +96,7 @@ class RunRecord:
         source_map: dict[str, str] | None = None,
         now: float = 0.0,
         on_error: Callable[[BaseException], Any] | None = None,
+        cells: list[OutputCell] | None = None,
     ):
         self.id = run_id
         self.name = name
@@ -117,8 +119,9 @@ class RunRecord:
         self.slots: list[Any] | None = None
         self.reserved: Mapping[int, int] = NOTHING  # the plan's peak bytes while running (never written)
         self.waiting_for: WaitingFor | None = None
-        self.cells = [OutputCell(self, j) for j in range(len(plan.output_slots))]
-        self.resolved = bytearray(len(self.cells))  # 1 once output j is resolved (no object the GC walks)
+        # (given: the run's futures, made by its `Run` right after this record, with it as their producer)
+        self.cells = cells if cells is not None else [OutputCell(self, j) for j in range(len(plan.output_slots))]
+        self.resolved = bytearray(len(plan.output_slots))  # 1 once output j is resolved (no object the GC walks)
         # Runs whose outputs this one read before they were done (it started on dispatched values),
         # and the reverse. A run is done only once its upstream are: a producer that fails late
         # (a guarded host callback) fails its readers too, and their outputs are never resolved.

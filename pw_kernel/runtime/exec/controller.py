@@ -249,8 +249,8 @@ class Controller:
                     f"may reserve at most {cap / 2**20:.1f} MiB there (Config.device_memory / memory_fraction). "
                     f"Shard the values over more devices, use smaller shapes, or raise the limit."
                 )
-        # A future input is read through its output cell: the run can start once it is dispatched.
-        ins = [x._cell if isinstance(x, Future) else x for x in inputs]
+        # A future input is its output's cell: the run can start once it is dispatched.
+        ins = inputs
         # A caller that holds the lock (submitting several runs at once, or a future's callback
         # while effects are applied) leaves dispatch to the dispatcher thread.
         may_inline = not self.lock._is_owned()
@@ -259,9 +259,9 @@ class Controller:
                 self._check_open("submit")
             rec = RunRecord(
                 next(self._ids), name or graph.name, graph.name, plan, ins, tenant, weight, priority, source_map,
-                time.time(), on_error,
+                time.time(), on_error, cells=(),
             )
-            run = Run(self._link, rec, graph)
+            run = Run(self._link, rec, graph)  # (gives the record its futures as its output cells)
             futures = run._futures
             self.runs.append(run)
             self._live[rec.id] = run
