@@ -60,10 +60,22 @@ class Config:
     #: where the device reports none (the CPU).
     device_memory: int | None = None
     memory_fraction: float = 0.9
+    #: Runs submitted and not yet final, at most; past it a call waits (Ctrl-C works) until one ends.
+    #: A loop that submits faster than the devices run would otherwise hold every step it is ahead
+    #: by (its futures, its inputs) and slow with it: the garbage collector walks them all.
+    max_pending_runs: int = 256
+    #: Their outputs (futures), at most, likewise: a step of 400 leaves counts 400.
+    max_pending_outputs: int = 16_384
+    #: Seconds a call fed a future of a run not yet done waits, at most, for a busy dispatcher thread
+    #: to catch up, so that it dispatches its run itself (the quick way for a stream of small steps on
+    #: the CPU) instead of queueing it behind. 0: never wait (each such call is queued at once).
+    inline_wait_s: float = 0.002
     #: Finished runs whose outputs the controller keeps alive (`controller().runs[-1].outputs`);
     #: older runs' outputs live only as long as their futures are referenced.
     keep_outputs: int = 16
-    #: Runs kept in `controller().runs` (the oldest finished ones are forgotten first).
+    #: Finished runs kept in `controller().runs`, a ring (the oldest finished are forgotten first; runs
+    #: in flight are always there). A finished run holds no arrays and no futures: its state, times,
+    #: node events and story (~1 KB with one event).
     keep_runs: int = 10_000
     #: Transitions kept in the lifecycle's log, which `Run.story()` reads (the oldest go first; a run
     #: makes a few, a chained run a few per dispatch burst).

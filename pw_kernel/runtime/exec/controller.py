@@ -16,7 +16,7 @@ import jax
 
 from ..config import Config, configure_cpu_devices, device_flags_ignored
 from ..core.lifecycle import Lifecycle
-from ..core.records import FINAL, Emit, Finish, Reject, Resolve, RunRecord, Wake
+from ..core.records import FINAL, Emit, Finish, OutputCell, Reject, Resolve, RunRecord, Wake
 from ..core.runahead import RunAhead
 from ..core.scheduler import Policy
 from ..core.story import Story
@@ -31,6 +31,7 @@ from .callback_logs import quiet_while
 from .completion import Completion
 from .dispatcher import Dispatcher
 from .events import EventLog
+from .history import RunHistory
 from .interrupts import interrupts_deferred
 from .plan import plan_for
 from .port import Port
@@ -150,9 +151,15 @@ class Controller:
             story_length=self.config.story_length,
         )
         self._recent: collections.deque = collections.deque(maxlen=self.config.keep_outputs)
-        self.runs: list[Run] = []
-        self._kept_events = 0  # node events of the finished runs in self.runs (see _retire)
+        #: Every run in flight, and the latest finished ones (Config.keep_runs, keep_events).
+        self.runs = RunHistory(self.config.keep_runs, self.config.max_events)
         self._live: dict[int, Run] = {}  # runs not yet final, by id
+        self._pending_outputs = 0  # their outputs: with their count, bounded (`Config.max_pending_runs`)
+        self._max_pending_runs = max(1, self.config.max_pending_runs)
+        self._max_pending_outputs = max(1, self.config.max_pending_outputs)
+        self._room = threading.Condition(self.lock)  # a submitter waits on it for room (`_wait_for_room`)
+        self._room_waiters = 0
+        self._inline_wait_s = self.config.inline_wait_s
         self._ids = itertools.count()
         self._closed = False
         self.bursts = Bursts()  # remote islands with ops buffered by the dispatch burst under way
@@ -254,20 +261,44 @@ class Controller:
         # A caller that holds the lock (submitting several runs at once, or a future's callback
         # while effects are applied) leaves dispatch to the dispatcher thread.
         may_inline = not self.lock._is_owned()
+        n_out = len(graph.outputs)
         with self.lock:
             if self._closed:
                 self._check_open("submit")
+            if self._pending_outputs + n_out > self._max_pending_outputs or len(self._live) >= self._max_pending_runs:
+                self._wait_for_room(n_out, may_inline)
+            if may_inline and self.dispatcher.busy and self._inline_wait_s and _reads_unfinished(ins):
+                self.dispatcher.wait_idle(self._inline_wait_s)  # (see `Config.inline_wait_s`)
+            self._pending_outputs += n_out
             rec = RunRecord(
                 next(self._ids), name or graph.name, graph.name, plan, ins, tenant, weight, priority, source_map,
                 time.time(), on_error, cells=(),
             )
             run = Run(self._link, rec, graph)  # (gives the record its futures as its output cells)
             futures = run._futures
-            self.runs.append(run)
+            self.runs.add(run)
             self._live[rec.id] = run
             self._start(rec, may_inline, on_computed)
             self._note_reads(rec, graph, inputs, ins)
         return run, futures
+
+    def _wait_for_room(self, n_out: int, may_inline: bool) -> None:
+        """Wait (lock held, let go meanwhile) until runs in flight leave room for one more of ``n_out`` outputs.
+
+        Only a user's thread waits: the controller's own threads, a caller holding the lock, and
+        a run alone (however many outputs) go on. Ctrl-C stops the wait (nothing was submitted).
+        """
+        if not may_inline or threading.get_ident() in self.dispatcher.thread_ids:
+            return
+        self._room_waiters += 1
+        try:
+            while self._live and not self._closed and (
+                self._pending_outputs + n_out > self._max_pending_outputs or len(self._live) >= self._max_pending_runs
+            ):
+                self._room.wait(0.25)  # (a timeout: a signal handler runs between waits)
+        finally:
+            self._room_waiters -= 1
+        self._check_open("submit")
 
     def _start(self, rec: RunRecord, may_inline: bool, on_computed) -> None:
         """Queue a new run, or run or dispatch it on this thread when it is alone in the queue (lock held)."""
@@ -401,9 +432,9 @@ class Controller:
             )
 
     def run(self, run_id: int) -> Run:
-        for r in self.runs:
-            if r.id == run_id:
-                return r
+        r = self.runs.get(run_id)
+        if r is not None:
+            return r
         raise PathwaysError(f"No run with id {run_id!r}; runs are {[r.id for r in self.runs][-20:]} (latest last).")
 
     def wait_all(self, timeout: float | None = None) -> None:
@@ -492,7 +523,7 @@ class Controller:
 
     def story(self, run_id: int) -> Story:
         """Run ``run_id``'s transitions (`Run.story`), as far as the lifecycle's log keeps them."""
-        run = next((r for r in self.runs if r.id == run_id), None)
+        run = self.runs.get(run_id)
         return Story(self.lifecycle.story(run_id), run_id, run.name if run is not None else "")
 
     def _wake_dispatcher(self) -> None:
@@ -521,7 +552,11 @@ class Controller:
             elif kind is Reject:
                 self._live[e.rec.id].reject(e.indices, e.error, e.cancelled)
             elif kind is Finish:
-                self._retire(self._live.pop(e.rec.id))
+                run = self._live.pop(e.rec.id)
+                self._pending_outputs -= len(run.graph.outputs)
+                self._retire(run)
+                if self._room_waiters and self._room_wanted():
+                    self._room.notify()
             else:  # pragma: no cover - a new effect without its applier
                 raise AssertionError(f"no applier for effect {e!r}")
 
@@ -539,27 +574,11 @@ class Controller:
             recent.append(run)
         else:
             run.release_outputs()
-        self._kept_events += len(run.record.events)
-        keep_runs, keep_events = self.config.keep_runs, self.config.max_events
-        if len(self.runs) > keep_runs or self._kept_events > keep_events:
-            # Forget the oldest finished runs down to 90% of both budgets at once, so this stays
-            # cheap per run. Events weigh more than runs: a pipelined step holds a hundred of them.
-            runs, events = len(self.runs) - keep_runs + keep_runs // 10, self._kept_events - keep_events * 9 // 10
-            kept = []  # older runs still in flight
-            all_runs = self.runs
-            end = len(all_runs)
-            for i, r in enumerate(all_runs):
-                if runs <= 0 and events <= 0:
-                    end = i
-                    break
-                if r.retired and r is not run:  # the newest stays
-                    runs -= 1
-                    n = len(r.record.events)
-                    events -= n
-                    self._kept_events -= n
-                else:
-                    kept.append(r)
-            all_runs[:end] = kept  # the rest stays as it is: no loop over 10,000 runs
+        self.runs.finished(run)
+
+    def _room_wanted(self) -> bool:
+        """Whether a submitter may be waiting and there is room now (lock held): cheap, on every run's end."""
+        return len(self._live) < self._max_pending_runs and self._pending_outputs < self._max_pending_outputs
 
     def _collective_limit(self, island: Island | None) -> int:
         """How many steps with collectives ``island`` may queue (see `Config.max_inflight_collectives`)."""
@@ -589,6 +608,14 @@ class Controller:
                 f"`{api}`: this controller was shut down. `pw.controller()` returns a fresh one; "
                 f"create slices and compiled functions on it."
             )
+
+
+def _reads_unfinished(inputs: list) -> bool:
+    """Whether a call reads an output of a run not yet done (its first such input answers: a chain's are alike)."""
+    for x in inputs:
+        if isinstance(x, OutputCell):
+            return x.producer.state != "done"
+    return False
 
 
 def _count(n: int, what: str) -> str:
