@@ -109,6 +109,23 @@ def _say(log, rec, st, outs: list) -> None:
         log.emit_output(IslandOutput(rec.id, st.name, st.island, stream, text))
 
 
+def probe_of(args, outs) -> int:
+    """The position of an output of a local call that its execution computed (not one of ``args`` returned
+    as is), or -1. A node's computed outputs come from one execution and are ready together, and once
+    they are its inputs (so what it forwarded) were: asking one answers for the node."""
+    given = set(map(id, args))
+    for k, o in enumerate(outs):
+        if id(o) not in given and hasattr(o, "is_ready"):
+            return k
+    return -1
+
+
+def _asked(st, outs) -> Any:
+    """The outputs of a node whose readiness answers for it: its probe (`Executable.probe`), else all."""
+    probe = st.exe.probe
+    return outs if probe is None or probe < 0 or st.remote else (outs[probe],)
+
+
 def _computed(batch: tuple) -> bool:
     """Whether every node of ``batch`` has computed (so completing it will not wait).
 
@@ -120,7 +137,7 @@ def _computed(batch: tuple) -> bool:
     for i, item in enumerate(items):
         if i < last and items[i + 1][1].devices is item[1].devices:
             continue
-        for a in item[4]:
+        for a in _asked(item[1], item[4]):
             try:
                 if not a.is_ready():
                     return False
@@ -250,7 +267,7 @@ class Completion:
             return None
         rec, st, seq, dispatch, outs = item
         try:
-            for a in outs:
+            for a in _asked(st, outs):
                 if not a.is_ready():
                     return None
                 a.block_until_ready()  # ready: raises only if it failed (`_complete` names the node)
@@ -495,7 +512,7 @@ class Completion:
             if st.host_callbacks:
                 guarded.append(i)
             # a later node reuses these outputs' buffers (donation): it waits for this one; we cannot
-            for a in () if st.outs_donated else outs:
+            for a in () if st.outs_donated else _asked(st, outs):
                 try:
                     a.block_until_ready()  # raises an asynchronous failure (is_ready would not)
                 except AttributeError:

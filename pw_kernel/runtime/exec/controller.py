@@ -258,6 +258,11 @@ class Controller:
                 )
         # A future input is its output's cell: the run can start once it is dispatched.
         ins = inputs
+        if self.completion._pending and not self.lock._is_owned() and self.completion.computed():
+            # What earlier calls sent has computed (a stream of steps, each fed the last one's
+            # outputs): completed here, so that this call finds its producer done and runs on this
+            # thread, rather than left to the other threads, which would take the GIL for it.
+            self.completion.complete_pending()
         # A caller that holds the lock (submitting several runs at once, or a future's callback
         # while effects are applied) leaves dispatch to the dispatcher thread.
         may_inline = not self.lock._is_owned()

@@ -22,7 +22,7 @@ import jax
 from ..core.records import FINAL, Work
 from ..errors import ArgumentError
 from ..trace.compiled import has_collectives
-from .completion import BATCH, Completion
+from .completion import BATCH, Completion, probe_of
 from .events import EventLog, NodeEvent
 from .interrupts import interrupts_deferred
 from .port import Port
@@ -158,7 +158,10 @@ class Dispatcher:
                 self.completion.complete_pending()
 
     def wait_idle(self, timeout: float) -> None:
-        """On a submitting thread (lock held, let go meanwhile): wait at most ``timeout`` s for this thread to idle.
+        """On a submitting thread (lock held, let go meanwhile): wait at most ``timeout`` s for dispatching to catch up.
+
+        It has caught up when no thread dispatches and no run waits to be dispatched: the caller
+        may then dispatch its own run (completions may still go on, on other threads).
 
         A loop feeding each call the last one's future, faster than the dispatcher thread finishes
         them, would otherwise queue every call behind it for good: each then pays two hand-offs,
@@ -166,11 +169,16 @@ class Dispatcher:
         the caller, measured at 30 leaves). Waiting for the dispatcher to catch up once puts the
         calls back on the caller's thread.
         """
-        if self._idle or threading.get_ident() in self.thread_ids:
+        if threading.get_ident() in self.thread_ids:
             return
+        deadline = time.monotonic() + timeout
         self._idle_waiters += 1
         try:
-            self._went_idle.wait(timeout)
+            while self.busy or self.port.has_work():  # (what the caller's run would queue behind)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._went_idle.wait(left)
         finally:
             self._idle_waiters -= 1
 
@@ -225,6 +233,8 @@ class Dispatcher:
         finally:
             with self.lock:
                 self.busy = False
+                if self._idle_waiters:
+                    self._went_idle.notify_all()
 
     def _dispatch(self, work: Work, inline: bool = False) -> None:
         """Dispatch up to ``work.quantum`` of its run's next steps; no lock held around JAX calls."""
@@ -281,6 +291,8 @@ class Dispatcher:
                     gate.untake(st, ns)
                 failed = (st, e)
                 break
+            if exe.probe is None and not st.remote:
+                exe.probe = probe_of([slots[i] for i in ins], outs)
             if len(outs) == 1:
                 slots[st.outs[0]] = outs[0]
             else:
@@ -348,6 +360,8 @@ class Dispatcher:
             if ns:
                 gate.untake(st, ns)
             return ("failed", st, e)
+        if exe.probe is None and not remote:
+            exe.probe = probe_of(args, outs)
         self.seq += 1
         cost = exe.cost  # (what it was charged at: completing it below learns its new time)
         published = [(j, outs[pos]) for j, pos in st.publishes]

@@ -78,6 +78,13 @@ class RunHistory(Sequence):
             return next(itertools.islice(reversed(self._by_id.values()), -i - 1, None))
         return next(itertools.islice(iter(self._by_id.values()), i, None))
 
+    def __eq__(self, other) -> bool:  # (compares as the list of its runs: `runs == []`)
+        if isinstance(other, (RunHistory, list, tuple)):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
     def __repr__(self) -> str:
         ids = list(self._by_id)
         shown = ", ".join(map(str, ids[-5:]))

@@ -36,7 +36,7 @@ class Executable:
     (device time).
     """
 
-    __slots__ = ("compile_first", "compiling", "collectives", "cost", "measured")
+    __slots__ = ("compile_first", "compiling", "collectives", "cost", "measured", "probe")
 
     def __init__(self, compile_first: bool = False):
         self.compile_first = compile_first  # a jax.jit not yet run by this step: compile it ahead (its own event)
@@ -47,6 +47,10 @@ class Executable:
         self.collectives = False  # its compiled executable holds collectives (known once compiled)
         self.cost = 1000  # ns of device time, a running mean (`RunAhead.finished`; fair share charges it)
         self.measured = 0  # how many executions ``cost`` has seen (the first sets it)
+        #: the position of an output the execution computes (not an argument returned as it was: jit
+        #: forwards those), learnt at its first call: what completion asks whether the whole node has
+        #: computed (its outputs are ready together). None: not yet known; -1: ask every output.
+        self.probe: int | None = None
 
     def __repr__(self) -> str:
         return f"Executable(compile_first={self.compile_first}, collectives={self.collectives}, cost={self.cost})"
