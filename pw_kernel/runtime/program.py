@@ -16,7 +16,7 @@ from .errors import ArgumentError
 from .trace.compiled import CompiledFunction, array_signature, in_program_trace
 from .trace.feeds import input_node
 from .trace.graph import ProgramGraph
-from .trace.signatures import is_traced_leaf, placed_signature, signature
+from .trace.signatures import TracerArgument, is_traced_leaf, placed_signature, signature
 from .trace.tracing import trace_program
 
 if TYPE_CHECKING:
@@ -93,7 +93,10 @@ class Program:
         return self._trace(args, kwargs)[0]
 
     def _trace(self, args, kwargs, keep: tuple[int, ...] = ()) -> tuple[ProgramGraph, list]:
-        """The graph for these arguments; ``keep``: traced inputs not to donate (pw still reads them elsewhere)."""
+        """The graph for these arguments, and their traced leaves (arrays and futures: the run's inputs).
+
+        ``keep``: traced inputs not to donate (pw still reads them elsewhere).
+        """
         c = self._controller()
         if not kwargs and not keep:
             # Positional jax Arrays only (a training loop's call): the graph by their shapes, dtypes
@@ -118,7 +121,8 @@ class Program:
         return graph
 
     def _trace_full(self, c, args, kwargs, keep: tuple[int, ...]) -> tuple[ProgramGraph, list]:
-        _, leaves, key = signature(args, kwargs)
+        _, leaves, key, consts = signature(args, kwargs)
+        traced = leaves if not consts else [x for x in leaves if is_traced_leaf(x)]
         if keep:
             key = (key, keep)
         with self._cache_lock:
@@ -143,7 +147,7 @@ class Program:
                     self._cache.clear()
                 self._cache[key] = graph
                 self._placed[placed] = graph
-        return graph, leaves
+        return graph, traced
 
     def submit(
         self,
@@ -201,10 +205,9 @@ class Program:
                 f"it becomes part of the enclosing program."
             )
         if graph is None:
-            graph, leaves = self._trace(args, kwargs)
+            graph, traced = self._trace(args, kwargs)
         else:  # the caller traced these very arguments (`trace`): their leaves, without the lookup
-            leaves = jax.tree_util.tree_leaves((args, kwargs))
-        traced = [x for x in leaves if is_traced_leaf(x)]
+            traced = [x for x in jax.tree_util.tree_leaves((args, kwargs)) if is_traced_leaf(x)]
         keep = self._inputs_still_read(traced, graph.donated_inputs)
         if keep:  # traced again with those inputs kept (once per signature and mask, then cached)
             graph, _ = self._trace(args, kwargs, keep)
@@ -292,6 +295,8 @@ class Compiled(CompiledFunction):
                 hit = array_signature(args)
                 if hit is not None:  # concrete arrays (or resolved futures): the graph by their signature
                     return self.program.call_arrays(args, *hit)
-            if not any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((args, kwargs))):
+            try:
                 return self.program(*args, **kwargs)
+            except TracerArgument:  # called inside jax.jit / jax.grad (nothing was submitted): a jitted function
+                pass
         return super().__call__(*args, **kwargs)  # a node of the program being traced

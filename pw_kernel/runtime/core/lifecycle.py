@@ -208,10 +208,14 @@ class Lifecycle:
             return None
         ins = rec.inputs
         args = [ins[k] for k in feed]
+        seen = None  # (a step's outputs fed to the next call: one producer for all, asked once)
         for i, x in enumerate(args):
             if isinstance(x, OutputCell):
-                if x.producer.state != "done":
-                    return None  # read before its producer is done: it must wait for it (`upstream`)
+                producer = x.producer
+                if producer is not seen:
+                    if producer.state != "done":
+                        return None  # read before its producer is done: it must wait for it (`upstream`)
+                    seen = producer
                 args[i] = x.value
         if plan.peak_bytes and self.capacity and not self._fits(plan.peak_bytes):
             return None
@@ -282,8 +286,11 @@ class Lifecycle:
 
     def _resolve(self, rec: RunRecord, outputs: Sequence[tuple[int, Any]]) -> Resolve | None:
         """The effect that sets outputs ``(j, value)`` of ``rec`` not yet resolved (each is, once)."""
-        outs = []
         resolved = rec.resolved
+        if len(outputs) == len(resolved) and not any(resolved):  # every output, none set yet (a whole run)
+            rec.resolved = bytearray(b"\x01") * len(resolved)
+            return Resolve(rec, tuple(outputs)) if outputs else None
+        outs = []
         for j, v in outputs:
             if not resolved[j]:
                 resolved[j] = 1

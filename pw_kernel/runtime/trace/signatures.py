@@ -26,15 +26,22 @@ def abstract_leaf(x: Any) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(x.shape, x.dtype)
 
 
-def signature(args: tuple, kwargs: dict) -> tuple[Any, list[Any], tuple]:
-    """Flatten (args, kwargs); return (treedef, leaves, hashable cache key).
+class TracerArgument(TracingError):
+    """A program was called on JAX tracers (inside `jax.jit`, `jax.grad`...), outside a program's trace."""
+
+
+def signature(args: tuple, kwargs: dict) -> tuple[Any, list[Any], tuple, int]:
+    """Flatten (args, kwargs); return (treedef, leaves, hashable cache key, how many leaves are constants).
 
     A future is keyed by the graph `Value` it was made from (shape, dtype, sharding and slice;
     hashed by identity): a training loop passing a step's outputs to the next asks nothing of them.
+    Raises `TracerArgument` for a JAX tracer among the leaves (a compiled function called inside
+    `jax.jit` is then a jitted function: its caller looks for that this way, without a walk of its own).
     """
     leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
     key = []
     add = key.append
+    consts = 0
     for i, leaf in enumerate(leaves):
         t = type(leaf)
         if t is Future:
@@ -42,6 +49,12 @@ def signature(args: tuple, kwargs: dict) -> tuple[Any, list[Any], tuple]:
         elif t is RemoteArray:
             add(("A", tuple(leaf.shape), leaf.dtype, leaf.sharding, id(leaf.slice) if leaf.slice else None))
         elif isinstance(leaf, jax.Array):  # the hot path of every call: no ShapeDtypeStruct
+            if isinstance(leaf, jax.core.Tracer):
+                raise TracerArgument(
+                    f"`pw.program`: argument leaf {i} is a JAX tracer ({leaf}): a program was called inside a "
+                    f"JAX transformation (`jax.jit`, `jax.grad`, ...). Call it outside, or call the "
+                    f"`pw.compiled` functions it uses directly: inside a transformation they act as `jax.jit`."
+                )
             add(("A", leaf.shape, leaf.dtype, leaf.sharding))
         elif isinstance(leaf, (np.ndarray, np.generic)):
             add(("A", np.shape(leaf), leaf.dtype, None))
@@ -55,7 +68,8 @@ def signature(args: tuple, kwargs: dict) -> tuple[Any, list[Any], tuple]:
                     f"or as a hashable value such as a tuple."
                 ) from None
             add(("S", t, leaf))
-    return treedef, leaves, (treedef, tuple(key))
+            consts += 1
+    return treedef, leaves, (treedef, tuple(key)), consts
 
 
 def placed_signature(key: tuple, leaves: list[Any], resources: ResourceManager) -> tuple:

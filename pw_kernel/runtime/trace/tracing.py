@@ -277,7 +277,7 @@ class _Tracer:
         self.name = name
         self.scope = scope
         self.b = builder
-        self.treedef, self.leaves, _ = signature(args, kwargs)
+        self.treedef, self.leaves, _, _ = signature(args, kwargs)
         self.traced_idx = [i for i, x in enumerate(self.leaves) if is_traced_leaf(x)]
         self.abstract = [abstract_leaf(self.leaves[i]) for i in self.traced_idx]
         self.out_tree: Any = None
