@@ -27,13 +27,23 @@ if TYPE_CHECKING:
 Lifecycle = Any  # (the `Lifecycle` of lifecycle.py, which imports this module: not imported back, even for types)
 
 
+#: Runs whose last logged state validation remembers (a failed or cancelled run's dispatched nodes
+#: still report; a done run is forgotten at once).
+_LAST_STATES = 10_000
+
+
 def check_row(last_state: dict[int, str], row: Row) -> None:
     """A logged transition is one the table has, and starts where the run's last logged one ended."""
     _, run, start, finish, event, _, _, _ = row
     assert (start, event) in TRANSITIONS and finish in TARGETS[(start, event)], row
     last = last_state.get(run, "new")
     assert start == last, f"run {run}: logged {start!r} -> {finish!r} ({event}), but its last transition ended in {last!r}"
+    if finish == "done":  # (no transition leaves it: forgotten, so the check holds nothing per run done)
+        last_state.pop(run, None)
+        return
     last_state[run] = finish
+    if len(last_state) > _LAST_STATES:  # failed and cancelled runs' late reports come soon: the oldest go
+        del last_state[next(iter(last_state))]
 
 
 def check_events(last_end: dict[int, int], events: Sequence[Any]) -> None:

@@ -1,0 +1,177 @@
+"""Real sizes and lengths: a training loop of hundreds of leaves, thousands of steps, costs at step 5,000 what it cost at 50.
+
+Counted, never timed: the tables the controller keeps stay within the bounds `pw.Config`
+documents, the Python calls a step makes do not grow with the session's age, and memory
+(traced allocations, and the process's RSS) stays flat once the bounded histories are full.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+import tracemalloc
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pw_kernel as pw
+from pw_kernel.runtime import donation
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def _state(leaves: int) -> dict:
+    """A model's state as a training loop holds it: a pytree of ``leaves`` small arrays."""
+    return {f"layer{i // 3}.{'wbg'[i % 3]}": jnp.full((16,), float(i), jnp.float32) for i in range(leaves)}
+
+
+def _step(state):
+    return jax.tree.map(lambda x: x * 0.999 + 0.001, state)
+
+
+@pytest.fixture
+def small_histories():
+    """A controller whose histories are small, so a test fills them in a few thousand steps."""
+    c = pw.init(pw.Config(keep_runs=500, max_events=2_000, story_length=3_000, keep_outputs=4))
+    yield c
+    pw.shutdown()
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+def test_every_history_the_controller_keeps_stays_within_its_bound(small_histories):
+    c = small_histories
+    step = pw.compiled(_step, slice=pw.slice(1, name="bounded"), name="step")
+    state = _state(60)
+    for _ in range(3_000):
+        state = step(state)
+    c.wait_all()
+    expected = np.asarray(_state(60)["layer3.w"])
+    for _ in range(3_000):
+        expected = expected * np.float32(0.999) + np.float32(0.001)
+    np.testing.assert_allclose(np.asarray(pw.get(state)["layer3.w"]), expected, rtol=1e-5)
+
+    assert len(c.runs) <= 500 and c.runs[-1].id == 3_000 - 1  # a ring of the latest finished runs
+    assert sum(len(r.events) for r in c.runs) <= 2_000
+    assert len(c.events.nodes) <= 2_000
+    assert len(c.lifecycle.log) <= 3_000
+    assert sum(1 for r in c.runs if r.futures) <= 4  # older runs are summaries: no futures held
+    assert donation.readers() == 0  # one record per run in flight, none once they end
+    assert step.program.cache_size <= 3  # the arrays' signature, the futures', and nothing per step
+    with pytest.raises(pw.PathwaysError, match=r"its outputs were released"):
+        c.runs[0].outputs
+
+
+def test_a_finished_run_beyond_the_window_is_forgotten_oldest_first_and_a_run_in_flight_stays():
+    c = pw.init(pw.Config(islands=2, keep_runs=500))
+    try:
+        slow = pw.compiled(lambda x: jax.lax.fori_loop(0, 3_000, lambda i, v: jnp.tanh(v @ v), x),
+                           slice=pw.slice(1, name="slow", island=0), name="slow")
+        inc = pw.compiled(lambda x: x + 1, slice=pw.slice(1, name="fast", island=1), name="inc")
+        m = jnp.full((256, 256), 1e-3)
+        long = slow.program.submit(m)  # about a second on its island
+        x = jnp.zeros(4)
+        for _ in range(600):  # meanwhile, on the other island
+            x = inc(x)
+        np.testing.assert_array_equal(np.asarray(pw.get(x)), np.full(4, 600.0))
+        ids = [r.id for r in c.runs]
+        assert ids == sorted(ids) and ids[-1] == 600
+        if not long.done():  # (a machine 50x slower than this one would finish it first)
+            assert c.runs.get(long.id) is long and ids[0] == long.id  # in flight: kept, however old
+            assert len(ids) == 501
+        long.wait()
+        c.wait_all()
+        assert len(c.runs) <= 500 and c.runs.get(1) is None  # the oldest finished went first
+        assert c.run(600) is c.runs[-1]
+    finally:
+        pw.shutdown()
+
+
+def _calls_per_step(step, state, n: int = 15) -> tuple[int, dict]:
+    """Python calls and lines run on this thread by a step (`sys.settrace`'s events): the median of ``n``.
+
+    Each step is called once the last has finished, so every measured call can take the same
+    way; the median leaves out the few that the run-ahead gate, still learning the step's
+    device time, sends the dispatcher's way. What differs then is what the session's age adds.
+    """
+    counts = []
+    count = [0]
+
+    def trace(frame, event, arg):  # every call and every line run: a loop over a table shows per element
+        count[0] += 1
+        return trace
+
+    for _ in range(n):
+        pw.get(state)
+        pw.controller().wait_all()
+        count[0] = 0
+        sys.settrace(trace)
+        try:
+            state = step(state)
+        finally:
+            sys.settrace(None)
+        counts.append(count[0])
+    pw.get(state)
+    return int(np.median(counts)), state
+
+
+def test_the_python_work_a_step_does_at_step_5000_is_that_of_step_50():
+    # What grows with a session's age shows as work per call: a table scanned, a list walked.
+    pw.init()
+    try:
+        step = pw.compiled(_step, slice=pw.slice(1, name="calls"), name="step")
+        state = _state(120)
+        for _ in range(50):
+            state = step(state)
+        early, state = _calls_per_step(step, state)
+        for _ in range(5_000):
+            state = step(state)
+        late, state = _calls_per_step(step, state)
+        assert abs(late - early) <= 0.03 * early, (early, late)
+    finally:
+        pw.shutdown()
+
+
+def test_memory_stays_flat_over_20000_steps_once_the_histories_are_full(small_histories):
+    step = pw.compiled(_step, slice=pw.slice(1, name="memory"), name="step")
+    state = _state(30)
+    tracemalloc.start()  # (before the histories fill: what they hold then is traced too, and replaced)
+    try:
+        for _ in range(2_000):  # past every window: runs, events, story
+            state = step(state)
+        pw.get(state)
+        small_histories.wait_all()
+        gc.collect()
+        rss0, before = _rss(), tracemalloc.get_traced_memory()[0]
+        for _ in range(20_000):
+            state = step(state)
+        pw.get(state)
+        small_histories.wait_all()
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert grown < 256 << 10, f"{grown / 2**20:.2f} MiB more traced allocations after 20,000 steps"
+    assert _rss() - rss0 < 32 << 20, f"RSS grew {(_rss() - rss0) / 2**20:.1f} MiB over 20,000 steps"
+
+
+def test_a_loop_far_ahead_of_the_devices_waits_for_room_instead_of_holding_every_step():
+    # submitting faster than steps run held every step it was ahead by, and slowed with them
+    c = pw.init(pw.Config(max_pending_runs=8))
+    try:
+        s = pw.slice(1, name="room")
+        slow = pw.compiled(lambda x: jax.lax.fori_loop(0, 50, lambda i, a: jnp.tanh(a @ a), x), slice=s, name="slow")
+        x = jnp.full((64, 64), 1e-3)
+        seen = []
+        for _ in range(40):
+            x = slow(x)
+            seen.append(sum(1 for r in c.runs if not r.done()))
+        assert max(seen) <= 8
+        pw.get(x)
+    finally:
+        pw.shutdown()
