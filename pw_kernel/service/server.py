@@ -58,6 +58,9 @@ _LATER = object()  # a handler's answer: "I reply myself, when the work is done"
 #: loads, puts of big values, keeps and drops go to the worker, so heartbeats are never held up long).
 _QUICK = frozenset({"run_many", "free", "get", "clock", "cancel"})
 
+#: Burst programs kept per client (burst shapes depend on timing: past this, traced again, not kept).
+MAX_BURST_PROGRAMS = 256
+
 
 class Service:
     """The Pathways service: owns this process's devices and runs its controller for the clients.
@@ -594,6 +597,8 @@ class Service:
         shape_key = tuple(shape)
         prog = c.programs.get(shape_key)
         if prog is None:
+            if len(c.programs) >= MAX_BURST_PROGRAMS:  # bounded: burst shapes depend on timing
+                c.programs.clear()
             prog = c.programs[shape_key] = self._program(c, shape_key)
         return prog, inputs
 
