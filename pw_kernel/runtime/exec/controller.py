@@ -7,6 +7,7 @@ import collections
 import dataclasses
 import itertools
 import logging
+import sys
 import threading
 import time
 import warnings
@@ -155,8 +156,8 @@ class Controller:
         self.runs = RunHistory(self.config.keep_runs, self.config.max_events)
         self._live: dict[int, Run] = {}  # runs not yet final, by id
         self._pending_outputs = 0  # their outputs: with their count, bounded (`Config.max_pending_runs`)
-        self._max_pending_runs = max(1, self.config.max_pending_runs)
-        self._max_pending_outputs = max(1, self.config.max_pending_outputs)
+        self._max_pending_runs = _bound(self.config.max_pending_runs)
+        self._max_pending_outputs = _bound(self.config.max_pending_outputs)
         self._room = threading.Condition(self.lock)  # a submitter waits on it for room (`_wait_for_room`)
         self._room_waiters = 0
         self._inline_wait_s = self.config.inline_wait_s
@@ -613,6 +614,11 @@ class Controller:
                 f"`{api}`: this controller was shut down. `pw.controller()` returns a fresh one; "
                 f"create slices and compiled functions on it."
             )
+
+
+def _bound(n: int | None) -> int:
+    """A `Config` bound as a number to compare with (None: no bound)."""
+    return sys.maxsize if n is None else max(1, n)
 
 
 def _reads_unfinished(inputs: list) -> bool:
