@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 from pathlib import Path
 
 SYSTEMS = {
@@ -528,6 +529,36 @@ def service_table(sv: dict) -> tuple[list[str], list[dict]]:
     return out, sv["targets"]
 
 
+def long_run_table(lr: dict) -> tuple[list[str], list[dict]]:
+    out = ["#### Long runs at real sizes (long_run.py)", ""]
+    for layout in ("one", "data8"):
+        lv = lr.get(f"leaves_{layout}")
+        if not lv or "skipped" in lv:
+            out += [f"leaves ({layout}): skipped: {lv['skipped']}", ""] if lv else []
+            continue
+        out += [f"| leaves ({layout}) | pw µs/step | jax.jit µs/step | pw / jit |", "|---|---|---|---|"]
+        out += [f"| {r['leaves']} | {r['us']['pw']:,.1f} | {r['us']['jit']:,.1f} | {r['ratio']:.2f}x |" for r in lv["rows"]]
+        out.append("")
+    c, t, sv = lr.get("curve"), lr.get("transformer"), lr.get("service")
+    if c:
+        out += [f"Curve: {c['steps']:,} steps of the 30-leaf step, pw µs/step "
+                + ", ".join(f"{p['us']:.0f}" for p in c["points"])
+                + f" (every {c['every']:,} steps; jax.jit {c['jit_us']['start']:.0f} before, {c['jit_us']['end']:.0f} "
+                f"after); RSS {c['points'][0]['rss_mib']:.0f} -> {c['points'][-1]['rss_mib']:.0f} MiB.", ""]
+    if t:
+        out += [f"transformer: skipped: {t['skipped']}" if "skipped" in t else
+                f"Transformer ({t['layers']} layers, {t['leaves']} leaves): pw {t['ms']['pw']:.2f} ms/step, jax.jit "
+                f"{t['ms']['jit']:.2f} ({t['ratio']:.2f}x); final losses {t['loss']['pw']:.4f} / {t['loss']['jit']:.4f}.",
+                ""]
+    if sv:
+        med = {k: statistics.median(v) for k, v in sv.get("us", {}).items()}
+        out += [f"service: skipped: {sv['skipped']}" if "skipped" in sv else
+                f"Service: the 30-leaf step {med['service']:.0f} µs/step through it (first round "
+                f"{sv['us']['service'][0]:.0f}, last {sv['us']['service'][-1]:.0f}), {med['local']:.0f} on the client's "
+                f"own devices; service RSS {sv['rss_start']['service']:.0f} -> {sv['rss_end']['service']:.0f} MiB.", ""]
+    return out, lr["targets"]
+
+
 def targets_table(targets: list[dict]) -> list[str]:
     out = ["#### Targets", "", "| target | measured | limit | |", "|---|---|---|---|"]
     for t in targets:
@@ -565,7 +596,7 @@ def render(platform: str, results: Path, status: dict | None) -> str:
     loaded = {n: _load(results, n, platform) for n in
               ("dispatch", "interactive", "parity", "utilization", "profile_overhead", "multitenancy", "pipeline",
                "timeline_redraw", "remote", "checkpoint", "input", "memory", "tracing", "depth", "training_loop",
-               "service")}
+               "service", "long_run")}
     first = next((v for v in loaded.values() if v and isinstance(v.get("machine"), dict)), None)
     lines = header(platform, status, first)
     lines.append("")
@@ -580,6 +611,7 @@ def render(platform: str, results: Path, status: dict | None) -> str:
         ("remote", remote_table, tail), ("checkpoint", checkpoint_table, tail), ("input", input_table, tail),
         ("memory", memory_table, tail), ("tracing", tracing_table, tail), ("depth", depth_table, tail),
         ("training_loop", training_loop_table, tail), ("service", service_table, tail),
+        ("long_run", long_run_table, tail),
     )
     for name, fn, where in renderers:
         if not loaded[name]:

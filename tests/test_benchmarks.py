@@ -199,6 +199,28 @@ QUICK = {
          r"^  its memory and runs gone after\s+\S+ s  \(the longest of \d+\)$",
          r"^  a killed client's memory back\s+.*\(target <= 10 s\)  (met|MISSED)$"],
     ),
+    "long_run": (
+        "long_run.py",
+        ["--slice", "both"],  # the 8-device variant too (skipped, saying why, on a host with fewer)
+        (),
+        [r"^leaves \(one\): the chained step on L leaves of \(16,\) float32 on a 1-device slice, .*$",
+         *(rf"^\s+{n}\s+{NUM}\s+{NUM}\s+{NUM}  {t}  \(\d+ rounds\)$"
+           for n, t in ((1, "reported"), (30, "<= 2x"), (100, "reported"), (400, r"<= 2\.5x"))),
+         r"^leaves \(data8\): (skipped: asks 8 devices, \d present .*|the chained step .* on an 8-device slice .*)$",
+         rf"^\s+3,000\s+{NUM}\s+{NUM}$",  # the curve's last checkpoint
+         rf"^  jax\.jit µs/step over 500 steps: {NUM} before, {NUM} after .*$",
+         rf"^  last window / second window: {NUM}x \(target <= 1\.1\)$",
+         rf"^  RSS growth, first checkpoint to the end: -?{NUM} MiB \(target <= 64 MiB\)$",
+         r"^  curve picture: \S+long_run_curve_\w+\.png$",
+         r"^transformer: 12-layer decoder \(flax NNX\), .*; \d+ leaves in \(params, opt_state\); .*$",
+         rf"^  pw / jit\s+{NUM}x  \(target <= 1\.1\)$",
+         rf"^  final loss after \d+ steps: pw {NUM}, jax\.jit {NUM} \(match\)$",  # the same losses both sides
+         *(rf"^  {row}\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}x$"
+           for row in ("through the service", "client's own devices", r"not connected \(after\)")),
+         *(rf"^  {who}\s+{NUM}\s+{NUM}\s+-?{NUM}$" for who in ("client", "service")),
+         *(rf"^  {who} RSS after each round, MiB: {NUM}(, {NUM})+ \(-?{NUM} KiB per step through the service\)$"
+           for who in ("client", "service"))],
+    ),
 }
 
 
@@ -241,6 +263,16 @@ def test_a_benchmark_whose_optional_package_is_missing_says_so_and_exits_0(scrip
     assert "is not installed" in json.loads((tmp_path / "result.json").read_text())["skipped"]
 
 
+def test_the_long_run_benchmark_skips_its_optional_parts_saying_why(tmp_path):
+    out = bench("long_run.py", "--parts", "curve,transformer,service", "--json", str(tmp_path / "result.json"),
+                hide=("flax", "optax", "zmq", "matplotlib"))
+    assert "transformer: skipped: flax is not installed" in out and "service: skipped: zmq is not installed" in out
+    assert "curve picture: skipped: matplotlib is not installed" in out
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert "is not installed" in result["transformer"]["skipped"] and "is not installed" in result["service"]["skipped"]
+    assert not list(tmp_path.glob("*.png"))
+
+
 def test_run_all_quick_runs_the_scripts_quick_modes_and_leaves_the_readme_alone(tmp_path):
     readme = (BENCH / "README.md").read_text()
     env = {k: v for k, v in os.environ.items() if k != "PW_VALIDATE"}
@@ -274,14 +306,14 @@ def test_run_all_quick_runs_every_step_on_a_one_device_host(tmp_path):
     assert not failed, f"{failed}\n{proc.stdout[-5000:]}\n{proc.stderr[-5000:]}"
     assert set(status["steps"]) == {"dispatch", "interactive", "parity", "utilization", "profile_overhead",
                                     "multitenancy", "pipeline", "timeline_redraw", "remote", "checkpoint", "input",
-                                    "memory", "tracing", "training_loop", "depth", "service"}
+                                    "memory", "tracing", "training_loop", "depth", "service", "long_run"}
     # what needs more devices says what it measured instead
     assert "allreduce: asks 4 devices, 1 present: measured on 1 instead" in proc.stdout
     assert "layout 2x1 asks 2 devices, 1 present: its 2 stages share 1 device" in proc.stdout
     # every result is drawn into the tables (a renderer that failed would say "could not be rendered")
     assert "could not be rendered" not in proc.stdout, proc.stdout[-5000:]
     for title in ("The scheduler at depth (depth.py)", "A user's training loop against plain JAX (training_loop.py)",
-                  "The Pathways service (service.py)"):
+                  "The Pathways service (service.py)", "Long runs at real sizes (long_run.py)"):
         assert f"#### {title}" in proc.stdout, title
     assert _files_in_benchmarks() == before
 

@@ -50,9 +50,10 @@ class Config:
     #: Check state-machine invariants on every transition (on in tests).
     validate: bool = dataclasses.field(default_factory=lambda: _env_flag("PW_VALIDATE"))
     #: Completed node events kept, in the event log and in the runs of `controller().runs` alike
-    #: (the oldest events and finished runs go first). About 350 bytes each: a long training loop
-    #: of pipelined steps (a hundred events per step) would otherwise grow by ~35 KB a step.
-    max_events: int = 200_000
+    #: (the oldest events and finished runs go first); the log keeps as many rows of run transitions
+    #: (a call run whole on its caller's thread makes one, others three). ~350 bytes an event, ~150 a
+    #: row: full, they hold ~50 MB, after 33,000 to 100,000 one-node steps, and growth stops there.
+    max_events: int = 100_000
     #: Default execution mode of programs.
     mode: Mode = "auto"
     #: Bytes per device that runs may reserve (memory-aware admission). None: the device's

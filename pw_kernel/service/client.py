@@ -62,8 +62,9 @@ class _Method:
                 ref.event.set()
                 return ref
         elif self.name == "free":
-            for h in args[0]:
-                link.inline.pop(h, None)
+            link.forget(args[0])
+        elif self.name == "run_many":  # (ops, frees, run): a busy loop's frees ride with its next call
+            link.forget(args[1])
         return link.request(self.name, args, oneway=self.name in ("free", "cancel"))
 
 
@@ -236,6 +237,13 @@ class ServiceLink:
 
     def take_inline(self, handle: int) -> Any:
         return self.inline.pop(handle, None)
+
+    def forget(self, handles) -> None:
+        """Handles freed: their small values, if they came with a reply and were never read, go too."""
+        inline = self.inline
+        if inline:
+            for h in handles:
+                inline.pop(h, None)
 
     def put(self, value: Any) -> Any:
         return value  # sent inside the request that uses it
