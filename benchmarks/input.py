@@ -4,18 +4,21 @@
 
 Each batch takes half a step to load, either waiting on storage (a sleep) or
 working on the host's CPU (Python that tokenizes text, as a tokenizer holding the
-GIL does). Side by side in one process, interleaved round by round:
+GIL does), read from a generator or from a grain ``MapDataset`` (each batch a
+record whose read waits or works so long). Side by side in one process,
+interleaved round by round:
 
 - ``placed``: every batch loaded and placed before the loop (the ceiling);
 - ``prefetch``: ``for x, y in pw.prefetch(source, to=...)``, loading on its own thread;
-- ``inline``: the loop loads each batch itself, then submits the step with the numpy batch.
+- ``inline``: the loop loads each batch itself (a MapDataset: ``ds[i]``), then submits the step with the
+  numpy batch.
 
 Each is run two ways: ``async`` submits every step without waiting (pw's way: the
 loop runs ahead of the devices) and ``logged`` reads each step's loss (a loop
 that prints its loss). Targets: prefetch >= 0.9x the steps/s of placed, and above
-inline, for storage latency. For CPU-bound loading the host work and the simulated
-devices share the same cores (2 on the reference machine): the ratio says what
-that costs. The same is measured for a pipelined step (2 stages on 2 slices).
+inline, for storage latency, from a generator and from a grain MapDataset. For
+CPU-bound loading the host work and the simulated devices share the same cores
+(2 on the reference machine): the ratio says what that costs. The same is measured for a pipelined step (2 stages on 2 slices).
 """
 
 from __future__ import annotations
@@ -63,15 +66,34 @@ def tokenize_cost(text: str) -> int:
     return acc
 
 
-def source(data, load_s: float, kind: str, text_len: int):
-    """The batches of ``data``, each after ``load_s`` of storage latency ("sleep") or CPU work ("cpu")."""
-    text = "the quick brown fox " * (text_len // 20 + 1)
-    for x, y in data:
+READERS = ("generator", "grain")  # what a source is: a generator, or a grain MapDataset read by index
+
+
+def source(data, load_s: float, kind: str, text_len: int, reader: str = "generator"):
+    """The batches of ``data``, each after ``load_s`` of storage latency ("sleep") or CPU work ("cpu").
+
+    ``reader="grain"``: a ``grain.MapDataset`` of them, each record's read taking that long (as a
+    dataset of one file per batch on slow storage would).
+    """
+    text = ("the quick brown fox " * (text_len // 20 + 1))[:text_len]
+
+    def load(batch):
         if kind == "sleep":
             time.sleep(load_s)
         else:
-            tokenize_cost(text[:text_len])
-        yield x, y
+            tokenize_cost(text)
+        return batch
+
+    if reader == "grain":
+        import grain
+
+        return grain.MapDataset.source(data).map(load)
+    return (load(b) for b in data)
+
+
+def by_index(ds):
+    """A loop that reads a MapDataset itself, one record after the other (no reader threads)."""
+    return (ds[i] for i in range(len(ds)))
 
 
 def calibrate_cpu(load_s: float) -> int:
@@ -92,6 +114,8 @@ def run_loop(kind_of_feed: str, step, w0, data, placed, load, to, logged: bool):
         feed = pw.prefetch(load(), to=to, depth=2)
     else:
         feed = load()
+        if hasattr(feed, "__getitem__") and not isinstance(feed, list):  # a MapDataset: by index
+            feed = by_index(feed)
     loss = None
     for x, y in feed:
         w, loss = step(w, x, y)
@@ -100,22 +124,25 @@ def run_loop(kind_of_feed: str, step, w0, data, placed, load, to, logged: bool):
     return jax.block_until_ready(pw.get(loss))
 
 
-def scenario(name: str, step, w0, data, placed, load_kind: str, load_s: float, text_len: int, to, rounds: int) -> dict:
-    load = lambda: source(data, load_s, load_kind, text_len)  # noqa: E731
+def scenario(name: str, step, w0, data, placed, load_kind: str, load_s: float, text_len: int, to, rounds: int,
+             reader: str = "generator") -> dict:
+    load = lambda: source(data, load_s, load_kind, text_len, reader)  # noqa: E731
     modes = {}
     for style in ("async", "logged"):
         for feed in ("placed", "prefetch", "inline"):
             modes[f"{feed}/{style}"] = (lambda f=feed, s=style: run_loop(f, step, w0, data, placed, load, to, s == "logged"))
     samples = common.interleaved(modes, rounds, warmup=1)
-    print(f"{name:9s} {load_kind:5s} ({common.window_note(common.window(samples))})")
+    load_label = load_kind if reader == "generator" else f"{reader} {load_kind}"  # "sleep", "grain sleep"
+    label = f"{name:9s} {load_label:11s}"
+    print(f"{label} ({common.window_note(common.window(samples))})")
     med = {k: common.Stat.of(v).median for k, v in samples.items()}
     n = len(data)
-    out = {"load": load_kind, "load_ms": load_s * 1e3, "steps": n, "window_s": common.window(samples),
-            "steps_per_s": {k: n / t for k, t in med.items()}}
+    out = {"load": load_label, "kind": load_kind, "reader": reader, "load_ms": load_s * 1e3, "steps": n,
+           "window_s": common.window(samples), "steps_per_s": {k: n / t for k, t in med.items()}}
     for style in ("async", "logged"):
         ref = med[f"placed/{style}"]
         out[style] = {"prefetch": ref / med[f"prefetch/{style}"], "inline": ref / med[f"inline/{style}"]}
-        print(f"{name:9s} {load_kind:5s} {style:6s}: placed {n / ref:6.1f} steps/s; prefetch "
+        print(f"{label} {style:6s}: placed {n / ref:6.1f} steps/s; prefetch "
               f"{out[style]['prefetch']:.2f}x, inline {out[style]['inline']:.2f}x of placed")
     return out
 
@@ -137,8 +164,8 @@ def data_parallel(args) -> list[dict]:
     load_s = per_step / 2
     print(f"data-parallel step on {n} devices: {per_step * 1e3:.1f} ms; each batch loads in {load_s * 1e3:.1f} ms")
     text_len = calibrate_cpu(load_s)
-    return [{**scenario("dp", step, w0, data, placed, kind, load_s, text_len, s, args.rounds), "devices": n,
-             "note": note} for kind in ("sleep", "cpu")]
+    return [{**scenario("dp", step, w0, data, placed, kind, load_s, text_len, s, args.rounds, reader), "devices": n,
+             "note": note} for reader in args.readers for kind in ("sleep", "cpu")]
 
 
 def pipelined(args) -> list[dict]:
@@ -167,8 +194,8 @@ def pipelined(args) -> list[dict]:
     print(f"pipelined step (2 stages x {d} devices, 4 microbatches): {per_step * 1e3:.1f} ms; each batch loads in "
           f"{load_s * 1e3:.1f} ms")
     text_len = calibrate_cpu(load_s)
-    return [{**scenario("pipeline", step, state0, data, placed, kind, load_s, text_len, pipe, args.rounds),
-             "devices_per_stage": d, "note": note} for kind in ("sleep", "cpu")]
+    return [{**scenario("pipeline", step, state0, data, placed, kind, load_s, text_len, pipe, args.rounds, reader),
+             "devices_per_stage": d, "note": note} for reader in args.readers for kind in ("sleep", "cpu")]
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -177,17 +204,25 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--width", type=int, default=512)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--readers", default=",".join(READERS), help="sources measured: generator, grain (comma-separated)")
     args = common.parse_args(ap, argv, quick={"steps": 6, "rounds": 1, "width": 64})
+    args.readers = [r for r in args.readers.split(",") if r]
+    if "grain" in args.readers and common.missing("grain"):
+        print(f"grain MapDataset source: skipped: {common.missing('grain')}")
+        args.readers.remove("grain")
     dp = data_parallel(args)
     pp = pipelined(args)
     targets = []
     for label, rows in (("data-parallel", dp), ("pipelined", pp)):
-        sleep = rows[0]["async"]
-        targets.append(common.target(f"input ({label}, storage): prefetch / placed", sleep["prefetch"], 0.9,
-                                     below=False, unit="x"))
-        targets.append(common.target(f"input ({label}, storage, logged): prefetch / inline",
-                                     rows[0]["logged"]["prefetch"] / rows[0]["logged"]["inline"], 1.0, below=False,
-                                     unit="x"))
+        for row in rows:
+            if row["kind"] != "sleep":
+                continue
+            of = "" if row["reader"] == "generator" else f", {row['reader']} MapDataset"
+            targets.append(common.target(f"input ({label}, storage{of}): prefetch / placed", row["async"]["prefetch"],
+                                         0.9, below=False, unit="x"))
+            targets.append(common.target(f"input ({label}, storage{of}, logged): prefetch / inline",
+                                         row["logged"]["prefetch"] / row["logged"]["inline"], 1.0, below=False,
+                                         unit="x"))
     result = {"benchmark": "input", "machine": common.machine(), "data_parallel": dp, "pipelined": pp,
               "targets": targets}
     return common.finish(args.json, result)

@@ -1,9 +1,19 @@
 #!/usr/bin/env bash
 # Set up, then run the whole test suite. Fails if pytest collected no tests.
+#
+#   ./scripts/test.sh [PYTEST ARGS...]           everything (what CI runs)
+#   ./scripts/test.sh --quick [PYTEST ARGS...]   the contributor's tier: the runtime, the notebook front and
+#                                                the views, in this process (no kernels, browsers, Ray,
+#                                                service processes or tutorials: tests/conftest.py SYSTEM)
 set -uo pipefail
 cd "$(dirname "$0")/.."
+tier=()
+if [ "${1:-}" = "--quick" ]; then
+    shift
+    tier=(-m "not system")
+fi
 ./scripts/setup.sh notebook,test || exit 1
-.venv/bin/python -m pytest "$@"
+.venv/bin/python -m pytest "${tier[@]}" "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then
     echo "pytest collected no tests: treating that as a failure" >&2

@@ -24,6 +24,23 @@ import pytest  # noqa: E402
 import pw_kernel as pw  # noqa: E402
 
 
+#: Modules that test the whole system in processes of its own: real Jupyter kernels and JupyterLab,
+#: Chromium, Ray clusters, the Pathways service, tutorials run top to bottom, the benchmarks' quick
+#: modes, the README's command. `./scripts/test.sh --quick` (the contributor's tier: the runtime, the
+#: front and the views in this process) leaves them out; CI runs everything.
+SYSTEM = frozenset({
+    "test_benchmarks", "test_browser_timeline_js", "test_browser_widgets", "test_checkpoint_islands", "test_demo",
+    "test_elastic", "test_island_logs", "test_kernel", "test_main_command", "test_notebooks", "test_ray_islands",
+    "test_service",
+})
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.module is not None and item.module.__name__.rpartition(".")[2] in SYSTEM:
+            item.add_marker(pytest.mark.system)
+
+
 @pytest.fixture
 def ctl():
     """A fresh controller with one island (validation on); shut down and joined afterwards."""
