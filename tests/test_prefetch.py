@@ -19,6 +19,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import pw_kernel as pw
 from fresh_python import run_python
+from pw_kernel.train.prefetch import MAX_READERS
 from test_magics import Notebook, ip  # noqa: F401 - ip: the shell fixture
 from test_pipeline import mlp_layer, mlp_params, W
 
@@ -33,14 +34,49 @@ def counted(n, shape=(8, 3), read=None, fail_at=None):
         yield np.full(shape, i, np.float32)
 
 
+def threads_of(name: str) -> list[threading.Thread]:
+    """A prefetch's placer (``pw-prefetch-NAME``) and readers (``pw-prefetch-NAME-read``)."""
+    return [t for t in threading.enumerate() if t.name in (f"pw-prefetch-{name}", f"pw-prefetch-{name}-read")]
+
+
 def prefetch_threads(it) -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == f"pw-prefetch-{it.name}"]
+    return threads_of(it.name)
 
 
 def settle(name: str) -> None:
-    for t in [t for t in threading.enumerate() if t.name == f"pw-prefetch-{name}"]:
+    for t in threads_of(name):
         t.join(10)
     gc.collect()
+
+
+class Reads:
+    """Counts the reads of a source that are in flight at once, and the threads that make them.
+
+    Each read waits for ``release`` (a hang guard of 30 s aside); ``both`` is set once two
+    reads wait at the same time.
+    """
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.in_flight = 0
+        self.most = 0
+        self.started: list[int] = []
+        self.threads: set[str] = set()
+        self.release = threading.Event()
+        self.both = threading.Event()
+
+    def read(self, i):
+        with self.lock:
+            self.in_flight += 1
+            self.most = max(self.most, self.in_flight)
+            self.started.append(int(i))
+            self.threads.add(threading.current_thread().name)
+            if self.in_flight >= 2:
+                self.both.set()
+        self.release.wait(30)
+        with self.lock:
+            self.in_flight -= 1
+        return np.full((2,), i, np.float32)
 
 
 # ------------------------------------------------------------------ placing
@@ -269,21 +305,125 @@ def test_close_and_with_stop_the_thread(ctl):
 
 
 # ------------------------------------------------------------------ checkpoints
-def test_a_grain_map_dataset_is_read_on_the_prefetch_thread_alone(ctl):
+def test_a_grain_map_dataset_is_read_by_the_prefetch_threads_alone(ctl):
     # Iterated as it is, a MapDataset starts 16 reader threads that fight the controller for the
-    # interpreter; pw.prefetch already reads ahead on its own thread, so it asks grain for none.
+    # interpreter; pw.prefetch reads it by index on a few threads of its own and asks grain for none.
     grain = pytest.importorskip("grain")
     s = pw.slice(2, mesh={"data": 2}, name="dp")
     rows = np.arange(64, dtype=np.float32).reshape(16, 4)
     before = {t.ident for t in threading.enumerate()}
-    with pw.prefetch(grain.MapDataset.source(rows).batch(4, drop_remainder=True), to=s) as it:
-        got = [np.asarray(b) for b in it]
+    with pw.prefetch(grain.MapDataset.source(rows).batch(4, drop_remainder=True), to=s, name="own") as it:
+        got = [np.asarray(next(it))]
         started = [t.name for t in threading.enumerate() if t.ident not in before]
+        got += [np.asarray(b) for b in it]
     np.testing.assert_array_equal(np.concatenate(got), rows)
-    assert len(started) <= 2, started  # the prefetch worker (and nothing of grain's)
+    # the placer and at most MAX_READERS readers (depth 2: 2), nothing of grain's
+    assert set(started) <= {"pw-prefetch-own", "pw-prefetch-own-read"}, started
+    assert len(started) <= 1 + MAX_READERS, started
     ds = grain.MapDataset.source(rows).batch(4).to_iter_dataset(grain.ReadOptions(num_threads=2))
     with pw.prefetch(ds, to=s) as it:  # an IterDataset is read as it was made, threads and all
         assert len([np.asarray(b) for b in it]) == 4
+
+
+def test_map_dataset_reads_overlap_before_the_loop_takes_a_batch_and_never_use_more_than_two_threads(ctl):
+    # Reads that wait on storage overlap: two are in flight at once while the loop has taken nothing.
+    grain = pytest.importorskip("grain")
+    s = pw.slice(2, mesh={"data": 2}, name="a")
+    reads = Reads()
+    it = pw.prefetch(grain.MapDataset.range(12).map(reads.read), to=s, depth=6, name="overlap")
+    assert reads.both.wait(30), reads.started  # a hang guard only: one reader alone never gets here
+    assert it.taken == 0 and sorted(reads.started) == [0, 1]
+    reads.release.set()
+    assert [float(np.asarray(b)[0]) for b in it] == list(range(12))  # in order, whichever read finished first
+    # depth 6 lets 6 reads start, but no more than MAX_READERS threads ever read: a CPU-bound
+    # source is not read by more threads than that, and grain starts none of its own
+    assert reads.most == MAX_READERS == 2
+    assert reads.threads == {"pw-prefetch-overlap-read"}
+    assert sorted(reads.started) == list(range(12))  # each record read once
+
+
+def test_map_dataset_reads_stay_within_depth_of_the_loop(ctl):
+    grain = pytest.importorskip("grain")
+    s = pw.slice(2, mesh={"data": 2}, name="a")
+    reads = Reads()
+    reads.release.set()
+    it = pw.prefetch(grain.MapDataset.range(50).map(reads.read), to=s, depth=1, name="one")
+    assert float(np.asarray(next(it))[0]) == 0
+    for t in prefetch_threads(it):
+        t.join(0.3)  # a pause for reads that should not happen: with depth 1, one batch ahead
+    assert reads.started == [0, 1] and reads.most == 1
+    assert float(np.asarray(next(it))[0]) == 1
+    it.close()
+    settle("one")
+    assert not prefetch_threads(it)
+
+
+def test_a_generator_is_read_ahead_while_a_batch_is_being_placed(ctl, monkeypatch):
+    # One thread reads, another places: reading batch 1 does not wait for batch 0's transfer.
+    from pw_kernel.train import targets
+
+    s = pw.slice(2, mesh={"data": 2}, name="a")
+    placing, placed = threading.Event(), threading.Event()
+    place = targets.BatchTarget.place
+
+    def slow_place(self, leaves, parts):
+        placing.set()
+        placed.wait(30)
+        return place(self, leaves, parts)
+
+    monkeypatch.setattr(targets.BatchTarget, "place", slow_place)
+    read: list[int] = []
+    two_read = threading.Event()
+
+    def source():
+        for i in range(5):
+            read.append(i)
+            if len(read) == 2:
+                two_read.set()
+            yield np.full((2,), i, np.float32)
+
+    it = pw.prefetch(source(), to=s, depth=2, name="gen")
+    assert placing.wait(30) and two_read.wait(30)  # hang guards only: batch 1 is read while batch 0 is placed
+    assert it.taken == 0 and read == [0, 1]
+    placed.set()
+    assert [float(np.asarray(b)[0]) for b in it] == [0, 1, 2, 3, 4]
+
+
+def test_a_map_dataset_error_comes_after_the_batches_before_it_though_read_at_once(ctl):
+    grain = pytest.importorskip("grain")
+    s = pw.slice(2, mesh={"data": 2}, name="a")
+
+    def read(i):
+        if i == 3:
+            raise ValueError(f"record {i} is corrupt")
+        return np.full((2,), i, np.float32)
+
+    it = pw.prefetch(grain.MapDataset.range(10).map(read), to=s, depth=4, name="bad")
+    assert [float(np.asarray(next(it))[0]) for _ in range(3)] == [0, 1, 2]
+    with pytest.raises(pw.PrefetchError, match=re.escape("`bad`: the source raised ValueError while reading batch 3")):
+        next(it)
+    with pytest.raises(StopIteration):
+        next(it)
+    settle("bad")
+    assert not prefetch_threads(it)
+
+
+def test_a_filtered_map_dataset_gives_grains_batches_and_states(ctl):
+    # Records a filter drops give no batch, and each position is the one grain's own iterator
+    # saves ({"next_index": i}): a checkpoint saved either way restores.
+    grain = pytest.importorskip("grain")
+    s = pw.slice(2, mesh={"data": 2}, name="a")
+    ds = grain.MapDataset.range(20).filter(lambda i: i % 3 == 0).map(lambda i: np.full((2,), i, np.int32))
+    theirs = iter(ds.to_iter_dataset(grain.ReadOptions(num_threads=0)))
+    want = [(int(b[0]), theirs.get_state()) for b in theirs]
+    it = pw.prefetch(ds, to=s, depth=3)
+    got = []
+    for b in it:
+        got.append((int(np.asarray(b)[0]), it.get_state()["source"]))
+    assert got == want
+    back = pw.prefetch(ds, to=s)
+    back.set_state({"pw_prefetch": 1, "batches": 2, "source": want[1][1]})
+    assert [int(np.asarray(b)[0]) for b in back] == [i for i, _ in want[2:]]
 
 
 def test_a_grain_source_resumes_in_a_fresh_process_at_the_batch_the_loop_had_reached(tmp_path):

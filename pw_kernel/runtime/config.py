@@ -63,11 +63,12 @@ class Config:
     memory_fraction: float = 0.9
     #: Runs submitted and not yet final, at most; past it a call waits (Ctrl-C works) until one ends.
     #: A loop that submits faster than the devices run would otherwise hold every step it is ahead
-    #: by (its futures, its inputs) and slow with it: the garbage collector walks them all. None: no
-    #: bound (the Pathways service's controller, whose clients each keep their own).
-    max_pending_runs: int | None = 256
-    #: Their outputs (futures), at most, likewise: a step of 400 leaves counts 400.
-    max_pending_outputs: int | None = 16_384
+    #: by (its futures, its inputs), without end. Far above what run-ahead needs: a loop of 1,000
+    #: steps on held devices still returns at once. None: no bound (the Pathways service's
+    #: controller, whose clients each keep their own).
+    max_pending_runs: int | None = 10_000
+    #: Their outputs (futures), at most, likewise (a step of 400 leaves counts 400): ~150 bytes each.
+    max_pending_outputs: int | None = 1_000_000
     #: Seconds a call fed a future of a run not yet done waits, at most, for a busy dispatcher thread
     #: to catch up, so that it dispatches its run itself (the quick way for a stream of small steps on
     #: the CPU) instead of queueing it behind. 0: never wait (each such call is queued at once).

@@ -34,6 +34,10 @@ class TracingError(PathwaysError, TypeError):
     """A program could not be traced into a dataflow graph."""
 
 
+class TracerArgument(TracingError):
+    """A program was called on JAX tracers (inside `jax.jit`, `jax.grad`...), outside a program's trace."""
+
+
 class ControlFlowError(TracingError):
     """Python control flow in a program depends on a value computed on devices."""
 

@@ -12,11 +12,11 @@ import jax
 from .core.records import NOTHING
 from .devices import VirtualSlice
 from .donation import check_not_donated, donated_to_any, still_read_among
-from .errors import ArgumentError
+from .errors import ArgumentError, TracerArgument
 from .trace.compiled import CompiledFunction, array_signature, in_program_trace
 from .trace.feeds import input_node
 from .trace.graph import ProgramGraph
-from .trace.signatures import TracerArgument, is_traced_leaf, placed_signature, signature
+from .trace.signatures import is_traced_leaf, placed_signature, signature
 from .trace.tracing import trace_program
 
 if TYPE_CHECKING:

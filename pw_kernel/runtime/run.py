@@ -14,7 +14,7 @@ import jax
 from .core.records import FINAL, RunRecord
 from .core.story import Story
 from .errors import PathwaysError, TimeoutError
-from .futures import Future, check_timeout, get, resolve
+from .futures import Future, check_timeout, get
 
 if TYPE_CHECKING:
     from .trace.graph import ProgramGraph
@@ -323,7 +323,9 @@ class Run:
     # ------------------------------------------- effects the controller applies (its lock held)
     def resolve(self, outputs) -> None:
         """Set the futures of outputs ``(j, value)``."""
-        resolve(self._futures, outputs)
+        futures = self._futures
+        for j, value in outputs:
+            futures[j].set_result(value)
 
     def reject(self, indices, error: BaseException, cancelled: bool) -> None:
         """Fail (or mark cancelled) the futures of outputs ``indices``."""

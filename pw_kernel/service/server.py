@@ -58,9 +58,7 @@ _LATER = object()  # a handler's answer: "I reply myself, when the work is done"
 #: loads, puts of big values, keeps and drops go to the worker, so heartbeats are never held up long).
 _QUICK = frozenset({"run_many", "free", "get", "clock", "cancel"})
 
-#: Burst programs kept per client (burst shapes depend on timing: past this, traced again, not kept).
-MAX_BURST_PROGRAMS = 256
-
+MAX_BURST_PROGRAMS = 256  # burst programs kept per client (the shapes depend on timing: past it, traced anew)
 
 class Service:
     """The Pathways service: owns this process's devices and runs its controller for the clients.
@@ -76,8 +74,7 @@ class Service:
         import zmq
 
         # Outputs are the clients' to keep (their handles); the controller keeps none of its own.
-        # (its threads that submit also answer messages: they never wait for room or for the dispatcher)
-        self.ctrl = controller() if controller(create=False) else init(
+        self.ctrl = controller() if controller(create=False) else init(  # (whose submitters never wait)
             keep_outputs=0, max_pending_runs=None, max_pending_outputs=None, inline_wait_s=0)
         self.ctrl.set_policy(FairShare())
         self.devices = jax.devices()

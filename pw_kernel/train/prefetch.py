@@ -1,14 +1,17 @@
 """`pw.prefetch`: batches read on a thread of their own and placed on the devices ahead of the step that needs them.
 
-A `PrefetchIterator` runs its source (any iterable of numpy pytrees: a grain
-``MapDataset`` / ``IterDataset`` / ``DataLoader``, a generator) on a worker
-thread, which loads each batch, places it (`targets.BatchTarget`) and keeps at
-most ``depth`` placed batches ahead of the consumer. Each batch shows on the
+A `PrefetchIterator` reads its source (any iterable of numpy pytrees: a grain
+``MapDataset`` / ``IterDataset`` / ``DataLoader``, a generator) on reader
+threads of its own and places each batch (`targets.BatchTarget`) on a placer
+thread, at most ``depth`` batches ahead of the consumer (read, being read or
+placed). An iterator has one reader; a grain ``MapDataset`` is read by index by
+up to `MAX_READERS` (never more than ``depth``), so reads that wait on storage
+overlap each other, the placing and the steps. Each batch shows on the
 timeline: its loading as a bar on the host's ``input`` lane, its placing as a
 host-to-device transfer on the transfer lane of the island it went to.
 
 The consumer's position is what a checkpoint saves (`get_state`): the source's
-state right after the last batch the loop *took*, not after what the worker
+state right after the last batch the loop *took*, not after what the readers
 pulled ahead, so a restored iterator yields exactly the batches that follow.
 
 Inside a traced program (`%%pathways`, `@pw.program`) ``next(batches)`` reads
@@ -22,6 +25,7 @@ import atexit
 import itertools
 import queue
 import threading
+import time
 import weakref
 from typing import Any, NamedTuple
 
@@ -35,6 +39,11 @@ from .tree import decode_iterator_state, encode_iterator_state, is_iterator_with
 
 _POLL = 0.05  # s between checks of a stop request while waiting (Ctrl-C and close are seen this fast)
 _names = itertools.count()
+
+#: Threads that read a grain MapDataset at once for one `pw.prefetch` (at most its ``depth``):
+#: two reads waiting on storage overlap each other and the steps; CPU-bound reads share the
+#: interpreter with the controller's threads, so more would only fight over it.
+MAX_READERS = 2
 
 
 class _Batch(NamedTuple):
@@ -54,59 +63,238 @@ class _Failed(NamedTuple):
     placing: bool  # False: the source raised; True: the batch could not be placed
 
 
-class _Worker:
-    """The thread that loads and places batches; holds no reference to the iterator (which may then be collected)."""
+class _Read(NamedTuple):
+    """What one read of the source gave, in the order the reads were claimed."""
 
-    def __init__(self, source, target: BatchTarget, depth: int, start: int, name: str, checkpointable: bool):
-        self.source = source
+    batch: Any  # None from a MapDataset: a record its filter dropped (no batch; its slot is freed)
+    state: Any  # the source's state right after it (None: not checkpointable)
+    t0: int
+    t1: int
+
+
+class _ReadEnd(NamedTuple):
+    pass
+
+
+class _ReadFailed(NamedTuple):
+    error: BaseException
+
+
+class _Sequential:
+    """An iterator (a generator, a grain ``IterDataset``'s or ``DataLoader``'s): read by one thread, in order."""
+
+    threads = 1
+    skips_none = False  # a None it yields is a batch (of no leaves)
+
+    def __init__(self, iterator: Any):
+        self.iterator = iterator
+        self.checkpointable = is_iterator_with_state(iterator)
+        self.kind = type(iterator).__name__
+
+    def get_state(self) -> Any:
+        return self.iterator.get_state()
+
+    def set_state(self, state: Any) -> None:
+        self.iterator.set_state(state)
+
+    def start(self) -> int:
+        return 0
+
+    def read(self, ticket: int) -> tuple[Any, Any]:
+        batch = next(self.iterator)  # StopIteration: the end
+        return batch, (self.iterator.get_state() if self.checkpointable else None)
+
+    def close(self) -> None:
+        pass
+
+
+class _ByIndex:
+    """A grain ``MapDataset``, read record by record (``ds[i]``) by a few threads at once.
+
+    Iterated as it is, a MapDataset starts grain's defaults: 16 reader threads and 500 records
+    ahead, which fight the controller's threads for the interpreter (a pipelined step took
+    0.6-1.7 s instead of ~0.2 s in tutorial 06). Read here, at most ``depth`` records are
+    read ahead of the loop (the worker's slots), by at most `MAX_READERS` threads: reads that
+    wait on storage overlap each other and the steps; reads that work on the CPU do not take
+    more of it than the loop consumes. Its position is grain's (``{"next_index": i}``, as
+    ``ds.to_iter_dataset()``'s iterator saves it), so a checkpoint restores either way. A
+    record the dataset filtered out (None) gives no batch, as in grain's own iterator.
+    """
+
+    def __init__(self, ds: Any, depth: int):
+        self.ds = ds
+        self.length = len(ds)
+        self.next_index = 0
+        self.threads = max(1, min(depth, MAX_READERS))
+        self.skips_none = True  # grain's iterator skips the Nones a filter leaves
+        self.checkpointable = True
+        self.kind = type(ds).__name__
+
+    def get_state(self) -> dict:
+        return {"next_index": self.next_index}
+
+    def set_state(self, state: dict) -> None:
+        i = int(state["next_index"])
+        if not 0 <= i <= self.length:
+            raise IndexError(f"checkpoint `next_index` {i} is out of range for a dataset of length {self.length}.")
+        self.next_index = i
+
+    def start(self) -> int:
+        return self.next_index
+
+    def read(self, ticket: int) -> tuple[Any, Any]:
+        if ticket >= self.length:
+            raise StopIteration
+        return self.ds[ticket], {"next_index": ticket + 1}
+
+
+def _reader(iterable: Any, depth: int) -> _Sequential | _ByIndex:
+    """How a source is read: a grain ``MapDataset`` by index (`_ByIndex`), anything else as an iterator.
+
+    An ``IterDataset`` (``ds.to_iter_dataset(grain.ReadOptions(...))``) is read as it was made,
+    its own reader threads and all: that is how to ask for grain's threads.
+    """
+    if _is_map_dataset(iterable):
+        return _ByIndex(iterable, depth)
+    return _Sequential(iter(iterable))
+
+
+def _is_map_dataset(x: Any) -> bool:
+    if not type(x).__module__.startswith("grain"):
+        return False
+    try:
+        import grain
+    except ImportError:
+        return False
+    return isinstance(x, grain.MapDataset)
+
+
+class _Worker:
+    """The threads that read and place batches; they hold no reference to the iterator (which may then be collected).
+
+    Its reader threads (``pw-prefetch-NAME-read``: one for an iterator, up to `MAX_READERS` for a
+    MapDataset) read the source; its placer (``pw-prefetch-NAME``) takes their reads in order,
+    places each batch and queues it for the consumer. A read starts only when fewer than
+    ``depth`` batches are ahead of the consumer (read, being read or placed), so reads overlap
+    the steps and each other without running further ahead.
+    """
+
+    def __init__(self, reader: _Sequential | _ByIndex, target: BatchTarget, depth: int, start: int, name: str):
+        self.reader = reader
         self.target = target
         self.name = name
-        self.checkpointable = checkpointable
+        self.start = start  # batches the consumer had taken when this worker started
         self.items: queue.Queue = queue.Queue()
-        self.slots = threading.Semaphore(depth)  # placed batches the consumer has not taken yet, at most depth
+        self.slots = threading.Semaphore(depth)  # reads not yet taken by the consumer (read, reading, placed)
         self.stopping = threading.Event()
-        self.next_index = start
-        self.dropped = False  # a batch was read and then dropped because of a stop
+        self.lock = threading.Condition()
+        self.reads: dict[int, _Read | _ReadEnd | _ReadFailed] = {}  # by ticket, until the placer takes them
+        self.next_ticket = reader.start()  # the next read to claim (a MapDataset's: its index)
+        self.first_ticket = self.next_ticket
+        self.no_more = False  # a read ended or failed: claim nothing after it
+        self.read_count = 0  # batches read from the source (some may never be taken: a generator loses them)
+        self.in_flight = 0
         # (treedef, shapes and dtypes) -> what `_describe` says of such a batch: checked once per kind, as the
         # plan is made once (a loop of 16 KB batches spent ~100 µs a batch checking and describing again)
         self.checked: dict[tuple, tuple[int, str, list[int]]] = {}
         self.thread = threading.Thread(target=self._loop, name=f"pw-prefetch-{name}", daemon=True)
+        self.readers = [threading.Thread(target=self._read_loop, name=f"pw-prefetch-{name}-read", daemon=True)
+                        for _ in range(reader.threads)]
+        self.alive = 1 + len(self.readers)
         _workers.add(self)
-        self.thread.start()
+        for t in (self.thread, *self.readers):
+            t.start()
 
-    def _loop(self) -> None:
-        try:
-            self._load_and_place()
-        finally:
+    @property
+    def threads(self) -> list[threading.Thread]:
+        return [self.thread, *self.readers]
+
+    def _exited(self) -> None:
+        with self.lock:
+            self.alive -= 1
+            last = self.alive == 0
+        if last:
             _workers.discard(self)
-            if self.stopping.is_set():  # what it placed after the stop's drain goes too
-                self._drain()
 
-    def _load_and_place(self) -> None:
-        k = self.next_index
+    # ------------------------------------------------------------------ reading
+    def _read_loop(self) -> None:
+        try:
+            self._read()
+        finally:
+            self._exited()
+
+    def _read(self) -> None:
         log = controller().events
         while True:
             while not self.slots.acquire(timeout=_POLL):
                 if self.stopping.is_set():
                     return
-            if self.stopping.is_set():
-                return
+            with self.lock:
+                if self.stopping.is_set() or self.no_more:
+                    return
+                ticket = self.next_ticket
+                self.next_ticket += 1
+                self.in_flight += 1
             t0 = log.now()
             try:
-                batch = next(self.source)
+                batch, state = self.reader.read(ticket)
+                got: _Read | _ReadEnd | _ReadFailed = _Read(batch, state, t0, log.now())
             except StopIteration:
+                got = _ReadEnd()
+            except BaseException as e:  # the source's own error: the consumer raises it at the batch it needed
+                got = _ReadFailed(e)
+            with self.lock:
+                self.in_flight -= 1
+                if isinstance(got, _Read):
+                    self.read_count += not (got.batch is None and self.reader.skips_none)
+                else:
+                    self.no_more = True
+                self.reads[ticket] = got
+                self.lock.notify_all()
+            if not isinstance(got, _Read):
+                return
+
+    def _take_read(self, ticket: int) -> _Read | _ReadEnd | _ReadFailed | None:
+        """The read of ``ticket`` once a reader has it; None on a stop."""
+        with self.lock:
+            while ticket not in self.reads:
+                if self.stopping.is_set():
+                    return None
+                self.lock.wait(_POLL)
+            return self.reads.pop(ticket)
+
+    # ------------------------------------------------------------------ placing
+    def _loop(self) -> None:
+        try:
+            self._place_in_order()
+        finally:
+            if self.stopping.is_set():  # what it placed after the stop's drain goes too
+                self._drain()
+            self._exited()
+
+    def _place_in_order(self) -> None:
+        k = self.start
+        ticket = self.first_ticket
+        log = controller().events
+        while True:
+            got = self._take_read(ticket)
+            ticket += 1
+            if got is None:
+                return
+            if isinstance(got, _ReadEnd):
                 self.items.put(_End(k))
                 return
-            except BaseException as e:  # the source's own error: the consumer raises it at the batch it needed
-                self.items.put(_Failed(k, e, False))
+            if isinstance(got, _ReadFailed):
+                self.items.put(_Failed(k, got.error, False))
+                return
+            if got.batch is None and self.reader.skips_none:  # a record the MapDataset filtered out: no batch
+                self.slots.release()
+                continue
+            if self.stopping.is_set():  # closed while loading: place nothing more
                 return
             try:
-                state = self.source.get_state() if self.checkpointable else None
                 t1 = log.now()
-                if self.stopping.is_set():  # closed while loading: place nothing more
-                    self.dropped = True
-                    return
-                leaves, treedef, parts, shardings = self.target.plan(batch)
+                leaves, treedef, parts, shardings = self.target.plan(got.batch)
                 kind = (treedef, tuple((np.shape(x), getattr(x, "dtype", type(x))) for x in leaves))
                 if kind not in self.checked:  # a batch shaped as one checked already splits as it did
                     self.target.check(leaves, shardings, treedef, k)
@@ -117,8 +305,8 @@ class _Worker:
             except BaseException as e:
                 self.items.put(_Failed(k, e, True))
                 return
-            self._emit(log, k, t0, t1, t2, parts, self.checked[kind])
-            self.items.put(_Batch(k, placed, treedef, state))
+            self._emit(log, k, got.t0, got.t1, t1, t2, parts, self.checked[kind])
+            self.items.put(_Batch(k, placed, treedef, got.state))
             k += 1
 
     @staticmethod
@@ -127,8 +315,9 @@ class _Worker:
         shapes = ", ".join(f"{getattr(x, 'dtype', type(x).__name__)}{list(getattr(x, 'shape', ()))}" for x in leaves[:4])
         return placed_nbytes(leaves), shapes, [placed_nbytes([leaves[i] for i in p.leaves]) for p in parts]
 
-    def _emit(self, log, k: int, t0: int, t1: int, t2: int, parts, described: tuple[int, str, list[int]]) -> None:
-        """Loading on the host's input lane; placing as a transfer on each island's lane from the host."""
+    def _emit(self, log, k: int, t0: int, t1: int, tp: int, t2: int, parts, described: tuple[int, str, list[int]]) -> None:
+        """Loading (``t0``-``t1``, on a reader) on the host's input lane; placing (``tp``-``t2``) as a transfer on
+        each island's lane from the host."""
         nbytes, shapes, part_bytes = described
         load = NodeEvent(-1, -1, self.name, "input", f"load batch {k}", "input", (), None, None, t0, nbytes, shapes)
         load.start, load.end = t0, t1
@@ -137,16 +326,29 @@ class _Worker:
             if part.remote:  # its identity node's run draws the transfer to the island
                 continue
             ev = NodeEvent(-1, -1, self.name, "input", f"place batch {k}", "transfer", (), part.island,
-                           None, t1, b, f"{b / 2**20:.2f} MiB -> {part.where}")
-            ev.start, ev.end = t1, t2
+                           None, tp, b, f"{b / 2**20:.2f} MiB -> {part.where}")
+            ev.start, ev.end = tp, t2
             log.emit_node(ev)
 
+    # ------------------------------------------------------------------ stopping
     def stop(self, wait: float = 0.0) -> None:
-        """Stop loading; drop the placed batches not taken (their device buffers go with them)."""
+        """Stop reading and placing; drop the placed batches not taken (their device buffers go with them)."""
         self.stopping.set()
-        if wait and self.thread is not threading.current_thread():
-            self.thread.join(wait)
+        if wait:
+            self.join(wait)
         self._drain()
+
+    def join(self, wait: float | None = None) -> None:
+        """Wait for its threads to end (``wait``: seconds in all; None: however long a read takes)."""
+        deadline = None if wait is None else time.monotonic() + wait
+        for t in self.threads:
+            if t is threading.current_thread():
+                continue
+            t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+
+    def lost(self, taken: int) -> bool:
+        """Whether batches were read from the source beyond the ``taken`` the consumer has (after `join`)."""
+        return self.read_count > taken - self.start
 
     def _drain(self) -> None:
         while True:
@@ -156,7 +358,7 @@ class _Worker:
                 break
 
 
-#: Workers whose thread runs: stopped and joined at exit, since a daemon thread still inside
+#: Workers whose threads run: stopped and joined at exit, since a daemon thread still inside
 #: the source's or JAX's C++ code when the interpreter ends aborts the process.
 _workers: set[_Worker] = set()
 
@@ -167,24 +369,8 @@ def _stop_at_exit() -> None:
         w.stop(wait=2.0)
 
 
-def _own_reader(iterable: Any) -> Any:
-    """A grain ``MapDataset`` read on this iterator's worker alone (``num_threads=0``), else ``iterable``.
-
-    Iterated as it is, a MapDataset starts grain's defaults: 16 reader threads and 500 batches
-    ahead, which fight the controller's threads for the interpreter (a pipelined step took
-    0.6-1.7 s instead of ~0.2 s in tutorial 06). The worker already reads ``depth`` batches
-    ahead. An ``IterDataset`` (``ds.to_iter_dataset(grain.ReadOptions(...))``) is used as given:
-    that is how to ask for grain's threads.
-    """
-    if type(iterable).__module__.startswith("grain") and hasattr(iterable, "to_iter_dataset"):
-        import grain
-
-        return iterable.to_iter_dataset(grain.ReadOptions(num_threads=0))
-    return iterable
-
-
 class PrefetchIterator:
-    """Batches from a source, placed on the devices ``depth`` steps ahead on a thread of their own.
+    """Batches from a source, placed on the devices ``depth`` steps ahead on threads of their own.
 
     Iterate it as the source (``for x, y in batches``); inside a traced program each
     ``next(batches)`` is an input node that takes the next placed batch at run time.
@@ -203,7 +389,7 @@ class PrefetchIterator:
         if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
             raise PrefetchError(f"`pw.prefetch(depth=...)` must be an int >= 1 (batches placed ahead); got {depth!r}.")
         try:
-            self._source = iter(_own_reader(iterable))
+            self._source = _reader(iterable, depth)
         except TypeError:
             raise PrefetchError(
                 f"`pw.prefetch(iterable, ...)` needs an iterable of batches (a grain dataset or DataLoader, a "
@@ -212,23 +398,23 @@ class PrefetchIterator:
         self.target = BatchTarget(to, axis)
         self.depth = depth
         self.name = name or f"prefetch{next(_names)}"
-        self.checkpointable = is_iterator_with_state(self._source)
+        self.checkpointable = self._source.checkpointable
         self.taken = 0  # batches the consumer has taken
         self._state = self._source.get_state() if self.checkpointable else None  # the source's, at ``taken``
         self._head: _Batch | _End | _Failed | None = None  # the next item, peeked at (a trace needs its shapes)
         self._finished: str | None = None  # why no more batches come ("ended", "failed", "closed")
-        self._dropped = False  # batches pulled from a non-checkpointable source and dropped by a stop
+        self._dropped = False  # batches read from a non-checkpointable source and dropped by a stop
         self._worker: _Worker | None = None
-        self._stopped: _Worker | None = None  # the last worker stopped (its thread may still be in the source)
+        self._stopped: _Worker | None = None  # the last worker stopped (a reader may still be in the source)
         self._finalizer: weakref.finalize | None = None
         self._start()
 
     # ------------------------------------------------------------------ the worker
     def _start(self) -> None:
-        w = _Worker(self._source, self.target, self.depth, self.taken, self.name, self.checkpointable)
+        w = _Worker(self._source, self.target, self.depth, self.taken, self.name)
         self._worker = w
         # Left early (a `for` over `pw.prefetch(...)` broken or interrupted), the iterator is collected:
-        # stop its thread and drop its placed batches then, without a reference to self.
+        # stop its threads and drop its placed batches then, without a reference to self.
         self._finalizer = weakref.finalize(self, w.stop)
 
     def _stop(self, wait: float = 5.0) -> None:
@@ -236,10 +422,8 @@ class PrefetchIterator:
         if self._finalizer is not None:
             self._finalizer.detach()
         if w is not None:
-            pulled = w.items.qsize() + (self._head is not None)
             w.stop(wait)
-            self._dropped = self._dropped or (pulled > 0 and not self.checkpointable)
-            self._stopped = w
+            self._stopped = w  # what it read and the loop did not take is counted when it is joined
         self._head = None
 
     def close(self) -> None:
@@ -286,9 +470,9 @@ class PrefetchIterator:
         if self._finished in ("ended", "failed"):
             raise StopIteration
         last, self._stopped = self._stopped, None
-        if last is not None:  # it may still be inside the source: one thread at a time reads it
-            last.thread.join()
-            self._dropped = self._dropped or (last.dropped and not self.checkpointable)
+        if last is not None:  # it may still be inside the source: one worker at a time reads it
+            last.join()
+            self._dropped = self._dropped or (not self.checkpointable and last.lost(self.taken))
         if self._dropped:
             raise PrefetchError(
                 f"`{self.name}` was stopped (Ctrl-C or close) after reading ahead of batch {self.taken} from a "
@@ -375,7 +559,7 @@ class PrefetchIterator:
         """Where the consumer is: the source's state after the last batch taken (`pw.CheckpointManager` saves it)."""
         if not self.checkpointable:
             raise CheckpointError(
-                f"`{self.name}` cannot be checkpointed: its source, a {type(self._source).__name__}, cannot say "
+                f"`{self.name}` cannot be checkpointed: its source, a {self._source.kind}, cannot say "
                 f"where it is (no get_state/set_state) — a plain generator cannot. Read the data through grain "
                 f"(`grain.MapDataset.source(...)`, `grain.DataLoader`), or save the position yourself."
             )
@@ -389,7 +573,7 @@ class PrefetchIterator:
         self._stop()
         last, self._stopped = self._stopped, None
         if last is not None:
-            last.thread.join()  # out of the source before it is moved
+            last.join()  # out of the source before it is moved
         self._state = decode_iterator_state(state["source"])
         self._source.set_state(self._state)
         self.taken = int(state["batches"])

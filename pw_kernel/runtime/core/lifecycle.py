@@ -208,15 +208,20 @@ class Lifecycle:
             return None
         ins = rec.inputs
         args = [ins[k] for k in feed]
-        seen = None  # (a step's outputs fed to the next call: one producer for all, asked once)
-        for i, x in enumerate(args):
-            if isinstance(x, OutputCell):
-                producer = x.producer
-                if producer is not seen:
-                    if producer.state != "done":
-                        return None  # read before its producer is done: it must wait for it (`upstream`)
-                    seen = producer
-                args[i] = x.value
+        try:  # every input another run's output (a step's state fed to the next): asked as one batch
+            producers = {x.producer for x in args}
+        except AttributeError:  # arrays among them: one by one
+            producers = None
+        if producers is not None:
+            if any(p.state != "done" for p in producers):
+                return None  # read before its producer is done: it must wait for it (`upstream`)
+            args = [x.value for x in args]
+        else:
+            for i, x in enumerate(args):
+                if isinstance(x, OutputCell):
+                    if x.producer.state != "done":
+                        return None
+                    args[i] = x.value
         if plan.peak_bytes and self.capacity and not self._fits(plan.peak_bytes):
             return None
         return args

@@ -9,7 +9,7 @@ import numpy as np
 from jax.sharding import NamedSharding, Sharding
 
 from ..devices import ResourceManager, VirtualSlice
-from ..errors import TracingError
+from ..errors import TracerArgument, TracingError
 from ..futures import Future
 from ..remote.client import RemoteArray
 
@@ -24,10 +24,6 @@ def abstract_leaf(x: Any) -> jax.ShapeDtypeStruct:
         return jax.ShapeDtypeStruct(tuple(x.shape), x.dtype, sharding=x.sharding)
     x = np.asarray(x)
     return jax.ShapeDtypeStruct(x.shape, x.dtype)
-
-
-class TracerArgument(TracingError):
-    """A program was called on JAX tracers (inside `jax.jit`, `jax.grad`...), outside a program's trace."""
 
 
 def signature(args: tuple, kwargs: dict) -> tuple[Any, list[Any], tuple, int]:
