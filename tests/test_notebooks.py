@@ -38,7 +38,7 @@ TUTORIALS = [
 ]
 CELL_TIMEOUT_S = 600  # a hang guard, not a speed test
 #: The last cell, added while executing: what JAX in the kernel sees.
-PROBE = "import jax as _jax; print('devices in this kernel:', len(_jax.devices()))"
+PROBE = "import jax as _jax; print(f'devices in this kernel: {len(_jax.devices())}')"  # (one write: one stream message)
 
 pytestmark = pytest.mark.timeout(1200)  # kernel start-up (up to 90 s) plus the notebook, guarding a hang
 
