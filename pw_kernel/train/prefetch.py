@@ -104,9 +104,6 @@ class _Sequential:
         batch = next(self.iterator)  # StopIteration: the end
         return batch, (self.iterator.get_state() if self.checkpointable else None)
 
-    def close(self) -> None:
-        pass
-
 
 class _ByIndex:
     """A grain ``MapDataset``, read record by record (``ds[i]``) by a few threads at once.
@@ -227,7 +224,7 @@ class _Worker:
         log = controller().events
         while True:
             while not self.slots.acquire(timeout=_POLL):
-                if self.stopping.is_set():
+                if self.stopping.is_set() or self.no_more:
                     return
             with self.lock:
                 if self.stopping.is_set() or self.no_more:
