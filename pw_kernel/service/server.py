@@ -74,8 +74,9 @@ class Service:
         import zmq
 
         # Outputs are the clients' to keep (their handles); the controller keeps none of its own.
-        self.ctrl = controller() if controller(create=False) else init(  # (whose submitters never wait)
-            keep_outputs=0, max_pending_runs=None, max_pending_outputs=None, inline_wait_s=0)
+        self.ctrl = controller() if controller(create=False) else init(  # (submitters never wait; short logs)
+            keep_outputs=0, max_pending_runs=None, max_pending_outputs=None, inline_wait_s=0, max_events=20_000,
+            story_length=20_000)
         self.ctrl.set_policy(FairShare())
         self.devices = jax.devices()
         self.path = os.path.abspath(os.path.expanduser(connection_file or default_connection_file()))
