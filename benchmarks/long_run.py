@@ -1,6 +1,6 @@
 """Long runs at real sizes: per-step cost against leaf count, a 100,000-step curve, a real model, the service.
 
-    python benchmarks/long_run.py [--parts leaves,curve,transformer,service] [--slice one|data8|both]
+    python benchmarks/long_run.py [--parts leaves,curve,cnn,transformer,service] [--slice one|data8|both]
                                   [--curve-steps 100000] [--transformer-steps 2000] [--json out.json] [--quick]
 
 pw against `jax.jit` of the same step, side by side in one process, interleaved round by round
@@ -19,6 +19,9 @@ pw against `jax.jit` of the same step, side by side in one process, interleaved 
   from the first checkpoint to the end <= 64 MiB. Both curves are drawn into
   ``long_run_curve_<platform>.png`` beside the JSON results (with matplotlib, in the ``bench`` and ``test``
   extras; without it the picture is skipped, saying so).
+* **cnn** (needs flax and optax): the CNN of flax's NNX MNIST tutorial (824k parameters) trained with
+  optax.adamw on one device, batches of 32 given as numpy and pre-placed, rounds of ``--cnn-steps`` (50)
+  steps interleaved with the same step under ``jax.jit``. Target: <= 1.15x.
 * **transformer** (needs flax and optax): a 12-layer decoder-only transformer in flax NNX (width 64, 4
   heads, 32 tokens, batch 8, vocab 256), optax.adamw; the train step is a pure function of (params,
   opt_state, tokens) (``nnx.split`` outside, ``nnx.merge`` inside), given to ``pw.compiled`` and to
@@ -318,6 +321,80 @@ def transformer_part(args) -> dict:
             "window_s": common.window(samples)}
 
 
+# ----------------------------------------------------------------------------- cnn
+def make_cnn():
+    """The CNN of flax's NNX MNIST tutorial: two 3x3 convolutions with average pooling, two dense layers."""
+    from flax import nnx
+
+    class CNN(nnx.Module):
+        def __init__(self, rngs):
+            self.conv1 = nnx.Conv(1, 32, kernel_size=(3, 3), rngs=rngs)
+            self.conv2 = nnx.Conv(32, 64, kernel_size=(3, 3), rngs=rngs)
+            self.linear1 = nnx.Linear(3136, 256, rngs=rngs)
+            self.linear2 = nnx.Linear(256, 10, rngs=rngs)
+
+        def __call__(self, x):
+            pool = lambda h: nnx.avg_pool(h, window_shape=(2, 2), strides=(2, 2))  # noqa: E731
+            x = pool(nnx.relu(self.conv1(x)))
+            x = pool(nnx.relu(self.conv2(x)))
+            return self.linear2(nnx.relu(self.linear1(x.reshape(x.shape[0], -1))))
+
+    return CNN(nnx.Rngs(0))
+
+
+def cnn_part(args) -> dict:
+    """The tutorial's CNN trained with AdamW on one device, batches of 32 as numpy and pre-placed."""
+    why = common.missing("flax") or common.missing("optax")
+    if why:
+        return skip_part("cnn", why)
+    import optax
+    from flax import nnx
+
+    s = pw.slice(1, name="cnn")
+    graphdef, params = nnx.split(make_cnn())
+    tx = optax.adamw(1e-3)
+    params, opt_state = jax.device_put((params, tx.init(params)), s.sharding())
+
+    def train_step(params, opt_state, x, y):
+        def loss_fn(p):
+            logits = nnx.merge(graphdef, p)(x)
+            return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    rng = np.random.default_rng(0)
+    host = [(rng.standard_normal((32, 28, 28, 1), np.float32), rng.integers(0, 10, 32).astype(np.int32))
+            for _ in range(8)]
+    placed = [jax.device_put(b, s.sharding()) for b in host]
+    sides = {"pw": (pw.compiled(train_step, slice=s, name="cnn_step"), pw.get), "jit": (jax.jit(train_step), ready)}
+    n = args.cnn_steps
+
+    def run(side: str, batches: list) -> None:
+        fn, wait = sides[side]
+        p, o, loss = params, opt_state, None
+        for i in range(n):
+            p, o, loss = fn(p, o, *batches[i % len(batches)])
+        wait(loss)
+
+    rows = {}
+    for name, batches in (("numpy", host), ("placed", placed)):
+        for side in sides:
+            run(side, batches)  # compiles out of the timing
+        samples = common.interleaved({k: (lambda k=k, b=batches: run(k, b)) for k in sides}, args.rounds, warmup=0)
+        ms = {k: common.per_item_us(v, n).median / 1e3 for k, v in samples.items()}
+        rows[name] = {"ms": ms, "ratio": ms["pw"] / ms["jit"], "rounds": len(samples["pw"])}
+    leaves = len(jax.tree.leaves((params, opt_state)))
+    s.release()
+    print(f"\ncnn: flax NNX MNIST tutorial's CNN ({sum(x.size for x in jax.tree.leaves(params)):,} parameters, "
+          f"{leaves} leaves with AdamW), batches of 32, 1 device; interleaved rounds of {n} steps")
+    for name, r in rows.items():
+        print(f"  {name:6s}  pw {r['ms']['pw']:8.3f} ms/step  jax.jit {r['ms']['jit']:8.3f}  pw / jit "
+              f"{r['ratio']:.3f}x  (target <= 1.15)")
+    return {"rows": rows, "leaves": leaves, "steps_per_round": n}
+
+
 # ----------------------------------------------------------------------------- service
 def service_part(args) -> dict:
     """The 30-leaf loop through a service of its own, measured by a client subprocess (see `client_main`)."""
@@ -439,6 +516,8 @@ def targets_of(res: dict) -> list[dict]:
     if "flatness" in c:
         out.append(common.target(f"curve: µs/step, last {c['every']:,} steps / second", c["flatness"], 1.1, unit="x"))
         out.append(common.target("curve: RSS growth, first checkpoint to end", c["rss_growth_mib"], 64, unit=" MiB"))
+    for name, r in res.get("cnn", {}).get("rows", {}).items():
+        out.append(common.target(f"cnn ({name} batches): pw / jax.jit ms per step", r["ratio"], 1.15, unit="x"))
     t = res.get("transformer", {})
     if "ratio" in t:
         out.append(common.target(f"transformer ({t['layers']} layers): pw / jax.jit ms per step", t["ratio"], 1.1,
@@ -448,7 +527,8 @@ def targets_of(res: dict) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> dict | None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--parts", default="leaves,curve,transformer,service")
+    ap.add_argument("--parts", default="leaves,curve,cnn,transformer,service")
+    ap.add_argument("--cnn-steps", type=int, default=50, help="steps per round of the CNN")
     ap.add_argument("--slice", default="one", choices=("one", "data8", "both"), help="the leaves part's layout")
     ap.add_argument("--steps", type=int, default=200, help="leaves: steps per round")
     ap.add_argument("--rounds", type=int, default=7, help="leaves: rounds (at least)")
@@ -462,7 +542,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     ap.add_argument("--client", default=None, help=argparse.SUPPRESS)  # the service part's client subprocess
     ap.add_argument("--json", default=None)
     args = common.parse_args(ap, argv, quick={
-        "steps": 20, "rounds": 2, "curve_steps": 3_000, "curve_every": 500, "transformer_steps": 20,
+        "steps": 20, "rounds": 2, "cnn_steps": 3, "curve_steps": 3_000, "curve_every": 500, "transformer_steps": 20,
         "service_steps": 400, "service_window": 100})
     if args.client:
         client_main(args)
@@ -476,6 +556,8 @@ def main(argv: list[str] | None = None) -> dict | None:
             res[f"leaves_{layout}"] = leaves_part(args, layout)
     if "curve" in parts:
         res["curve"] = curve_part(args, png_dir)
+    if "cnn" in parts:
+        res["cnn"] = cnn_part(args)
     if "transformer" in parts:
         res["transformer"] = transformer_part(args)
     if "service" in parts:

@@ -212,6 +212,8 @@ QUICK = {
          rf"^  last window / second window: {NUM}x \(target <= 1\.1\)$",
          rf"^  RSS growth, first checkpoint to the end: -?{NUM} MiB \(target <= 64 MiB\)$",
          r"^  curve picture: \S+long_run_curve_\w+\.png$",
+         r"^cnn: flax NNX MNIST tutorial's CNN \([\d,]+ parameters, \d+ leaves with AdamW\), .*$",
+         *(rf"^  {b}\s+pw\s+{NUM} ms/step  jax\.jit\s+{NUM}  pw / jit {NUM}x  \(target <= 1\.15\)$" for b in ("numpy", "placed")),
          r"^transformer: 12-layer decoder \(flax NNX\), .*; \d+ leaves in \(params, opt_state\); .*$",
          rf"^  pw / jit\s+{NUM}x  \(target <= 1\.1\)$",
          rf"^  final loss after \d+ steps: pw {NUM}, jax\.jit {NUM} \(match\)$",  # the same losses both sides
@@ -264,9 +266,10 @@ def test_a_benchmark_whose_optional_package_is_missing_says_so_and_exits_0(scrip
 
 
 def test_the_long_run_benchmark_skips_its_optional_parts_saying_why(tmp_path):
-    out = bench("long_run.py", "--parts", "curve,transformer,service", "--json", str(tmp_path / "result.json"),
+    out = bench("long_run.py", "--parts", "curve,cnn,transformer,service", "--json", str(tmp_path / "result.json"),
                 hide=("flax", "optax", "zmq", "matplotlib"))
     assert "transformer: skipped: flax is not installed" in out and "service: skipped: zmq is not installed" in out
+    assert "cnn: skipped: flax is not installed" in out
     assert "curve picture: skipped: matplotlib is not installed" in out
     result = json.loads((tmp_path / "result.json").read_text())
     assert "is not installed" in result["transformer"]["skipped"] and "is not installed" in result["service"]["skipped"]
