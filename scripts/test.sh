@@ -13,6 +13,8 @@ if [ "${1:-}" = "--quick" ]; then
     tier=(-m "not system")
 fi
 ./scripts/setup.sh notebook,test || exit 1
+# The "Python 3 (Pathways)" kernel in this environment, as run.sh installs it (tests start it by name).
+.venv/bin/python -m pw_kernel install --sys-prefix >/dev/null || exit 1
 .venv/bin/python -m pytest "${tier[@]}" "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then
