@@ -189,10 +189,11 @@ class Controller:
                 )
         # A future input is its output's cell: the run can start once it is dispatched.
         ins = inputs
-        if self.completion._pending and not self.lock._is_owned() and self.completion.computed():
+        if self._inline_wait_s and self.completion._pending and not self.lock._is_owned() and self.completion.computed():
             # What earlier calls sent has computed (a stream of steps, each fed the last one's
             # outputs): completed here, so that this call finds its producer done and runs on this
-            # thread, rather than left to the other threads, which would take the GIL for it.
+            # thread, rather than left to the other threads, which would take the GIL for it. (Not
+            # where `inline_wait_s` is 0: the Pathways service's threads that submit answer messages.)
             self.completion.complete_pending()
         # A caller that holds the lock (submitting several runs at once, or a future's callback
         # while effects are applied) leaves dispatch to the dispatcher thread.
