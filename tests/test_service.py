@@ -296,8 +296,9 @@ SATURATE = """
 def test_two_clients_with_weights_1_and_2_share_device_time_1_to_2(service, tmp_path):
     path, _ = service
     go = str(tmp_path / "go")
-    light = notebook(SATURATE, path, "light", "1", go, "80")
-    heavy = notebook(SATURATE, path, "heavy", "2", go, "40")
+    # (enough nodes that the shares are read over a second or more of device time, not a few hundred ms)
+    light = notebook(SATURATE, path, "light", "1", go, "240")
+    heavy = notebook(SATURATE, path, "heavy", "2", go, "120")
     for nb in (light, heavy):
         assert nb.stdout.readline().strip() == "ready", nb.stderr.read()[-3000:]
     link = observer(path)
@@ -307,7 +308,7 @@ def test_two_clients_with_weights_1_and_2_share_device_time_1_to_2(service, tmp_
         link.call("bye", timeout=HANG_S)
         link.close()
     open(go, "w").close()
-    # The heavy client's 40 nodes are done when the light one, with the same backlog, has had half the time.
+    # The heavy client's 120 nodes are done when the light one, with the same backlog, has had half the time.
     at_heavy_end = finish(heavy)
     finish(light)
     used = {k: at_heavy_end[k] - before[k] for k in ("light", "heavy")}
