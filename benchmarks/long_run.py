@@ -40,7 +40,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -401,7 +400,7 @@ def service_part(args) -> dict:
     why = common.missing("zmq")
     if why:
         return skip_part("service", why)
-    from service import start_service  # benchmarks/service.py: starts it and waits for its connection file
+    from service import start_service, stop_service  # benchmarks/service.py: as it starts and stops its own
 
     tmp = Path(tempfile.mkdtemp(prefix="pw-bench-long-run-"))
     conn = tmp / "conn.json"
@@ -441,16 +440,6 @@ def unconnected(w: int, rounds: int) -> list[float]:
         out.append((time.perf_counter() - t) / w * 1e6)
     s.release()
     return out
-
-
-def stop_service(svc: subprocess.Popen) -> None:
-    if svc.poll() is None:  # as benchmarks/service.py: SIGTERM, then a kill if it does not go
-        svc.send_signal(signal.SIGTERM)
-        try:
-            svc.wait(30)
-        except subprocess.TimeoutExpired:
-            svc.kill()
-            svc.wait(30)
 
 
 def client_main(args) -> None:

@@ -228,6 +228,17 @@ def start_service(conn: Path, log: Path) -> subprocess.Popen:
         time.sleep(0.05)
 
 
+def stop_service(svc: subprocess.Popen) -> None:
+    """SIGTERM, then a kill if it does not go."""
+    if svc.poll() is None:
+        svc.send_signal(signal.SIGTERM)
+        try:
+            svc.wait(30)
+        except subprocess.TimeoutExpired:
+            svc.kill()
+            svc.wait(30)
+
+
 def waited_call(args, procs: list) -> dict:
     """Row (a): µs of a waited 1-node call through the service, locally, and of a raw ZeroMQ round trip."""
     import jax.numpy as jnp
@@ -450,13 +461,7 @@ def main(argv=None) -> dict:
     finally:
         for p in procs:
             p.stop()
-        if svc.poll() is None:
-            svc.send_signal(signal.SIGTERM)
-            try:
-                svc.wait(30)
-            except subprocess.TimeoutExpired:
-                svc.kill()
-                svc.wait(30)
+        stop_service(svc)
         shutil.rmtree(tmp, ignore_errors=True)
 
 
