@@ -99,16 +99,6 @@ def still_read_among(values: list[Any]) -> set[int]:
     return hit
 
 
-def still_read(x: Any) -> bool:
-    """Whether a reader pw knows of (a run not yet final, a `Hold`) has yet to read ``x``."""
-    return bool(still_read_among([x]))
-
-
-def donations_remembered() -> int:
-    """How many donated values the table remembers (collected ones included until its next sweep)."""
-    return len(_donated)
-
-
 def mark_donated(x: Any, where: str) -> None:
     """Record that ``x``'s buffer went to ``where`` (a run and node)."""
     ref = _weak(x)
@@ -177,6 +167,6 @@ def hold(tree: Any) -> Hold:
 
 
 __all__ = [
-    "Hold", "check_not_donated", "done_reading", "donated_to", "donated_to_any", "donations_remembered", "hold",
-    "mark_donated", "readers", "reading", "still_read", "still_read_among",
+    "Hold", "check_not_donated", "done_reading", "donated_to", "donated_to_any", "hold",
+    "mark_donated", "readers", "reading", "still_read_among",
 ]

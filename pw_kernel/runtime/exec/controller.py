@@ -202,7 +202,7 @@ class Controller:
         with self.lock:
             if self._closed:
                 self._check_open("submit")
-            if self._pending_outputs + n_out > self._max_pending_outputs or len(self._live) >= self._max_pending_runs:
+            if not self._has_room(n_out):
                 self._wait_for_room(n_out, may_inline)
             if may_inline and self.dispatcher.busy and self._inline_wait_s and _reads_unfinished(ins):
                 self.dispatcher.wait_idle(self._inline_wait_s)  # (see `Config.inline_wait_s`)
@@ -229,9 +229,7 @@ class Controller:
             return
         self._room_waiters += 1
         try:
-            while self._live and not self._closed and (
-                self._pending_outputs + n_out > self._max_pending_outputs or len(self._live) >= self._max_pending_runs
-            ):
+            while self._live and not self._closed and not self._has_room(n_out):
                 self._room.wait(0.25)  # (a timeout: a signal handler runs between waits)
         finally:
             self._room_waiters -= 1
@@ -492,7 +490,7 @@ class Controller:
                 run = self._live.pop(e.rec.id)
                 self._pending_outputs -= len(run.graph.outputs)
                 self._retire(run)
-                if self._room_waiters and self._room_wanted():
+                if self._room_waiters and self._has_room(0):
                     self._room.notify()
             else:  # pragma: no cover - a new effect without its applier
                 raise AssertionError(f"no applier for effect {e!r}")
@@ -513,9 +511,9 @@ class Controller:
             run.release_outputs()
         self.runs.finished(run)
 
-    def _room_wanted(self) -> bool:
-        """Whether a submitter may be waiting and there is room now (lock held): cheap, on every run's end."""
-        return len(self._live) < self._max_pending_runs and self._pending_outputs < self._max_pending_outputs
+    def _has_room(self, n_out: int) -> bool:
+        """Whether a run of ``n_out`` outputs fits under the pending bounds (lock held; on every call and run's end)."""
+        return len(self._live) < self._max_pending_runs and self._pending_outputs + n_out <= self._max_pending_outputs
 
     def _collective_limit(self, island: Island | None) -> int:
         """How many steps with collectives ``island`` may queue (see `Config.max_inflight_collectives`)."""
