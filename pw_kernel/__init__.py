@@ -38,6 +38,8 @@ from .runtime import (
     HostCallbackError,
     InputFailedError,
     IslandLostError,
+    ProtocolError,
+    ServiceError,
     NodeError,
     NodeEvent,
     PathwaysError,
@@ -154,6 +156,8 @@ __all__ = [
     "HostCallbackError",
     "InputFailedError",
     "IslandLostError",
+    "ProtocolError",
+    "ServiceError",
     "NodeError",
     "SliceError",
     "SliceReleasedError",
@@ -172,7 +176,7 @@ def __getattr__(name: str) -> object:
         globals()[name] = value
         return value
     if name in _SERVICE:
-        value = getattr(_importlib.import_module(".service.client", __name__), name)
+        value = getattr(_importlib.import_module(".service.session", __name__), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'pw_kernel' has no attribute {name!r}")

@@ -17,7 +17,7 @@ from .exec.controller import controller
 from .profiling import Profile
 from .program import Compiled, Program
 from .remote.client import RemoteIsland
-from .remote.ray import start_ray_islands
+from .remote.ray import RayLink, start_ray_islands
 from .trace.compiled import CompiledFunction
 
 
@@ -175,7 +175,9 @@ def add_ray_islands(
     started = start_ray_islands(
         address, count=count, devices_per_island=devices_per_island, platform=platform, env=env
     )
-    return controller().add_remote_islands([RemoteIsland(actor, info, offset) for actor, info, offset in started])
+    return controller().add_remote_islands(
+        [RemoteIsland(RayLink(actor), info, offset) for actor, info, offset in started]
+    )
 
 
 def profile(logdir: str | None = None) -> Profile:

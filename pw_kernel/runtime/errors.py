@@ -91,6 +91,14 @@ class IslandLostError(PathwaysError, RuntimeError):
     """A remote island's actor (or its node) died; runs that used it fail with this."""
 
 
+class ServiceError(PathwaysError, RuntimeError):
+    """An error in the Pathways service that is not pw's own (its message starts with the original type's name)."""
+
+
+class ProtocolError(PathwaysError, RuntimeError):
+    """A client and a service that speak different protocol versions (or a message neither expects)."""
+
+
 class InvalidTransition(AssertionError):
     """An internal bug: a run lifecycle event that its state does not accept."""
 

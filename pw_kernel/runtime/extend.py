@@ -33,8 +33,10 @@ from .errors import short_error
 from .exec.controller import Controller, Status, on_controller_replaced
 from .exec.events import EventLog, TraceRow, busy_time, chrome_trace
 from .profiling import executions, start_trace
+from .program import Compiled
 from .remote.actor import from_wire, to_wire
 from .remote.client import RemoteIsland
+from .remote.link import ErrorEnvelope, Link
 from .remote.node_output import RoutedOutput
 from .remote.shipped import callback_failure
 from .run import pace
@@ -73,6 +75,10 @@ __all__ = [
     "hold",
     # a remote island over another transport (the Pathways service's ZeroMQ link), and how values cross it
     "RemoteIsland",
+    "Link",
+    # a compiled function run by a controller other than the process's (the service's own)
+    "Compiled",
+    "ErrorEnvelope",
     "from_wire",
     "to_wire",
     # what `pw.init` replacing the controller tells extensions that registered islands on the old one

@@ -33,6 +33,12 @@ _MAX_SIGNATURES = 256
 class Program:
     """A traced dataflow program; calling it submits a run and returns futures at once.
 
+    Two ways to run one: ``prog(*args)`` (its outputs, as futures) and ``prog.submit(*args,
+    tenant=..., priority=...)`` (its `Run`). Both go one way (`_submit`); `call_run` is that
+    way's full form, for pw's own front ends (a ``%%pathways`` cell, the service) that need the
+    run and its outputs together and may pass the graph they traced. A compiled function's call on
+    arrays takes a shortcut to the same place (`_call_arrays`: no pytree walk).
+
     Example::
 
         @pw.program
@@ -217,7 +223,7 @@ class Program:
         )
         return run, futures
 
-    def call_arrays(self, args: tuple, key: tuple, arrays: tuple):
+    def _call_arrays(self, args: tuple, key: tuple, arrays: tuple):
         """Call on ``args``, whose `array_signature` is (``key``, ``arrays``); returns the output futures.
 
         What calling the program does, without the pytree walk: a compiled function's call
@@ -294,7 +300,7 @@ class Compiled(CompiledFunction):
             if not kwargs:
                 hit = array_signature(args)
                 if hit is not None:  # concrete arrays (or resolved futures): the graph by their signature
-                    return self.program.call_arrays(args, *hit)
+                    return self.program._call_arrays(args, *hit)
             try:
                 return self.program(*args, **kwargs)
             except TracerArgument:  # called inside jax.jit / jax.grad (nothing was submitted): a jitted function

@@ -2,16 +2,20 @@
 
 Design
 ------
-* **The service** (`server.py`, ``python -m pw_kernel serve``) is one process
-  that owns this host's devices and runs one ordinary `pw.controller()` with
-  `pw.FairShare`: every client is a tenant of its ``weight``, so the
-  per-island queues order all clients' nodes in one order and share device
-  time by weight; cancel, run-ahead, admission and the event log are the
-  controller's own.
-* **A client** (`client.py`, `pw.connect`) keeps its own controller for
-  tracing, planning and dispatch order, and sees the service as one more
-  *remote island* - the code Ray islands use (`RemoteIsland`, `RemoteCall`,
-  `RemoteArray`), with a ZeroMQ link in place of Ray. So programs travel as
+* **The service** (``python -m pw_kernel serve``) is one process that owns
+  this host's devices. `server.py` is its I/O (sockets, inbox, heartbeats),
+  `state.py` what it holds (clients, their buffers and runs, kept trees, a
+  story per request), `handlers.py` what it does with each message
+  (`protocol.py`: typed, versioned), `runs.py` how a client's nodes run: each
+  one a run of the service's own `Controller` with `pw.FairShare`, every
+  client a tenant of its ``weight``, so the per-island queues order all
+  clients' nodes in one order and share device time by weight; cancel,
+  run-ahead, admission and the event log are the controller's own.
+* **A client** (`session.py`, `pw.connect` returns a `Session`) keeps its own
+  controller for tracing, planning and dispatch order, and sees the service as
+  one more *remote island* - the code Ray islands use (`RemoteIsland`,
+  `RemoteCall`, `RemoteArray`), with a ZeroMQ `link.ServiceLink` in place of
+  Ray's link (both implement `pw_kernel.runtime.extend.Link`). So programs travel as
   Ray islands' nodes do: each node's executable once, serialized with
   `jax.export`, then "run key on handles" messages; arrays stay in the service
   behind integer handles and cross only when asked (`.result()`). The
@@ -19,9 +23,12 @@ Design
   stand-in devices of the service's count, which never run anything. After
   `pw.connect()`, `pw.slice(n)` places slices on the service's devices, on the
   devices this client's resource manager picked (pass ``island=`` an island
-  of this process to use local ones). A burst of a client's nodes becomes one
-  run of the service's controller; outputs up to 1 KiB come back with its
-  reply, so reading a loss costs no second round trip.
+  of this process to use local ones). `pw.init()` keeps the session (on the
+  new controller); `pw.shutdown()` ends it. Outputs up to 1 KiB come back with
+  a run's reply, so reading a loss costs no second round trip.
+* **Where a run lives**: the user's run is the client controller's; each node
+  it sends is one short run of the service's controller (the pool's
+  scheduler). Why two, and what the second costs: `runs.py`.
 * **Why ZeroMQ, signed as Jupyter signs**: it is what every notebook already
   runs on (pyzmq and jupyter_client are the kernel's own dependencies, no new
   service to install), and Jupyter's authentication model is what this needs:
@@ -137,7 +144,7 @@ def serve(connection_file: str | None = None, *, background: bool = False, ip: s
 
 def __getattr__(name: str):
     if name in _CLIENT:
-        value = getattr(_importlib.import_module(".client", __name__), name)
+        value = getattr(_importlib.import_module(".session", __name__), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'pw_kernel.service' has no attribute {name!r}")

@@ -25,8 +25,11 @@ DEAD_AFTER_S = 4.0
 class Client:
     """One connected client: its tenant, and the buffers and executables only it can name."""
 
-    def __init__(self, ident: bytes, name: str, tenant: str, weight: float, user: str, pid: int):
-        self.ident = ident
+    def __init__(self, ident: bytes, name: str, tenant: str, weight: float, user: str, pid: int,
+                 reply_to: bytes | None = None, beats_from: bytes | None = None):
+        self.ident = ident  # the identity of the socket it sends requests on ...
+        self.reply_to = ident if reply_to is None else reply_to  # ... reads replies on ...
+        self.beats_from = self.reply_to if beats_from is None else beats_from  # ... and sends heartbeats from
         self.name = name
         self.tenant = tenant
         self.weight = weight
@@ -37,7 +40,6 @@ class Client:
         self.shipped: dict[str, Any] = {}  # key -> the NodeSink of a node that calls the host (`callbacks`)
         self.executables: dict[str, Any] = {}  # export key -> CompiledFunction on a service slice
         self.load_errors: dict[str, str] = {}  # export key -> why it could not be loaded
-        self.programs: dict[tuple, Any] = {}  # the shape of a burst of nodes -> its Program
         self.live: set = set()  # runs not finished (cancelled if the client goes)
         self.by_run: dict[int, set] = {}  # the client's run id -> those of its runs here (what its cancel names)
         self.runs = 0
@@ -82,10 +84,10 @@ class Client:
 
 
 def retire(held: tuple, collect: Callable[[], Any] = gc.collect, said: str = "") -> None:
-    """What a dropped client held, ``(runs, buffers, programs, executables)``: cancel the runs, log ``said``
+    """What a dropped client held, ``(runs, buffers, executables)``: cancel the runs, log ``said``
     with the count of runs cancelled, and once the nodes they had on the devices finished, free the rest and
     collect (a cancelled run is final at once; its dispatched nodes still run and hold their buffers until
-    they end; its programs and executables are freed by a full collection)."""
+    they end; its executables are freed by a full collection)."""
     runs = held[0]
     cancelled = 0
     for run in runs:

@@ -28,7 +28,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-
 #: The file a service writes and `pw.connect()` reads when given none (in the user's runtime directory).
 DEFAULT_NAME = "pw-service.json"
 
@@ -85,12 +84,11 @@ def new_key() -> str:
     return secrets.token_hex(32)
 
 
-class Message(NamedTuple):
-    """A message read and checked by `Messages.unpack`: its kind, the user who signed it, and its content."""
+class Signed(NamedTuple):
+    """A message read and checked by `Messages.unpack`: the user who signed it, and the message (`protocol`)."""
 
-    kind: str
     user: str
-    content: Any
+    body: Any
 
 
 class Messages:
@@ -98,7 +96,8 @@ class Messages:
 
     A message is the frames ``[identity, signature + body, buffers...]`` (the identity: the
     peer's, on the service's ROUTER socket only). The
-    body is a pickle (protocol 5) of ``(kind, message id, user, content)``; the signature
+    body is a pickle (protocol 5) of ``(message id, user, message)``, the message one of
+    `protocol`'s typed records; the signature
     is HMAC-SHA256 of the body under the connection file's key, as Jupyter signs its
     messages, and a signature seen before is refused (a replay), as Jupyter's `Session`
     refuses it. An array of 64 KiB or more travels out of band, as a raw frame of its
@@ -115,8 +114,8 @@ class Messages:
     Example::
 
         m = Messages(info, "pw-client-42")   # (the service's: routed=True)
-        frames = m.pack("request", {"id": 1, "method": "clock"})
-        idents, msg = m.unpack(frames)   # msg.kind, msg.user, msg.content; ValueError if not signed
+        frames = m.pack(Request(1, Clock()))
+        idents, signed = m.unpack(frames)   # signed.user, signed.body; ValueError if not signed
     """
 
     #: Signatures remembered to refuse a replay (Jupyter's `Session.digest_history_size`).
@@ -140,13 +139,13 @@ class Messages:
         h.update(body)
         return h.digest()
 
-    def pack(self, kind: str, content: Any, ident: bytes | None = None) -> list:
-        """Frames of a signed message ``kind`` with ``content``, to ``ident`` if given (from a ROUTER socket)."""
+    def pack(self, message: Any, ident: bytes | None = None) -> list:
+        """Frames of ``message`` (a `protocol` record), signed, to ``ident`` if given (from a ROUTER socket)."""
         out: list = []
         f = io.BytesIO()
         try:
             _Pickler(f, protocol=5, buffer_callback=out.append).dump(
-                (kind, f"{self._name}_{next(self._ids)}", self.user, content)
+                (f"{self._name}_{next(self._ids)}", self.user, message)
             )
         except (pickle.PicklingError, TypeError, AttributeError) as e:
             raise TypeError(f"cannot send this to the Pathways service: {e}") from None
@@ -155,7 +154,7 @@ class Messages:
         frames.extend(b.raw() for b in out)
         return frames
 
-    def unpack(self, frames: list) -> tuple[list, Message]:
+    def unpack(self, frames: list) -> tuple[list, Signed]:
         """(identities, the message); ValueError if it is unsigned, forged, replayed or malformed."""
         i = self._idents
         if len(frames) <= i:
@@ -173,8 +172,8 @@ class Messages:
         if len(seen) > self.HISTORY:  # (as Session does: forget a tenth, the oldest unknown)
             for _ in range(len(seen) // 10):
                 seen.pop()
-        kind, _, user, content = pickle.loads(body, buffers=frames[i + 1:])
-        return frames[:i], Message(kind, user, content)
+        _, user, message = pickle.loads(body, buffers=frames[i + 1:])
+        return frames[:i], Signed(user, message)
 
 
 _SIGNATURE = 32  # (bytes of an HMAC-SHA256 digest: the first bytes of a message's signed frame)

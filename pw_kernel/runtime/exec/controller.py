@@ -108,11 +108,18 @@ class Controller:
         # A failing host callback fails its node, reported once; JAX's log line would repeat it, raw.
         self._unquiet = quiet_while(lambda: bool(self._live))
 
+    #: Where `slice` places a slice given no ``island=`` (and no concrete mesh): None, the resource
+    #: manager's choice among this process's islands; an island id, that island (a Pathways service's,
+    #: while this process is its client: `pw_kernel.service.session`).
+    default_island: int | None = None
+
     # ------------------------------------------------------------- public API
     def slice(
         self, n: int | None = None, mesh=None, name: str | None = None, island=None, axis_types=None
     ) -> VirtualSlice:
         self._check_open("pw.slice")
+        if island is None and self.default_island is not None and not isinstance(mesh, jax.sharding.Mesh):
+            island = self.default_island
         return self.resources.allocate(n, mesh=mesh, name=name, island=island, axis_types=axis_types)
 
     @property
@@ -636,7 +643,8 @@ def on_controller_replaced(hook) -> None:
     """Call ``hook(old, new)`` each time `init` replaces the process's controller (``old`` may be None).
 
     For extensions that registered something on the old one: the Pathways service's client adds its
-    island to the new controller, so a `pw.init()` after `pw.connect()` keeps the connection.
+    island to the new controller, so a `pw.init()` after `pw.connect()` keeps the connection. `shutdown`
+    calls it too, with ``new`` None: the connection ends there.
 
     Example::
 
@@ -653,3 +661,5 @@ def shutdown() -> None:
         old, _controller = _controller, None
     if old is not None:
         old.shutdown()
+    for hook in list(_on_replaced):
+        hook(old, None)

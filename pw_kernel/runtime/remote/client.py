@@ -27,11 +27,12 @@ Tracing needs a mesh for every slice: a remote island's slices are laid out
 on local stand-in devices of the same count (the controller's simulated CPU
 devices), which never run its work.
 
-What an island needs of its transport (wait for a reply, read it, ship a value,
-the errors that mean the other side died, how to say where it is) is a `Link`:
-`RayLink` (`ray.py`, where Ray is imported, and only when `add_ray_islands` is
-called; it also starts the actors); the Pathways service (`pw_kernel.service`) reaches its devices through the same
-island code over ZeroMQ with a link of its own.
+What an island needs of its transport (send a request, wait for its reply,
+read it, ship a value, the errors that mean the other side died, how to say
+where it is, and what it can do) is declared by `link.Link`: `RayLink`
+(`ray.py`, where Ray is imported, and only when `add_ray_islands` is called; it
+also starts the actors) and the Pathways service's `ServiceLink`
+(`pw_kernel.service.link`, ZeroMQ) implement it.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ from ..devices import Island
 from ..errors import IslandLostError, PathwaysError
 from ..trace.graph import as_dtype
 from .actor import MISSING, from_wire, spec_tuple, to_wire
-from .ray import RayLink
+from .link import ErrorEnvelope, Link
 
 #: Handles to free wait this long for a call to carry them before they are sent on their own.
 FREE_AFTER_S = 0.05
@@ -126,9 +127,8 @@ class RemoteIsland:
     among them travel in one ``run_many`` call.
     """
 
-    def __init__(self, actor, info: dict, offset_ns: int, link=None):
-        self.actor = actor
-        self.link = RayLink() if link is None else link  # the transport: wait, read, ship, lost errors
+    def __init__(self, link: Link, info: dict, offset_ns: int):
+        self.link = link  # the transport: requests, replies, what it can do (`link.Link`)
         self.info = info
         self.offset_ns = offset_ns  # local perf_counter_ns = remote + offset
         self.alive = True
@@ -150,11 +150,16 @@ class RemoteIsland:
         self._sending = False
         self._posted = 0
         self._sent = 0
-        self._direct = bool(getattr(self.link, "direct", False))
+        self._direct = link.direct
         # Handles whose last RemoteArray died: freed with the next call that runs nodes, or on their own
         # after FREE_AFTER_S (one message fewer per call; a list: append and slice-delete are atomic).
         self._frees: list[int] = []
         self._asleep = False  # the mailbox thread waits with no timeout: a free must wake it
+
+    @property
+    def actor(self):
+        """The Ray actor of a Ray island (its link's), e.g. to ``ray.kill`` it in a test."""
+        return self.link.actor
 
     def new_handle(self) -> int:
         return next(self._handles)
@@ -252,25 +257,25 @@ class RemoteIsland:
     @property
     def profiles(self) -> bool:
         """Whether `pw.profile` can trace XLA's ops there too (the Pathways service can)."""
-        return self.alive and bool(getattr(self.link, "profiles", False))
+        return self.alive and self.link.profiles
 
     def start_profile(self) -> None:
         """Start JAX's profiler in the island's process (after what was sent before: in order)."""
         ticket = _Ticket(self)
-        self.send([("call", lambda: self.actor.profile_start.remote(), ticket)], cheap=True)
+        self.send([("call", lambda: self.link.request("profile_start"), ticket)], cheap=True)
         self.link.get(ticket.wait_ref())
 
     def stop_profile(self) -> list:
         """Stop it; XLA's executions there: (device, HLO module, run, [(op, start, end)]), on its clock."""
         ticket = _Ticket(self)
-        self.send([("call", lambda: self.actor.profile_stop.remote(), ticket)], cheap=True)
+        self.send([("call", lambda: self.link.request("profile_stop"), ticket)], cheap=True)
         return self.link.get(ticket.wait_ref())
 
     def cancel_run(self, run_id: int) -> None:
         """The controller cancelled run ``run_id``: the island drops what of its nodes it has queued, if its
         link can say so (the service can; a Ray actor runs its mailbox in order)."""
-        if self.alive and getattr(self.link, "cancels", False):
-            self.send([("call", lambda: self.actor.cancel.remote([run_id]), _Ticket(self))], cheap=True)
+        if self.alive and self.link.cancels:
+            self.send([("call", lambda: self.link.request_oneway("cancel", [run_id]), _Ticket(self))], cheap=True)
 
     def free(self, handle: int) -> None:
         """Free ``handle`` on the island (sent with the next call, or within FREE_AFTER_S; safe from ``__del__``)."""
@@ -317,7 +322,7 @@ class RemoteIsland:
         frees = self._take_frees()
         if frees and self.alive and self.link.usable():  # (Ray shut down: a call would start a new Ray)
             try:
-                self.actor.free.remote(frees)
+                self.link.request_oneway("free", frees)
             except Exception:  # interpreter shutdown or a dead actor: nothing to free
                 pass
 
@@ -332,7 +337,7 @@ class RemoteIsland:
                     ops.append((key, [a.handle for a in args], out_ids))
                     k += 1
                 frees, run = self._take_frees(), ticket.run
-                self._deliver(ticket, lambda: self.actor.run_many.remote(ops, frees, run))
+                self._deliver(ticket, lambda: self.link.request("run_many", ops, frees, run))
             else:
                 self._deliver(op[2], op[1])
                 k += 1
@@ -375,7 +380,7 @@ class RemoteIsland:
         out_ids = [isl.new_handle() for _ in outputs]
         layouts = [(_layout(o.sharding, isl), spec_tuple(o.sharding)) for o in outputs]
         ticket = _Ticket(isl)
-        isl.post([("call", lambda: isl.actor.colocated.remote(fn, in_ids, out_ids, layouts, tuple(args)), ticket)])
+        isl.post([("call", lambda: isl.link.request("colocated", fn, in_ids, out_ids, layouts, tuple(args)), ticket)])
         if outputs:
             return [
                 RemoteArray(isl, h, o.shape, o.dtype, o.sharding, ticket, k, slice_)
@@ -386,7 +391,10 @@ class RemoteIsland:
         except isl.link.lost_errors() as e:
             raise isl.lost(e) from None
         if failure is not None:
-            raise RuntimeError(f"on remote island {isl.island.id if isl.island else '?'}: {failure[1]}")
+            where = f"on remote island {isl.island.id if isl.island else '?'}: "
+            if isinstance(failure[1], ErrorEnvelope):
+                raise failure[1].exception(where)
+            raise RuntimeError(where + failure[1])
         return []
 
     def __repr__(self) -> str:
@@ -464,7 +472,10 @@ class RemoteArray:
         if failure is not None and self.index >= failure[0]:
             where = f"island {self.island.island.id if self.island.island else '?'}"
             if self.index == failure[0]:
-                raise RuntimeError(f"on remote {where}: {failure[1]}")
+                error = failure[1]
+                if isinstance(error, ErrorEnvelope):  # (the service's: raised as the class it left as)
+                    raise error.exception(f"on remote {where}: ")
+                raise RuntimeError(f"on remote {where}: {error}")
             raise RuntimeError(f"not run on remote {where}: an earlier node of the same actor call failed")
         return self
 
@@ -489,7 +500,7 @@ class RemoteArray:
         if value is not None:  # (a small value came with the reply of the run that made it)
             return from_wire(value)
         ticket = _Ticket(isl)
-        isl.send([("call", lambda: isl.actor.get.remote(handle), ticket)], cheap=True)
+        isl.send([("call", lambda: isl.link.request("get", handle), ticket)], cheap=True)
         try:
             return from_wire(isl.link.get(ticket.wait_ref()))
         except isl.link.lost_errors() as e:
@@ -527,9 +538,9 @@ def _avals(values) -> list[jax.ShapeDtypeStruct]:
 
 
 def runs_python(island: RemoteIsland) -> bool:
-    """Whether ``island`` runs a node shipped as pickled Python (a Ray actor and the Pathways service do;
-    its link says so with ``runs_python``)."""
-    return bool(getattr(island.link, "runs_python", isinstance(island.link, RayLink)))
+    """Whether ``island`` runs a node shipped as pickled Python (a Ray actor and the Pathways service do:
+    its link says so)."""
+    return island.link.runs_python
 
 
 class RemoteCall:
@@ -556,9 +567,9 @@ class RemoteCall:
         if self.key in isl.loaded:
             return
         if self.shipped is not None:
-            blob, load = self.shipped, isl.actor.load_shipped
+            blob, load = self.shipped, "load_shipped"
         else:
-            blob, load = jax.export.export(self.fn)(*_avals(self.in_values)).serialize(), isl.actor.load
+            blob, load = jax.export.export(self.fn)(*_avals(self.in_values)).serialize(), "load"
         ref_sh = (self.out_values or self.in_values)[0].sharding
         args = (
             self.key,
@@ -567,7 +578,7 @@ class RemoteCall:
             [spec_tuple(v.sharding) for v in self.in_values],
             [spec_tuple(v.sharding) for v in self.out_values],
         )
-        isl.call(lambda: load.remote(*args))
+        isl.call(lambda: isl.link.request(load, *args))
         isl.loaded.add(self.key)  # the mailbox sends the load before the run below
 
     def __call__(self, *args):
@@ -601,13 +612,13 @@ class RemoteTransfer:
         handle = dst.new_handle()
         layout, spec = _layout(want, dst), spec_tuple(want)
         if isinstance(x, RemoteArray) and x.island is dst:  # a reshard inside the island
-            ticket = dst.call(lambda: dst.actor.reshard.remote(x.handle, handle, layout, spec))
+            ticket = dst.call(lambda: dst.link.request("reshard", x.handle, handle, layout, spec))
         elif isinstance(x, RemoteArray):  # island to island: actor to actor through the object store
             src = x.island
-            payload = src.call(lambda: src.actor.get.remote(x.handle))  # in the source's order
-            ticket = dst.call(lambda: dst.actor.put.remote(handle, payload.wait_ref(), layout, spec))
+            payload = src.call(lambda: src.link.request("get", x.handle))  # in the source's order
+            ticket = dst.call(lambda: dst.link.request("put", handle, payload.wait_ref(), layout, spec))
         else:  # from this process: waiting for the value and serialising it is the mailbox's, not ours
-            ticket = dst.call(lambda: dst.actor.put.remote(handle, dst.link.put(to_wire(x)), layout, spec))
+            ticket = dst.call(lambda: dst.link.request("put", handle, dst.link.put(to_wire(x)), layout, spec))
         return [RemoteArray(dst, handle, v.shape, v.dtype, want, ticket)]
 
 

@@ -16,12 +16,29 @@ from .actor import IslandActor
 
 
 class RayLink:
-    """How a remote island talks to a Ray actor: ``actor.method.remote(...)`` gives a ref, read here.
+    """How a remote island talks to its Ray actor (a `link.Link`): ``actor.method.remote(...)`` gives a ref, read here.
 
-    Another transport gives the island an object with the same methods (the service's
-    ZeroMQ link, `pw_kernel.service.client`); its actor is then any object whose
-    ``method.remote(*args)`` returns a ref of that link's kind.
+    Example::
+
+        link = RayLink(actor)
+        link.get(link.request("stats"))      # {"buffers": ..., ...}
     """
+
+    direct = False  # (a Ray call serialises its arguments at length: the island's mailbox thread sends)
+    cancels = False  # (an actor runs its mailbox in order)
+    profiles = False
+    runs_python = True
+    #: What a user does once the island is gone.
+    again = "add it again with `pw.add_ray_islands(...)` and make new slices there"
+
+    def __init__(self, actor) -> None:
+        self.actor = actor
+
+    def request(self, method: str, *args):
+        return getattr(self.actor, method).remote(*args)
+
+    def request_oneway(self, method: str, *args) -> None:
+        getattr(self.actor, method).remote(*args)
 
     def ready(self, ref) -> bool:
         import ray
@@ -63,12 +80,8 @@ class RayLink:
 
         return (ray.exceptions.RayActorError,)
 
-    @staticmethod
-    def where(info: dict) -> str:
+    def where(self, info: dict) -> str:
         return f"Ray actor on {info['host']}, pid {info['pid']}"
-
-    #: What a user does once the island is gone.
-    again = "add it again with `pw.add_ray_islands(...)` and make new slices there"
 
 
 _actor_class = None

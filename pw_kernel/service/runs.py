@@ -1,0 +1,157 @@
+"""A client's burst of nodes, run on the service's devices: each node one run of the service's controller.
+
+Where a run lives: the client's controller owns the run a user made (its
+trace, plan, futures, cancel, run-ahead, timeline); the service's controller
+is the pool's scheduler, and each node a client sends is one short run of it,
+of the client's tenant (`pw.FairShare` orders every client's nodes by weight in
+the per-island queues; a cancel names the client's run id; admission and the
+event log are the controller's own). A node's run is its executable's program
+called on the client's buffers: traced once per executable and input layout
+(`Program`'s own signature cache, bounded), never per burst, whose shape
+depends on timing.
+
+Replies: a burst is answered once all its nodes are done, by whichever comes
+first of the client's waiter thread (which completes runs in order, on its own
+thread: the quickest for a stream) and the last output's done-callback (a run
+that overtook the one waited for). A lone node computed inside the call is
+answered at once (``on_computed``), before the controller's bookkeeping.
+
+Example::
+
+    submit(client, [("k1", [3], [4])], (12, 0), reply)   # later: reply(RunReply(...))
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import jax
+
+from ..runtime import Future, PathwaysError
+from ..runtime.extend import ErrorEnvelope
+from .callbacks import expected as expected_output
+from .clients import Client
+from .protocol import RunReply
+from .wire import small_values
+
+
+def buffer(c: Client, handle: int):
+    """The value behind one of ``c``'s handles (a jax.Array, or a Future of the service's controller)."""
+    value = c.buffers.get(handle)
+    if value is None:
+        raise PathwaysError(f"no buffer {handle} for this client (freed, or another client's)")
+    return value
+
+
+def _failure(f) -> ErrorEnvelope | None:
+    if f.cancelled():
+        return ErrorEnvelope("CancelledError", "cancelled")
+    error = f.exception()
+    return None if error is None else ErrorEnvelope.of(error)
+
+
+def submit(c: Client, ops: list, client_run: tuple | None, reply: Callable, name: str | None = None) -> list:
+    """Run ``ops`` [(key, in handles, out handles)] as runs of ``c``'s tenant; `reply` (a `RunReply`) when all end.
+
+    ``client_run``: the client's (run id, priority) the burst belongs to: the priority orders it among the
+    client's own runs (fair share orders the clients), a cancel names the id. ``name``: the runs' (the
+    request's stimulus id: a run's story and the request's meet there). Returns the runs made.
+    """
+    said = expected_output(c.shipped, ops)  # (the runs of its nodes that call the host)
+    rid, priority = client_run if client_run else (None, 0)
+    start = time.perf_counter_ns()
+    handles = [h for o in ops for h in o[2]]
+    lone = len(ops) == 1 and not said
+    answered: list = []
+
+    def computed(values: list) -> None:
+        # A lone node computed inside the call: answered now, before the controller reports it done.
+        c.nodes += 1
+        reply(RunReply([(start, time.perf_counter_ns())], None, small_values(handles, values), {}))
+        answered.append(True)
+
+    runs, per_op = [], []
+    made: dict[int, object] = {}  # handle -> this burst's output future (a later node of the burst reads it)
+    for key, in_ids, out_ids in ops:
+        if key in c.load_errors:
+            raise PathwaysError(f"the service could not load node executable {key}: {c.load_errors[key]}")
+        exe = c.executables[key]
+        args = [made[h] if h in made else buffer(c, h) for h in in_ids]
+        run, tree = exe.program.call_run(
+            *args, name=name, tenant=c.tenant, weight=c.weight, priority=int(priority), mode="chained",
+            on_computed=computed if lone else None,
+        )
+        outs = jax.tree.leaves(tree)
+        runs.append(run)
+        per_op.append(outs)
+        made.update(zip(out_ids, outs))
+    c.runs += len(runs)
+    c.buffers.update(made)
+    if answered:
+        return runs
+    for i, _, one in said:
+        one.outs = per_op[i]
+    outs = [f for fs in per_op for f in fs]
+    for run in runs:
+        c.live.add(run)
+    if rid is not None:
+        c.by_run.setdefault(rid, set()).update(runs)
+
+    def finished() -> None:
+        for run in runs:
+            c.live.discard(run)
+        if rid is not None:
+            mine = c.by_run.get(rid)
+            if mine is not None:
+                mine.difference_update(runs)
+                if not mine:
+                    del c.by_run[rid]
+        if c.gone:
+            return
+        end = time.perf_counter_ns()
+        failure = None
+        for i, fs in enumerate(per_op):
+            bad = next((e for e in map(_failure, fs) if e is not None), None)
+            if bad is not None:
+                failure = (i, bad)
+                break
+        told = {}  # op index -> what its host callbacks wrote: [(stream, text), ...]
+        for i, sink, one in said:
+            sink.finished(one)
+            if one.pieces:
+                told[i] = one.pieces
+            raised = one.failure()
+            if raised is not None and (failure is None or i < failure[0]):
+                failure = (i, ErrorEnvelope("ServiceError", raised))
+        small = small_values(handles, [f.result() for f in outs]) if failure is None else {}
+        c.nodes += len(ops) if failure is None else failure[0]
+        reply(RunReply([(start, end)] * len(ops), failure, small, told))
+
+    if all(f.done() for f in outs):  # computed inside the call: no thread hop to reply
+        finished()
+        return runs
+    once = threading.Lock()
+    left = [len(outs)]
+
+    def answer() -> None:
+        if once.acquire(blocking=False):
+            finished()
+
+    def one_done(_f) -> None:
+        with c.count_lock:
+            left[0] -= 1
+            last = left[0] == 0
+        if last:
+            answer()
+
+    for f in outs:
+        f.add_done_callback(one_done)
+    c.waiter().put((outs, answer))
+    return runs
+
+
+def value_of(x):
+    """A buffer's value, waited for if it is a Future still computing."""
+    return x.result() if isinstance(x, Future) else x

@@ -1,0 +1,375 @@
+"""The client's side: `pw.connect()` makes this process a client of the service, as a `Session`.
+
+The session owns its link (`link.ServiceLink`) and the island the service's
+devices are in this process's controller (a `RemoteIsland`: tracing,
+planning, dispatch order, futures and widgets stay this process's), and makes
+that island where `pw.slice` places slices (`Controller.default_island`).
+What crosses is what a Ray island gets: each node's executable once
+(`jax.export`), then "run key on handles" requests; values stay in the
+service until `.result()`.
+
+A session lives as long as its controller does, or until `pw.disconnect()`:
+`pw.init()` keeps it (on the new controller), `pw.shutdown()` ends it (the
+service frees this client's runs and buffers; `pw.clients()` then says to
+connect again).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import threading
+import time
+from typing import Any, NamedTuple
+
+import jax
+
+from ..runtime import ArgumentError, Future, PathwaysError, ProtocolError, RemoteArray, controller
+from ..runtime import TimeoutError as PathwaysTimeout
+from ..runtime.extend import Controller, RemoteIsland, on_controller_replaced
+from .link import ServiceLink
+from .protocol import PROTOCOL_VERSION, Adopt, Bye, Clients, Clock, Keep, KeptTree, Stats, Unkeep
+from .wire import address, read_connection_file
+
+log = logging.getLogger("pw_kernel.service")
+
+HEARTBEAT_S = 0.5
+#: No answer to heartbeats for this long: the service is gone (it died, or its host sleeps).
+SERVICE_LOST_AFTER_S = 5.0
+
+
+class ClientInfo(NamedTuple):
+    """One client of the service, as `pw.clients()` lists it."""
+
+    name: str
+    weight: float
+    device_time_s: float
+    runs: int
+    nodes: int
+    pid: int
+    connected_s: float
+    you: bool
+
+
+class Session:
+    """This process as a client of a service: its link, the island the service is here, its tenant there.
+
+    Example::
+
+        session = pw.connect(name="alice")
+        session.alive, session.tenant      # (True, 'alice')
+        session.close()                    # = pw.disconnect()
+    """
+
+    def __init__(self, link: ServiceLink, remote: RemoteIsland, ctrl: Controller | None, tenant: str, weight: float):
+        self.link = link
+        self.remote = remote
+        self.island = remote.island
+        self.controller = ctrl
+        self.tenant = tenant
+        self.weight = weight
+        self._kept_slices: dict[tuple, Any] = {}
+
+    @property
+    def alive(self) -> bool:
+        return self.link.error is None
+
+    def close(self) -> bool:
+        """End this session (`pw.disconnect()` if it is the process's)."""
+        with _conn_lock:
+            if _conn is self:
+                return _disconnect_locked()
+        return False
+
+    def __repr__(self) -> str:
+        state = "" if self.alive else ", lost"
+        return (
+            f"<pw_kernel client {self.tenant!r} (weight {self.weight:g}) of the service at {self.link.path}: "
+            f"island {self.island.id}, {len(self.island.devices)} {self.remote.info['platform']} devices{state}>"
+        )
+
+
+_conn: Session | None = None
+_conn_lock = threading.Lock()
+
+
+def _connection(api: str) -> Session:
+    c = _conn
+    if c is None:
+        raise PathwaysError(f"`{api}` needs a connection to a Pathways service: call `pw.connect()` first.")
+    if not c.alive:
+        raise c.link.error
+    return c
+
+
+def connect(connection_file: str | None = None, *, name: str | None = None, weight: float = 1.0,
+            timeout: float = 10.0) -> Session:
+    """Make this process a client of the Pathways service (default: this user's local one).
+
+    From then on `pw.slice(n)` places slices on the service's devices, and
+    `pw.compiled` functions and programs on them run there, scheduled with
+    every other client's work, this one's share of device time set by
+    ``weight``. Values stay in the service until `.result()` asks for them.
+
+    Example::
+
+        import pw_kernel as pw
+        pw.connect(name="alice", weight=2)
+        s = pw.slice(4, mesh={"data": 4})
+        f = pw.compiled(lambda x: x * 2, slice=s)
+        f(jnp.ones(8)).result()
+    """
+    global _conn
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
+        raise ArgumentError(f"`pw.connect(weight=...)` must be a positive number (a share of device time); got {weight!r}.")
+    if name is not None and (not isinstance(name, str) or not name):
+        raise ArgumentError(f"`pw.connect(name=...)` must be a non-empty str or None; got {name!r}.")
+    path, info = read_connection_file(connection_file, "pw.connect")
+    _check_alive(path, info)
+    if info.get("protocol", PROTOCOL_VERSION) != PROTOCOL_VERSION:
+        raise ProtocolError(
+            f"`pw.connect`: the service in {path} speaks protocol version {info['protocol']} and this client "
+            f"{PROTOCOL_VERSION}: they come from different pw_kernel versions. Use one pw_kernel for both: start "
+            f"the service with this kernel's Python (`python -m pw_kernel serve`), or connect from a kernel of "
+            f"the service's environment."
+        )
+    with _conn_lock:
+        if _conn is not None:
+            _disconnect_locked()
+        link = ServiceLink(path, info)
+        try:
+            hello = link.hello(name, weight, timeout)
+            t0 = time.perf_counter_ns()
+            remote_now = link.call(Clock(), timeout=timeout)
+            t1 = time.perf_counter_ns()
+        except PathwaysTimeout:
+            link.close()
+            raise PathwaysError(
+                f"`pw.connect`: the service in {path} ({address(info)}, pid {info.get('pid')}) did not answer "
+                f"in {timeout:g} s. It is not running (a stale connection file: start it with "
+                f"`python -m pw_kernel serve`), or its key is not this file's."
+            ) from None
+        except BaseException:
+            link.close()
+            raise
+        n = len(hello["devices"])
+        if len(jax.devices()) < n:
+            link.call(Bye(), timeout=timeout)
+            link.close()
+            raise PathwaysError(
+                f"`pw.connect`: the service has {n} devices; tracing for them needs {n} local stand-in devices, but "
+                f"this process has {len(jax.devices())}. Start it with PW_NUM_CPU_DEVICES={n} and JAX_PLATFORMS=cpu "
+                f"(a client needs no accelerator)."
+            )
+        remote = RemoteIsland(link, hello, (t0 + t1) // 2 - remote_now)
+        link.island = remote
+        _conn = Session(link, remote, None, hello["tenant"], float(weight))
+        _attach(_conn, controller())
+        _say_goodbye_at_exit()
+        on_controller_replaced(_follow)
+        return _conn
+
+
+def _attach(conn: Session, ctrl: Controller) -> None:
+    """Make the service an island of ``ctrl``, where its unplaced slices go."""
+    (island,) = ctrl.add_remote_islands([conn.remote])
+    ctrl.events.island_names[island.id] = f"island {island.id} (service pid {conn.remote.info['pid']})"
+    ctrl.default_island = island.id
+    conn.controller, conn.island = ctrl, island
+    conn._kept_slices.clear()
+
+
+def _follow(old: Controller | None, new: Controller | None) -> None:
+    # `pw.init()` after `pw.connect()`: the connection goes on, on the new controller (the old one's
+    # slices and arrays are gone with it, as they are after any `pw.init()`). `pw.shutdown()` (new is
+    # None): the connection ends with the controller it served.
+    c = _conn
+    if c is None or c.controller is not old:
+        return
+    if new is None or not c.alive:
+        c.close()
+    else:
+        _attach(c, new)
+
+
+_atexit_registered = False
+
+
+def _say_goodbye_at_exit() -> None:
+    # A process that ends while connected frees its share of the service at once, not after heartbeats stop.
+    global _atexit_registered
+    if not _atexit_registered:
+        import atexit
+
+        atexit.register(disconnect)
+        _atexit_registered = True
+
+
+def _check_alive(path: str, info: dict) -> None:
+    """A service on this host whose process is gone left a stale file: say so now, not after a timeout."""
+    import socket
+
+    pid = info.get("pid")
+    if not pid or info.get("ip") not in ("127.0.0.1", "localhost", socket.gethostname()):
+        return
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        raise PathwaysError(
+            f"`pw.connect`: the service that wrote {path} (pid {pid}) is no longer running (it was stopped "
+            f"or killed without removing its file). Start it again: `python -m pw_kernel serve`, then `pw.connect()`."
+        ) from None
+    except PermissionError:  # (another user's process: not ours to judge; the handshake will tell)
+        pass
+
+
+def _disconnect_locked() -> bool:
+    global _conn
+    c, _conn = _conn, None
+    if c is None:
+        return False
+    if c.alive:
+        try:
+            c.link.call(Bye(), timeout=2.0)
+        except Exception:  # (gone already: nothing to say goodbye to)
+            pass
+    c.link.lose("this client disconnected (`pw.disconnect()`); slices and arrays of the service are no longer usable")
+    if c.controller.default_island == c.island.id:
+        c.controller.default_island = None
+    c.link.close()
+    return True
+
+
+def disconnect() -> bool:
+    """Stop being a client: the service cancels this client's runs and frees its arrays (kept trees stay).
+
+    Returns whether there was a connection. Slices go back to this process's devices.
+
+    Example::
+
+        pw.disconnect()
+    """
+    with _conn_lock:
+        return _disconnect_locked()
+
+
+def clients() -> list[ClientInfo]:
+    """The service's clients: name, weight, device time used (s, compiles left out), runs, nodes run, pid; ``you`` marks this one.
+
+    Example::
+
+        for c in pw.clients():
+            print(c.name, c.weight, f"{c.device_time_s:.2f} s", c.runs)
+    """
+    c = _connection("pw.clients")
+    return [ClientInfo(**d) for d in c.link.call(Clients(), timeout=30)]
+
+
+def _check_name(api: str, name: Any) -> None:
+    if not isinstance(name, str) or not name:
+        raise ArgumentError(f"`{api}` needs a non-empty str name; got {name!r}.")
+
+
+def keep(name: str, tree: Any) -> None:
+    """Pin a tree of arrays / futures in the service under ``name``: it outlives this client.
+
+    Any client of the same user gets it back with `pw.kept(name)`, also after this
+    kernel restarts. Futures are waited for (their values must exist to be kept).
+    Leaves that are Python numbers or strings are kept as they are. Keeping under a
+    name again replaces what was there.
+
+    Example::
+
+        state = train_step(state, batch)
+        pw.keep("state", state)
+        # ... kernel restart ...
+        pw.connect(); state = pw.kept("state")
+    """
+    _check_name("pw.keep", name)
+    c = _connection("pw.keep")
+    leaves, treedef = jax.tree.flatten(tree)
+    sent = []
+    for i, leaf in enumerate(leaves):
+        if isinstance(leaf, (bool, int, float, str)):
+            sent.append(("c", leaf))
+            continue
+        x = leaf.remote_array() if isinstance(leaf, Future) else leaf
+        if not isinstance(x, RemoteArray) or x.island is not c.remote:
+            raise ArgumentError(
+                f"`pw.keep({name!r}, tree)`: leaf {i} is a {type(leaf).__name__} that does not live in the service. "
+                f"Keep what programs computed there (futures, or arrays from `pw.kept`), and Python numbers or "
+                f"strings; to keep a local array, pass it through a `pw.compiled` function on a slice first."
+            )
+        x.block_until_ready()  # (made by a run that the service has seen: its handle names a buffer there)
+        mesh = x.sharding.mesh
+        layout = (tuple(mesh.devices.shape), tuple(mesh.axis_names), tuple(range(mesh.devices.size)))
+        sent.append(("a", x.handle, tuple(x.shape), str(x.dtype), layout, tuple(x.sharding.spec)))
+    c.link.call(Keep(name, sent, pickle.dumps(treedef)), timeout=60)
+
+
+def kept(name: str | None = None, *, slice=None) -> Any:
+    """A tree kept in the service (`pw.keep`), as handles on the same devices; without a name, the kept names.
+
+    The leaves are `pw.RemoteArray` handles: pass them to programs and compiled
+    functions like arrays, or ``np.asarray(x)`` to fetch one. ``slice=`` (a slice of
+    the same mesh shape) says which slice they count as placed on, so a program on
+    that slice reads them with no transfer.
+
+    Example::
+
+        pw.kept()                     # ['state']
+        state = pw.kept("state", slice=s)
+    """
+    c = _connection("pw.kept")
+    if name is None:
+        return c.link.call(KeptTree(None), timeout=30)
+    _check_name("pw.kept", name)
+    found = c.link.call(KeptTree(name), timeout=30)
+    if found is None:
+        names = c.link.call(KeptTree(None), timeout=30)
+        raise ArgumentError(f"`pw.kept({name!r})`: nothing is kept under that name; kept names: {names}.")
+    metas, treedef = found
+    handles = [c.remote.new_handle() for m in metas if m[0] == "a"]
+    c.link.call(Adopt(name, handles), timeout=30)
+    values = []
+    it = iter(handles)
+    for m in metas:
+        if m[0] == "c":
+            values.append(m[1])
+            continue
+        _, shape, dtype, layout, spec = m
+        s = _kept_slice(c, layout, slice)
+        values.append(c.remote.existing(next(it), tuple(shape), dtype, s.sharding(*spec), s))
+    return jax.tree.unflatten(pickle.loads(treedef), values)
+
+
+def _kept_slice(c: Session, layout, given):
+    shape, names = tuple(layout[0]), tuple(layout[1])
+    if given is not None and tuple(given.mesh.devices.shape) == shape and tuple(given.mesh.axis_names) == names:
+        return given
+    s = c._kept_slices.get((shape, names))
+    if s is None or s.released:
+        size = 1
+        for k in shape:
+            size *= k
+        s = c._kept_slices[(shape, names)] = c.controller.slice(
+            size, mesh=dict(zip(names, shape)), island=c.island.id
+        )
+    return s
+
+
+def unkeep(name: str) -> bool:
+    """Forget a kept tree (its buffers are freed once no client holds them); returns whether it existed.
+
+    Example::
+
+        pw.unkeep("state")
+    """
+    _check_name("pw.unkeep", name)
+    return bool(_connection("pw.unkeep").link.call(Unkeep(name), timeout=30))
+
+
+def stats() -> dict:
+    """What the service holds for this client and in all (buffers, live arrays, refused messages): for tests."""
+    return _connection("pw_kernel.service.stats").link.call(Stats(), timeout=30)

@@ -1,0 +1,162 @@
+"""The service as a layer: a service and its client in one process, its protocol, errors, stories and sessions.
+
+These run in the quick tier: the service here is a `Service` object with a controller of its own,
+and this process's `pw.connect()` is its client over the real ZeroMQ sockets.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pw_kernel as pw
+from pw_kernel.runtime.extend import ErrorEnvelope, Link
+from pw_kernel.runtime.remote.ray import RayLink
+from pw_kernel.service import protocol as p
+from pw_kernel.service.link import ServiceLink
+from pw_kernel.service.server import Service
+from pw_kernel.service.wire import read_connection_file
+
+HANG_S = 60  # only stops a wait that would hang: no test asserts on time
+
+
+@pytest.fixture
+def service(tmp_path):
+    pw.init(pw.Config(validate=True))
+    svc = Service(str(tmp_path / "svc.json"))
+    yield svc
+    pw.disconnect()
+    svc.stop()
+    pw.shutdown()
+
+
+def bare_link(svc: Service, name: str = "observer") -> ServiceLink:
+    """A client without a controller: sends protocol messages itself."""
+    path, info = read_connection_file(svc.path, "test")
+    link = ServiceLink(path, info)
+    link.hello(name, 1.0, timeout=HANG_S)
+    return link
+
+
+def test_a_service_and_its_client_live_in_one_process(service):
+    session = pw.connect(service.path, name="alice")
+    assert session.alive and session.tenant == "alice"
+    s = pw.slice(2, mesh={"d": 2})
+    assert s.island.remote is not None  # the service's devices, by default
+    double = pw.compiled(lambda x: x * 2, slice=s)
+    y = double(jnp.arange(4.0))
+    for _ in range(3):
+        y = double(y)
+    assert np.asarray(y.result()).tolist() == [0.0, 16.0, 32.0, 48.0]
+    assert [c.name for c in pw.clients()] == ["alice"]
+    assert service.ctrl is not pw.controller()  # the service schedules with a controller of its own
+
+
+def test_every_request_has_a_story_from_arrival_to_reply(service):
+    pw.connect(service.path, name="bob")
+    s = pw.slice(1)
+    inc = pw.compiled(lambda x: x + 1, slice=s)
+    inc(jnp.zeros(3)).result()
+    stories = {}
+    for row in service.state.story.rows:
+        stories.setdefault(row.stimulus, []).append(row)
+    runs = [rows for rows in stories.values() if rows[0].request == "RunMany"]
+    assert runs, stories.keys()
+    stimulus = runs[-1][0].stimulus
+    events = [r.event for r in runs[-1]]
+    assert events[0] == "received" and "replied" in events, events  # (a lone node replies before its run returns)
+    run_id = int(next(e for e in events if e.startswith("runs ")).split()[1])
+    made = [r for r in service.ctrl.runs if r.id == run_id]  # the service's run, named by the request
+    assert [(r.name, r.tenant) for r in made] == [(stimulus, "bob")]
+    assert service.story(runs[-1][0].stimulus) == runs[-1]
+
+
+def test_a_client_of_another_protocol_version_is_refused_with_a_clear_error(service):
+    link = bare_link(service, "observer")
+    old = p.Hello(p.PROTOCOL_VERSION - 1, "old", 1.0, 1, link.reply_id, link.beats_id)
+    with pytest.raises(pw.ProtocolError, match=r"protocol version 2 and the client 1.*same|Use one pw_kernel"):
+        link.call(old, timeout=HANG_S)
+    link.call(p.Bye(), timeout=HANG_S)
+    link.close()
+    # A connection file that says another version is refused before anything is sent.
+    info = json.loads(open(service.path).read())
+    other = service.path + ".v9"
+    with open(other, "w") as f:
+        json.dump({**info, "protocol": 9}, f)
+    with pytest.raises(pw.ProtocolError, match="protocol version 9"):
+        pw.connect(other)
+
+
+def test_errors_arrive_as_the_class_they_left_as(service):
+    link = bare_link(service)
+    with pytest.raises(pw.PathwaysError, match="no buffer 12345"):  # raised there as a PathwaysError
+        link.call(p.Get(12345), timeout=HANG_S)
+    with pytest.raises(pw.ArgumentError, match="nothing is kept under that name"):
+        link.call(p.Adopt("nothing kept", [1]), timeout=HANG_S)
+    # Not pw's own error (JAX's TypeError on a str to place): a ServiceError here, naming it.
+    with pytest.raises(pw.ServiceError, match="TypeError"):
+        link.call(p.Put(1, "text", ((1,), ("d",), (0,)), ()), timeout=HANG_S)
+    link.call(p.Bye(), timeout=HANG_S)
+    link.close()
+    env = pickle.loads(pickle.dumps(ErrorEnvelope.of(pw.AdmissionError("too big"))))
+    err = env.exception("there: ")
+    assert type(err) is pw.AdmissionError and str(err) == "there: too big"
+
+
+def test_shutdown_ends_the_connection_and_init_keeps_it(service):
+    pw.connect(service.path, name="carol")
+    pw.init(pw.Config(validate=True))  # kept: the service is an island of the new controller
+    assert pw.slice(1).island.remote is not None
+    assert [c.name for c in pw.clients()] == ["carol"]
+    pw.shutdown()  # ended: the service forgets this client, and slices are this process's again
+    with pytest.raises(pw.PathwaysError, match=r"needs a connection.*pw.connect\(\)"):
+        pw.clients()
+    link = bare_link(service)
+    assert [c["name"] for c in link.call(p.Clients(), timeout=HANG_S)] == ["observer"]
+    link.call(p.Bye(), timeout=HANG_S)
+    link.close()
+    assert pw.slice(2).island.remote is None
+
+
+def test_bursts_of_any_shape_trace_nothing_new_in_the_service(service):
+    pw.connect(service.path, name="dave")
+    s = pw.slice(1)
+    a = pw.compiled(lambda x: x + 1, slice=s, name="a")
+    b = pw.compiled(lambda x: x * 2, slice=s, name="b")
+
+    @pw.program(mode="chained")  # (each call's nodes sent as they are: bursts of n nodes of a and b)
+    def chain(x, n):
+        for i in range(n):
+            x = (a if i % 2 else b)(x)
+        return x
+
+    x = jnp.ones(4)
+    for n in (1, 2, 3, 5, 8, 2, 7, 1):  # bursts of many shapes
+        x = chain(x, n)
+    x.result()
+    assert np.asarray(x.result()).tolist()[0] > 1
+    programs = [exe.program for c in service.state.clients for exe in c.executables.values()]
+    assert len(programs) == 2  # one executable per node function, loaded once ...
+    traced = [len({id(g) for g in prog._cache.values()}) for prog in programs]
+    assert traced == [1, 1]  # ... and traced once (one graph each), whatever the bursts' shapes
+
+
+def test_links_are_declared():
+    assert isinstance(RayLink(actor=None), Link)
+    members = {"direct", "cancels", "profiles", "runs_python", "again", "request", "request_oneway", "ready",
+               "wait", "get", "take_inline", "put", "usable", "lost_errors", "where"}
+    for cls in (RayLink, ServiceLink):
+        assert members <= set(dir(cls)), members - set(dir(cls))
+
+
+def test_messages_are_typed_records_that_cross_whole():
+    for cls in [*p.REQUESTS.values(), p.Hello, p.Reply, p.Failed, p.Pong, p.RunReply, p.Keep]:
+        fields = cls.__dataclass_fields__
+        msg = cls(*[None] * len(fields))
+        assert pickle.loads(pickle.dumps(msg)) == msg
+        with pytest.raises((AttributeError, TypeError)):  # (frozen and slotted: Python 3.11 says TypeError)
+            msg.id = 1
