@@ -118,21 +118,27 @@ def test_chunks_apply_in_order_and_a_gap_asks_the_kernel(page):
     page.evaluate("() => window.w.cleanup()")
 
 
-def test_a_hundred_thousand_events_redraw_fast_with_level_of_detail(page):
+def test_a_hundred_thousand_events_redraw_with_level_of_detail(page):
+    # What a redraw does is counted, not timed: the canvas calls are bounded by pixels, not by bars, and a zoom
+    # visits only the bars in view. (How long it takes: benchmarks/timeline_redraw.py, medians and p95.)
     enc = EventEncoder([(d, f"cpu:{d}", 0) for d in range(8)])
     enc.encode(events(100_000))
     runs = [{"id": r, "name": f"run{r}", "tenant": "default", "state": "done"} for r in range(100)]
     st = state_for(enc, runs)
     assert page.evaluate(MOUNT, [esm_source("timeline"), st]) == "100000"
-    stats = page.evaluate(
-        """() => { const tl = window.w.root.pwTimeline; tl.redraw(); const ms = [];
-                   for (let i = 0; i < 5; i++) ms.push(tl.redraw());
-                   const full = tl.stats(); tl.setView(full.tmin, full.tmin + (full.tmax - full.tmin) / 50);
-                   const zoomed = tl.redraw(); return {...full, full: Math.min(...ms), zoomed}; }"""
+    full, zoomed, width = page.evaluate(
+        """() => { const tl = window.w.root.pwTimeline; tl.redraw(); const full = tl.stats();
+                   tl.setView(full.tmin, full.tmin + (full.tmax - full.tmin) / 50); tl.redraw();
+                   return [full, tl.stats(), window.w.root.querySelector('canvas').clientWidth]; }"""
     )
-    assert stats["events"] == 100_000 and stats["lanes"] == 9
-    assert stats["rects"] < stats["bars"] / 5, stats  # merged: canvas calls bounded by pixels, not bars
-    assert stats["full"] < 250 and stats["zoomed"] < 100, stats  # loose bounds; the benchmark gives real numbers
+    assert full["events"] == 100_000 and full["lanes"] == 9
+    # every bar is in the full view; merged, the canvas calls are far fewer than the bars ...
+    assert full["bars"] >= 100_000 and full["rects"] < full["bars"] / 5, full
+    # ... and at most two per pixel column of each lane (bars, and transfers drawn low on device lanes)
+    pixels = 2 * full["lanes"] * (width + 2)
+    assert full["rects"] <= pixels and zoomed["rects"] <= pixels, (full, zoomed, width)
+    # a zoom to a fiftieth of the span looks at about a fiftieth of the bars, not all of them
+    assert 0 < zoomed["bars"] <= full["bars"] / 50 + 2 * zoomed["lanes"], (full, zoomed)
     page.evaluate("() => window.w.cleanup()")
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import sys
-import time
+import threading
 
 import jax.numpy as jnp
 import numpy as np
@@ -281,17 +281,21 @@ def test_without_the_graphviz_package_a_clear_message_and_the_dot_source(ctl, mo
 
 def test_a_layout_that_takes_too_long_is_given_up_with_the_dot_source(ctl, monkeypatch):
     graphviz = pytest.importorskip("graphviz")
+    done = threading.Event()
 
-    def slow(self, *args, **kwargs):
-        time.sleep(2)
+    def slow(self, *args, **kwargs):  # a dot that finishes only after the test has seen the timeout
+        done.wait(60)
         return "<svg></svg>"
 
     monkeypatch.setattr(graphviz.Source, "pipe", slow)
     monkeypatch.setattr(graph_mod, "DOT_TIMEOUT", 0.1)
     monkeypatch.setattr(graph_mod, "dot_binary", lambda: "/usr/bin/dot")
     clear_layout_cache()
-    with pytest.raises(GraphvizError, match="took longer than") as info:
-        graph_mod.dot_to_svg('digraph "slow" { a -> b }')
+    try:
+        with pytest.raises(GraphvizError, match="took longer than") as info:
+            graph_mod.dot_to_svg('digraph "slow" { a -> b }')
+    finally:
+        done.set()
     assert 'digraph "slow"' in info.value.dot
 
 

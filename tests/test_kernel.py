@@ -339,7 +339,15 @@ def test_a_timeline_cell_updates_in_place_and_never_shows_up_in_a_later_cell(gat
     seen = []
     k.wait_for(lambda m: seen.append(m) or display_update("'tl': done")(m), timeout=30)
     reply = k.finish(later)
-    settle = k.run("time.sleep(0.5)")  # two refresh periods of the live displays
+    # until the live displays have dropped the run's views (after drawing its final state): no refresh is left
+    settle = k.run(
+        "_live = get_ipython().magics_manager.registry['PathwaysMagics'].live\n"
+        "_deadline = time.monotonic() + 30  # (a hang guard)\n"
+        "while _live._shown:\n"
+        "    assert time.monotonic() < _deadline, 'a finished run is still refreshed'\n"
+        "    time.sleep(0.01)\n"
+    )
+    assert settle.status == "ok", settle.traceback
     shown_later = [m for m in seen + reply.messages + settle.messages + k.backlog if m["msg_type"] == "display_data"]
     assert shown_later == [], [m["content"]["data"].get("text/plain") for m in shown_later]
 

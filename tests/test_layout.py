@@ -3,7 +3,8 @@
 Each rule is what a newcomer relies on when reading the tree: no import circle,
 a runtime that draws nothing, two public faces for everything above it (the
 users' and `extend`, the layers'), a package whose `dir` is its documented API,
-small files and functions, errors in errors modules.
+small files and functions, errors in errors modules; and tests that count and
+order instead of timing (the machines they run on are shared and noisy).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import ast
 import pathlib
 import re
+import textwrap
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PKG = ROOT / "pw_kernel"
@@ -300,3 +302,152 @@ def test_nothing_writes_another_class_private_fields():
                             and not (isinstance(el.value, ast.Name) and el.value.id in ("self", "cls"))):
                         offenders.append(f"{mod}:{node.lineno}: {ast.unparse(el)}")
     assert not offenders, "\n".join(offenders)
+
+
+# ------------------------------------------------------------------ tests count and order; they do not time
+#: A reading of a clock.
+_CLOCK = re.compile(r"^(time\.)?(time|monotonic|perf_counter|process_time)(_ns)?$")
+#: A name, attribute or key that says it holds a duration: device_time_s, median_ms, elapsed, took, dt, drawMs.
+_DURATION = re.compile(r"(^|_)(elapsed|took|duration|latency|dt|wall)$|_(ms|time_s)$|^ms$|[a-z]Ms$")
+#: A page script that keeps a time: performance.now(), or what a timeline redraw returns (its milliseconds).
+_JS_TIMING = re.compile(r"performance\.now\(\)|(=|push\()\s*[\w.]*\.redraw\(\)")
+
+
+def _timed(node: ast.AST, tainted: set[str]) -> bool:
+    """Whether ``node`` reads a clock or a duration, or a name assigned from one."""
+    for n in ast.walk(node):
+        if isinstance(n, ast.Call) and _CLOCK.match(ast.unparse(n.func)):
+            return True
+        if isinstance(n, ast.Name) and (n.id in tainted or _DURATION.search(n.id)):
+            return True
+        if isinstance(n, ast.Attribute) and _DURATION.search(n.attr):
+            return True
+        if isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Constant) and _DURATION.search(str(n.slice.value)):
+            return True
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and _JS_TIMING.search(n.value):
+            return True
+    return False
+
+
+def _number(node: ast.AST) -> bool:
+    """A number written out, other than 0 (``> 0`` says a time was taken, not how long it took)."""
+    try:
+        v = ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v != 0
+
+
+def _is_sleep(stmt: ast.stmt) -> ast.Call | None:
+    call = stmt.value if isinstance(stmt, ast.Expr) else None
+    return call if isinstance(call, ast.Call) and ast.unparse(call.func) in ("time.sleep", "sleep") else None
+
+
+def _wall_clock_thresholds(scope: ast.AST, code_string: bool = False) -> list[str]:
+    """In one test (or a string of code it runs): an assert that holds a time against a number, a sleep
+    for a measured time, a sleep right before an assert, or code that is only a sleep."""
+    tainted: set[str] = set()
+    assigns = [n for n in ast.walk(scope) if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and n.value]
+    for _ in range(4):  # (names assigned from names assigned from a clock)
+        for a in assigns:
+            if _timed(a.value, tainted):
+                targets = a.targets if isinstance(a, ast.Assign) else [a.target]
+                tainted |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    found = []
+    for a in ast.walk(scope):
+        if isinstance(a, ast.Assert):
+            for c in ast.walk(a.test):
+                if isinstance(c, ast.Compare):
+                    ops = [c.left, *c.comparators]
+                    if any(_timed(o, tainted) for o in ops) and any(_number(o) for o in ops):
+                        found.append(f"line {c.lineno}: {ast.unparse(c)}")
+        for body in (getattr(a, f, None) for f in ("body", "orelse", "finalbody")):
+            for i, stmt in enumerate(body if isinstance(body, list) else []):
+                sleep = _is_sleep(stmt)
+                if sleep is not None and any(_timed(x, tainted) for x in sleep.args):
+                    found.append(f"line {stmt.lineno}: {ast.unparse(stmt)}: a sleep for a measured time")
+                elif sleep is not None and i + 1 < len(body) and isinstance(body[i + 1], ast.Assert):
+                    found.append(f"line {stmt.lineno}: {ast.unparse(stmt)}, then an assert")
+    if code_string and len(scope.body) == 1 and _is_sleep(scope.body[0]):
+        found.append(f"a cell that only sleeps: {ast.unparse(scope.body[0])}")
+    return found
+
+
+def _scopes(tree: ast.Module):
+    """Each top-level function and method, the module's other statements, and every string that is code."""
+    for node in tree.body:
+        for d in [node, *(node.body if isinstance(node, ast.ClassDef) else [])]:
+            if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                yield d, False
+    yield ast.Module([n for n in tree.body if not isinstance(n, (ast.FunctionDef, ast.ClassDef))], []), False
+    for s in ast.walk(tree):
+        if isinstance(s, ast.Constant) and isinstance(s.value, str) and ("\n" in s.value or "sleep(" in s.value):
+            try:
+                yield ast.parse(textwrap.dedent(s.value)), True
+            except (SyntaxError, ValueError):
+                pass
+
+
+_OLD_THRESHOLDS = [  # what the rule is for: each was in tests/ once, and could fail on a busy machine
+    """
+def test(page):
+    stats = page.evaluate("() => { const zoomed = tl.redraw(); return {zoomed}; }")
+    assert stats["zoomed"] < 100
+""",
+    """
+def test(link):
+    used = {c["name"]: c["device_time_s"] for c in link.call("clients")}
+    ratio = used["heavy"] / used["light"]
+    assert 1.4 < ratio < 3.0
+""",
+    """
+def test(run):
+    left, since = run.time_left, time.monotonic()
+    run.wait()
+    actual = time.monotonic() - since
+    assert 0.1 < left / actual < 10
+""",
+    '''
+CODE = """
+t = me().device_time_s
+f(a).result()
+node_s = me().device_time_s - t
+run = chain.submit(a)
+time.sleep(4 * node_s)
+run.cancel()
+"""
+''',
+    """
+def test(k):
+    settle = k.run("time.sleep(0.5)")
+""",
+    """
+def test(w):
+    time.sleep(0.5)
+    assert w.done()
+""",
+]
+_HANG_GUARD = """
+def test(run):
+    deadline = time.monotonic() + 60
+    while not run.done():
+        assert time.monotonic() < deadline, "never finished"
+        time.sleep(0.01)
+"""
+
+
+def _flagged(source: str) -> list[str]:
+    return [f for scope, code in _scopes(ast.parse(source)) for f in _wall_clock_thresholds(scope, code)]
+
+
+def test_no_wall_clock_thresholds():
+    """The machines tests run on are shared and noisy: a test counts events or compares orders. A time may stop a
+    wait that would hang (``assert time.monotonic() < deadline``); how long something takes is a benchmark's."""
+    assert all(_flagged(old) for old in _OLD_THRESHOLDS), [old for old in _OLD_THRESHOLDS if not _flagged(old)]
+    assert not _flagged(_HANG_GUARD)
+    found = [
+        f"{path.name} {f}"
+        for path in sorted((ROOT / "tests").glob("*.py")) if path.name != "test_layout.py"
+        for f in _flagged(path.read_text())
+    ]
+    assert not found, "a test holds a measured time against a number, or sleeps and then expects:\n" + "\n".join(found)

@@ -49,7 +49,11 @@ def slow_notebook(run_ahead_s=BOUND_S, warm=True):
 
 
 def nodes_within_bound(ctl) -> int:
-    """How many slow nodes the bound lets a device hold: what fits under it, plus the one that crosses it."""
+    """How many slow nodes the bound lets a device hold: what fits under it, plus the one that crosses it.
+
+    A count, not a speed: the gate's estimate of a node is a mean of these very durations, so never below
+    the shortest of them; a busy machine makes nodes longer, and the bound in nodes only smaller.
+    """
     durations = [e.end - e.start for r in ctl.runs for e in r.events if e.node.startswith("grind")]
     return math.floor(BOUND_S * 1e9 / min(durations)) + 1
 
@@ -87,7 +91,9 @@ def test_nodes_found_done_together_do_not_let_more_than_the_bound_ahead():
     ahead = 0
     while gate.take(step) >= 0 and ahead < 1000:  # (1000: a gate that never fills, not a hang)
         ahead += 1
-    assert ahead <= BOUND_S * 1e9 / node_ns + 1, ahead  # a per-node running mean let 33 go (its trough: 0.62 ms)
+    # 20 ms of 1 ms nodes and the one that crosses it (the times are the ones fed above, not measured);
+    # a per-node running mean let 33 go (its trough: 0.62 ms)
+    assert ahead <= 21, ahead
 
 
 def test_after_cancel_the_next_call_waits_for_the_bound_not_the_whole_run(notebook):
@@ -264,15 +270,17 @@ def test_a_long_run_tells_its_pace_and_about_how_long_it_has_left():
         run = pw.program(longer).submit(x, mode="chained")
         wait_until(lambda: run.nodes_done >= run.nodes_total // 4 and run.nodes_done / run.throughput > PACE_AFTER_S,
                    "a quarter of the long run finish, after it ran a while")
-        left, since = run.time_left, time.monotonic()
-        assert left > 0 and run.throughput > 0
+        with ctl.lock:  # (nothing finishes meanwhile: the figures are of one moment)
+            left, rate, done, total = run.time_left, run.throughput, run.nodes_done, run.nodes_total
+        assert left > 0 and rate > 0 and done < total
+        # Counted, not timed against the clock: its nodes are alike (one executable), so the time it says is
+        # left is the nodes left at its pace so far.
+        assert left * rate == pytest.approx(total - done, rel=0.02), (left, rate, done, total)
         pace = re.compile(r"[\d,.]+ nodes/s, ~[\d.]+ s left")
         line = next(line for line in str(ctl.status()).splitlines() if "longer" in line)
         assert pace.search(line), line
         assert pace.fullmatch(RunWidget(run, live=False).pace)
         run.wait(120)
-        actual = time.monotonic() - since
-        assert 0.1 < left / actual < 10, (left, actual)  # an estimate: the same order as what it took
         assert run.time_left == 0.0 and RunWidget(run, live=False).pace == ""
         assert "nodes/s" not in str(ctl.status())  # a run that is over has no pace to tell
     finally:

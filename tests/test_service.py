@@ -18,6 +18,9 @@ from pathlib import Path
 
 import pytest
 
+import pw_kernel as pw
+from pw_kernel.service import protocol
+
 pytest.importorskip("zmq")
 pytest.importorskip("jupyter_client")
 
@@ -80,7 +83,7 @@ def finish(proc: subprocess.Popen) -> dict:
 def observer(service_path: str):
     """A bare client of the service (no controller): for asking what it holds."""
     from pw_kernel.service import wire
-    from pw_kernel.service.client import ServiceLink
+    from pw_kernel.service.link import ServiceLink
 
     path, info = wire.read_connection_file(service_path, "test")
     link = ServiceLink(path, info)
@@ -138,31 +141,35 @@ def test_a_message_without_the_key_is_refused_and_logged_and_handles_are_per_cli
     sock = ctx.socket(zmq.DEALER)
     sock.linger = 0
     sock.connect(f"tcp://{info['ip']}:{info['port']}")
-    hello = {"id": 1, "method": "hello", "args": ("mallory", 1.0, 1), "oneway": False}
+    ident = sock.identity or b"mallory"
+    hello = protocol.Request(1, protocol.Hello(protocol.PROTOCOL_VERSION, "mallory", 1.0, 1, ident, ident))
     forged = wire.Messages({**info, "key": "not-the-key"}, "mallory")
-    sock.send_multipart(forged.pack("request", hello))  # signed with another key
-    Session(key=b"not-the-key", signature_scheme="hmac-sha256").send(sock, "request", hello)  # Jupyter's, forged
+    sock.send_multipart(forged.pack(hello))  # signed with another key
+    jupyters = {"id": 1, "method": "hello", "args": ("mallory", 1.0, 1)}
+    Session(key=b"not-the-key", signature_scheme="hmac-sha256").send(sock, "request", jupyters)  # Jupyter's, forged
     sock.send_multipart([b"<IDS|MSG>", b"", b"{}", b"{}", b"{}", b"{}"])  # unsigned
     # A message signed with the key, heard once (a ping: answered), then replayed (refused)
-    ping = wire.Messages(info, "eve").pack("ping", {})
+    ping = wire.Messages(info, "eve").pack(protocol.Ping())
     sock.send_multipart(ping)
     assert sock.poll(HANG_S * 1000), "the service did not answer a signed ping"
     sock.recv_multipart()
     sock.send_multipart(ping)
-    assert sock.poll(1000) == 0, "the service answered a message it should have refused"
-    ctx.destroy(linger=0)
 
     link = observer(path)
     try:
         deadline = time.monotonic() + HANG_S
-        while link.call("stats", timeout=HANG_S)["refused"] < 4:
+        # the three forged messages and the replay: refused, and counted
+        while link.call(protocol.Stats(), timeout=HANG_S)["refused"] < 4:
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        assert "mallory" not in [c["name"] for c in link.call("clients", timeout=HANG_S)]
-        with pytest.raises(RuntimeError, match="no buffer 1 for this client"):  # handles name one's own arrays
-            link.call("get", 1, timeout=HANG_S)
+        # (the socket thread refuses a message instead of answering it: by now an answer would be here)
+        assert sock.poll(0) == 0, "the service answered a message it refused"
+        ctx.destroy(linger=0)
+        assert "mallory" not in [c["name"] for c in link.call(protocol.Clients(), timeout=HANG_S)]
+        with pytest.raises(pw.PathwaysError, match="no buffer 1 for this client"):  # handles name one's own arrays
+            link.call(protocol.Get(1), timeout=HANG_S)
     finally:
-        link.call("bye", timeout=HANG_S)
+        link.call(protocol.Bye(), timeout=HANG_S)
         link.close()
     said = Path(log_path).read_text()
     assert "refused a message" in said and "Invalid Signature" in said and "Duplicate Signature" in said
@@ -289,41 +296,51 @@ SATURATE = """
     for _ in range(int(ARGS[3])):
         a = f(a)                                   # queued in the service, nothing waits here
     a.result()
-    print(json.dumps({c.name: c.device_time_s for c in pw.clients()}))
+    print(json.dumps({c.name: c.nodes for c in pw.clients()}))
+    sys.stdin.readline()                           # connected until the test has read the counts
 """
 
 
-def test_two_clients_with_weights_1_and_2_share_device_time_1_to_2(service, tmp_path):
+def test_two_clients_with_weights_1_and_4_run_about_4_of_the_heavy_ones_nodes_per_light_one(service, tmp_path):
+    # Counted in nodes, not timed. Both clients run the same node; fair share charges each node's measured
+    # device time (a running mean, noisy on a busy machine) over its client's weight, so the heavy client runs
+    # about four nodes for each of the light one's. The counts say "weighted" (~30 light nodes by the heavy
+    # one's 120th) against "equal" (~120) and "starved" (0) with room for that noise; the device-time shares
+    # themselves, to 5% at weights 2:1, are benchmarks/service.py's.
     path, _ = service
     go = str(tmp_path / "go")
-    # (enough nodes that the shares are read over a second or more of device time, not a few hundred ms)
     light = notebook(SATURATE, path, "light", "1", go, "240")
-    heavy = notebook(SATURATE, path, "heavy", "2", go, "120")
+    heavy = notebook(SATURATE, path, "heavy", "4", go, "120")
     for nb in (light, heavy):
         assert nb.stdout.readline().strip() == "ready", nb.stderr.read()[-3000:]
     link = observer(path)
     try:
-        before = {c["name"]: c["device_time_s"] for c in link.call("clients", timeout=HANG_S)}
+        clients = {c["name"]: c for c in link.call(protocol.Clients(), timeout=HANG_S)}
+        assert (clients["light"]["weight"], clients["heavy"]["weight"]) == (1.0, 4.0), clients
+        before = {k: c["nodes"] for k, c in clients.items()}
+        open(go, "w").close()
+        deadline = time.monotonic() + HANG_S
+        while True:  # the light client's count when the heavy one's last node is counted (read every ms or so)
+            clients = {c["name"]: c for c in link.call(protocol.Clients(), timeout=HANG_S)}
+            ran = {k: clients[k]["nodes"] - before[k] for k in ("light", "heavy")}
+            if ran["heavy"] == 120:
+                break
+            assert time.monotonic() < deadline, ran
+            time.sleep(0.002)
     finally:
-        link.call("bye", timeout=HANG_S)
+        link.call(protocol.Bye(), timeout=HANG_S)
         link.close()
-    open(go, "w").close()
-    # The heavy client's 120 nodes are done when the light one, with the same backlog, has had half the time.
-    at_heavy_end = finish(heavy)
-    finish(light)
-    used = {k: at_heavy_end[k] - before[k] for k in ("light", "heavy")}
-    ratio = used["heavy"] / used["light"]
-    print(f"device time while both were busy: {used}, heavy/light = {ratio:.2f}")
-    # 2 is the target; on this shared 2-core machine the clients' own submitting competes with the devices,
-    # so the bound only tells "weighted" (2) from "equal" (1) or "starved"; benchmarks measure the +-5%.
-    assert 1.4 < ratio < 3.0, used
+    print(f"nodes run by the heavy client's 120th: {ran}")
+    at_end = {"heavy": finish(heavy)["heavy"], "light": finish(light)["light"]}
+    assert {k: at_end[k] - before[k] for k in at_end} == {"heavy": 120, "light": 240}, (before, at_end)
+    assert 5 <= ran["light"] <= 60, ran
 
 
 def test_a_killed_client_has_its_queued_runs_cancelled_and_its_buffers_freed(service):
     path, log_path = service
     link = observer(path)
     try:
-        before = link.call("stats", timeout=HANG_S)
+        before = link.call(protocol.Stats(), timeout=HANG_S)
         doomed = notebook(
             """
             pw.connect(CONN, name="doomed")
@@ -344,22 +361,22 @@ def test_a_killed_client_has_its_queued_runs_cancelled_and_its_buffers_freed(ser
             path,
         )
         assert doomed.stdout.readline().strip() == "queued", doomed.stderr.read()[-3000:]
-        during = link.call("stats", timeout=HANG_S)
+        during = link.call(protocol.Stats(), timeout=HANG_S)
         assert during["live_bytes"] >= before["live_bytes"] + 32 * 2**20
         doomed.send_signal(signal.SIGKILL)
         doomed.wait(HANG_S)
         killed_at = time.monotonic()
         deadline = killed_at + HANG_S
         while True:
-            st = link.call("stats", timeout=HANG_S)
-            names = [c["name"] for c in link.call("clients", timeout=HANG_S)]
+            st = link.call(protocol.Stats(), timeout=HANG_S)
+            names = [c["name"] for c in link.call(protocol.Clients(), timeout=HANG_S)]
             if "doomed" not in names and st["live_runs"] == 0 and st["live_bytes"] <= before["live_bytes"]:
                 break
             assert time.monotonic() < deadline, (names, st)
             time.sleep(0.1)
         print(f"a killed client's runs and buffers were gone after {time.monotonic() - killed_at:.1f} s")
     finally:
-        link.call("bye", timeout=HANG_S)
+        link.call(protocol.Bye(), timeout=HANG_S)
         link.close()
     dropped = [line for line in Path(log_path).read_text().splitlines() if "'doomed' dropped" in line]
     assert dropped and "runs cancelled" in dropped[0] and " 0 runs cancelled" not in dropped[0], dropped
@@ -408,8 +425,9 @@ def test_one_clients_first_call_compiling_does_not_hold_up_another_clients_calls
     )
     got = finish(calling)
     finish(compiling)
-    # Compiled on the dispatcher thread, the first call after it began waited for the whole compile.
-    assert got["calls"] >= 5, got
+    # A call was answered and the compile still ran after it. Compiled on the dispatcher thread, the first
+    # call after it began waited for the whole compile: the loop then stopped after that one call.
+    assert got["calls"] >= 2, got
 
 
 def test_a_service_that_dies_leaves_its_clients_a_clear_error_and_a_way_back(tmp_path):
@@ -604,11 +622,7 @@ def test_bad_input_and_a_stale_connection_file_say_what_to_do(tmp_path):
         pw.connect(str(stale))
     with pytest.raises(pw.PathwaysError, match=re.escape("`pw.keep` needs a connection to a Pathways service")):
         pw.keep("state", {"w": 1.0})
-    mine = tmp_path / "mine.json"  # a service this process serves: connecting to it would wait on itself
-    mine.write_text(json.dumps({"transport": "tcp", "ip": "127.0.0.1", "port": 1, "key": "k",
-                                "signature_scheme": "hmac-sha256", "pid": os.getpid()}))
-    with pytest.raises(pw.PathwaysError, match=r"runs in this very process .* a process cannot also be its client"):
-        pw.connect(str(mine))
+    # (A process may serve and be a client of its own service: tests/test_service_layer.py.)
 
 
 def test_a_cancel_and_a_priority_reach_the_nodes_the_service_has_queued(service):
@@ -630,25 +644,28 @@ def test_a_cancel_and_a_priority_reach_the_nodes_the_service_has_queued(service)
 
         chain.submit(a, mode="chained").wait()           # compiled and warm
         me = lambda: next(c for c in pw.clients() if c.you)
-        t = me().device_time_s
-        f(a).result()
-        node_s = me().device_time_s - t
         out = {}
 
+        def in_the_service(runs):                         # until the service has counted one more run of ours
+            deadline = time.monotonic() + 120             # (a hang guard)
+            while me().runs == runs:
+                assert time.monotonic() < deadline, "the service never got the run"
+                time.sleep(0.001)
+
         # Cancel: a program's 40 nodes go to the service in one burst; a cancel drops those still queued there.
-        before = me().nodes
+        before = me()
         run = chain.submit(a, mode="chained")
-        time.sleep(4 * node_s)                            # (a few have run)
+        in_the_service(before.runs)
         run.cancel()
         f(a).result()                                     # after what the service still had of it
-        out["cancelled_ran"] = me().nodes - before - 1
+        out["cancelled_ran"] = me().nodes - before.nodes - 1
 
         # Priority: an urgent call passes this client's own work queued at the service before it.
-        before = me().nodes
+        before = me()
         backlog = chain.submit(a, mode="chained")
-        time.sleep(4 * node_s)
+        in_the_service(before.runs)
         f.program.submit(a, priority=10).wait()
-        out["ran_when_urgent_done"] = me().nodes - before
+        out["ran_when_urgent_done"] = me().nodes - before.nodes
         backlog.wait()
         print(json.dumps(out))
         """,
