@@ -1,21 +1,26 @@
-"""Run every benchmark, write JSON results and the Markdown tables of benchmarks/README.md.
+"""Run every benchmark, write JSON results and the results table at the top of benchmarks/README.md.
 
-    python benchmarks/run_all.py                 # everything (~5 minutes on a 2-core CPU machine)
-    python benchmarks/run_all.py --only dispatch,parity
-    python benchmarks/run_all.py --render-only   # README tables from the JSON already in results/
-    python benchmarks/run_all.py --quick         # every script's --quick mode: a smoke test of about a minute
+    python benchmarks/run_all.py                 # everything; rewrites the README's results table
+    python benchmarks/run_all.py --only dispatch,parity   # those rows only; the other rows are kept
+    python benchmarks/run_all.py --quick         # every script's --quick mode: a smoke test of about two minutes
+    python benchmarks/run_all.py --quick --write-readme   # ... and its (quick-marked) figures into the table
+    python benchmarks/run_all.py --render-only   # the table again from the JSON already in results/
 
 Each benchmark runs in its own process (a fresh controller and JAX runtime;
 on a GPU, one process holds the device at a time) with this Python, so the
 same command works in the project's virtual environment and on a bare
 machine whose Python has only jax and numpy (``PYTHONPATH=.``): peers,
 py-spy and Chromium are optional and reported as missing. Results go to
-``benchmarks/results/<name>_<platform>.json``; the tables go between the
-``run_all:<platform>`` markers of benchmarks/README.md (one block per
-platform, so a CPU run and a GPU run sit side by side). ``--quick`` runs
-each script's own ``--quick`` mode (tiny sizes, few rounds): its figures
-only show that everything runs, so its results go to a temporary folder
-(or ``--results``) and the README is left alone.
+``benchmarks/results/<name>_<platform>.json`` (git-ignored). The targets are
+evaluated on them (benchmarks/targets.py: one place for every target) and the
+table goes between the ``results:start`` / ``results:end`` markers of
+benchmarks/README.md, nothing else in the README touched; a row is one figure on
+one machine, so a GPU run's rows sit beside a CPU run's. Every benchmark's detailed
+tables are printed (``--tables FILE`` writes them to a file as well).
+``--quick`` runs each script's own ``--quick`` mode (tiny sizes, few rounds):
+its figures only show that everything runs, so its results go to a temporary
+folder (or ``--results``) and the README is left alone unless ``--write-readme``
+(the rows then say ``--quick`` in their date, and the caption says so).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from pathlib import Path
 
 import common
 import report
+import targets
 
 BENCH = common.ROOT / "benchmarks"
 README = BENCH / "README.md"
@@ -57,15 +63,28 @@ STEPS: dict[str, tuple[str, list[str], int]] = {
 }
 
 
-def detect_platform(env: dict) -> str:
-    """The platform JAX picks, asked in a child process (the parent never holds the device)."""
-    out = subprocess.run(
-        [sys.executable, "-c", "import pw_kernel, jax; print(jax.devices()[0].platform)"],
-        capture_output=True, text=True, env=env, cwd=common.ROOT, timeout=300,
-    )
+def detect_machine(env: dict) -> dict:
+    """The platform JAX picks, its device kind and count, and the host's cores, asked in a child process
+    (the parent never holds the device)."""
+    code = ("import json, os, pw_kernel, jax; d = jax.devices(); print(json.dumps({'platform': d[0].platform, "
+            "'device_kind': d[0].device_kind, 'devices': len(d), 'cores': os.cpu_count()}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=common.ROOT,
+                         timeout=300)
     if out.returncode:
         raise SystemExit(f"run_all: cannot start JAX here:\n{out.stderr[-2000:]}")
-    return out.stdout.strip().splitlines()[-1]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def detect_platform(env: dict) -> str:
+    """The platform JAX picks (see `detect_machine`)."""
+    return detect_machine(env)["platform"]
+
+
+def write_table(results: Path, platform: str, status: dict | None, readme: Path = README) -> list[dict]:
+    """Evaluate the targets on ``platform``'s results and rewrite the README's results table; the rows."""
+    rows = targets.rows(results, platform, status)
+    targets.write_readme(readme, rows, status)
+    return rows
 
 
 def run_step(name: str, platform: str, env: dict, quick: bool, results: Path) -> dict:
@@ -107,11 +126,17 @@ def main(argv=None) -> None:
     ap.add_argument("--only", default=None, help="comma-separated subset of: " + ", ".join(STEPS))
     ap.add_argument("--skip", default="", help="comma-separated steps to leave out")
     ap.add_argument("--quick", action="store_true",
-                    help="each script's --quick mode: tiny sizes, few rounds (a smoke test); leaves the README alone")
+                    help="each script's --quick mode: tiny sizes, few rounds (a smoke test); leaves the README alone "
+                         "unless --write-readme")
     ap.add_argument("--results", default=None,
                     help="folder for the JSON results (default: benchmarks/results; with --quick a temporary one)")
-    ap.add_argument("--render-only", action="store_true", help="only rebuild the README tables from results/")
+    ap.add_argument("--render-only", action="store_true",
+                    help="run nothing: the README's results table (and the printed tables) from the JSON in --results")
+    ap.add_argument("--write-readme", action="store_true",
+                    help="with --quick: write its figures into the README's results table too (marked --quick)")
     ap.add_argument("--no-readme", action="store_true", help="do not touch benchmarks/README.md")
+    ap.add_argument("--readme", default=str(README), help=argparse.SUPPRESS)  # another copy (tests)
+    ap.add_argument("--tables", default=None, help="also write every benchmark's detailed Markdown tables to this file")
     ap.add_argument("--platform", default=None, help="with --render-only: which results to render (default: all)")
     args = ap.parse_args(argv)
 
@@ -126,6 +151,8 @@ def main(argv=None) -> None:
         results = common.RESULTS
     results.mkdir(parents=True, exist_ok=True)
 
+    readme = Path(args.readme)
+    tables: list[str] = []
     if args.render_only:
         platforms = [args.platform] if args.platform else sorted(
             {p.stem.rsplit("_", 1)[-1] for p in results.glob("*_*.json") if not p.stem.startswith("run_all")}
@@ -133,8 +160,14 @@ def main(argv=None) -> None:
         for platform in platforms:
             status_path = results / f"run_all_{platform}.json"
             status = json.loads(status_path.read_text()) if status_path.exists() else None
-            report.update_readme(README, platform, report.render(platform, results, status))
-            print(f"rendered {platform} tables into {README.relative_to(common.ROOT)}")
+            md = report.render(platform, results, status)
+            print(md)
+            tables.append(md)
+            if not args.no_readme:
+                write_table(results, platform, status, readme)
+                print(f"rendered {platform} results into the table of {readme}")
+        if args.tables:
+            Path(args.tables).write_text("\n".join(tables))
         return
 
     names = args.only.split(",") if args.only else list(STEPS)
@@ -142,11 +175,13 @@ def main(argv=None) -> None:
     unknown = [n for n in [*names, *skip] if n not in STEPS]
     if unknown:
         raise SystemExit(f"run_all: unknown benchmark(s) {unknown}; choose from {list(STEPS)}")
-    platform = detect_platform(env)
+    machine = detect_machine(env)
+    platform = machine["platform"]
     started = time.time()
     status = {
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "platform": platform,
+        "machine": machine,
         "loadavg_start": common.loadavg(),
         "quick": args.quick,
         "steps": {},
@@ -162,12 +197,17 @@ def main(argv=None) -> None:
     common.write_json(results / f"run_all_{platform}.json", status)
     md = report.render(platform, results, status)
     print("\n" + md)
-    if args.quick:
-        print(f"\nrun_all --quick: smoke-test figures, README left alone ({status['wall_s']:.0f} s in all)")
-    elif not args.no_readme:
-        report.update_readme(README, platform, md)
-        print(f"\nrun_all: tables written to {README.relative_to(common.ROOT)} ({status['wall_s']:.0f} s in all)")
-
+    if args.tables:
+        Path(args.tables).write_text(md)
+    rows = targets.rows(results, platform, status)
+    print("\nTargets (benchmarks/targets.py):")
+    for r in rows:
+        print(f"  {r['met']}  {r['figure']}: {r['measured']} (target {r['target']})")
+    if args.no_readme or (args.quick and not args.write_readme):
+        print(f"\nrun_all{' --quick' if args.quick else ''}: README left alone ({status['wall_s']:.0f} s in all)")
+    else:
+        targets.write_readme(readme, rows, status)
+        print(f"\nrun_all: results table written to {readme} ({status['wall_s']:.0f} s in all)")
 
 if __name__ == "__main__":
     main()
