@@ -31,7 +31,7 @@ class RunLock:
     """The controller's lock: re-entrant, and a run made final under it wakes its waiters once it is let go.
 
     A thread that reports steps finished holds their arrays until it leaves the lock
-    (`Completion._finish` drops them inside it): a waiter woken earlier could find them still
+    (`Completion._complete` drops them inside it): a waiter woken earlier could find them still
     alive. So `Controller._retire` asks `wake_later`, and the outermost release (or a
     `threading.Condition` wait on it, which releases it wholly) wakes them.
 

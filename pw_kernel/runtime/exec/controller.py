@@ -30,7 +30,7 @@ from ..run import Run, RunLink, RunLock
 from ..trace.graph import ProgramGraph
 from .callback_logs import quiet_while
 from .completion import Completion
-from .dispatcher import Dispatcher
+from .dispatcher import Dispatcher, Failed
 from .events import EventLog
 from .history import RunHistory
 from .interrupts import interrupts_deferred
@@ -280,30 +280,29 @@ class Controller:
         """Call a new run's only step on this thread and report what it did (lock held; `Lifecycle.lone_args`).
 
         False (nothing done, the run still new) where its step needs the dispatch loop. Computed
-        inside its call, the run is reported `ran` from "new": new, queued, running and done in one
-        transition. Otherwise it is started, then reported sent (completion takes it) or failed.
+        inside its call, the run is completed here and reported `ran` from "new": new, queued,
+        running and done in one transition (`Completion.complete_computed`). Otherwise it is
+        started, then reported sent (completion takes it) or failed.
         """
         life = self.lifecycle
         with interrupts_deferred:  # a Ctrl-C between the call and its report would lose the step
             try:
-                outcome = self.dispatcher.call_one(rec, rec.plan.steps[0], args)
+                sent = self.dispatcher.call_one(rec, rec.plan.steps[0], args)
+                if sent is None:
+                    return False
+                if type(sent) is not Failed:
+                    first = None if on_computed is None else (lambda out: self._computed(rec, on_computed, out))
+                    if self.completion.complete_computed(sent, first):
+                        return True
             except Exception as e:  # a bug of ours: fail the run, keep the controller alive
-                outcome = ("failed", None, e)
-            if outcome is None:
-                return False
-            kind, now = outcome[0], time.time()
-            if kind == "ran":
-                if on_computed is not None:
-                    self._computed(rec, on_computed, outcome[2])
-                self._apply(life.handle(rec, "ran", now, 1, *outcome[1:]))
-                return True
+                sent = Failed(None, e)
+            now = time.time()
             self._apply(life.handle(rec, "start", rec.submitted_at))
-            if kind == "failed":
-                self._apply(life.handle(rec, "step_failed", now, *outcome[1:]))
+            if type(sent) is Failed:
+                self._apply(life.handle(rec, "step_failed", now, sent.step, sent.error))
                 return True
-            per_island, published, cost, item = outcome[1:]
-            self._apply(life.handle(rec, "dispatched", now, 1, per_island, published, cost))
-            self.completion.add(([item], per_island, published), lone=True)  # its caller completes it, waiting
+            self._apply(life.handle(rec, "dispatched", now, sent.cursor, sent.per_island, sent.published, sent.cost))
+            self.completion.add(sent, lone=True)  # its caller completes it, waiting
             return True
 
     @staticmethod
@@ -504,7 +503,7 @@ class Controller:
 
     def _retire(self, run: Run) -> None:
         """A run became final: keep its outputs among the most recent, forget old runs, and wake its waiters
-        once this thread lets go of the lock (and of what it held of the run's arrays: `Completion._finish`)."""
+        once this thread lets go of the lock (and of what it held of the run's arrays: `Completion._complete`)."""
         done_reading(run.record)
         self.lock.pending.append(run)  # woken once this thread lets go of the lock (`RunLock`)
         if self.lifecycle.validate:

@@ -15,14 +15,14 @@ import logging
 import os
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import jax
 
 from ..core.records import FINAL, Work
 from ..errors import ArgumentError
 from ..trace.compiled import has_collectives
-from .completion import BATCH, Completion, probe_of
+from .completion import BATCH, Batch, Completion, Item, probe_of
 from .events import EventLog, NodeEvent
 from .interrupts import interrupts_deferred
 from .port import Port
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from ..core.records import RunRecord
     from ..remote.client import Bursts
     from ..core.runahead import RunAhead
+    from .plan import Step
 
 # A submitting thread dispatches this many steps itself, or for one flush interval if that is more,
 # before the dispatcher thread takes over: a run of tiny nodes dispatched whole inline is completed
@@ -38,6 +39,13 @@ if TYPE_CHECKING:
 _INLINE_STEPS = 64
 _NONE_SENT = (0, 0, 0)  # an island with nothing sent yet in this burst: [steps, with collectives, with callbacks]
 _FLUSH_NS = 1_000_000  # or sooner: no node waits more than 1 ms to be watched (the timeline's resolution)
+
+
+class Failed(NamedTuple):
+    """`Dispatcher.call_one`'s answer when a lone run's only step raised in its call (`Port.failed`)."""
+
+    step: Step | None  # None: a bug of ours
+    error: BaseException
 
 
 def _compile_key(st) -> tuple | None:
@@ -212,11 +220,13 @@ class Dispatcher:
             try:
                 rec = work.rec
                 st = rec.plan.steps[0] if work.inline and rec.total == 1 else None
-                outcome = None if st is None else self.call_one(rec, st, [rec.slots[i] for i in st.ins])
-                if outcome is None:
+                sent = None if st is None else self.call_one(rec, st, [rec.slots[i] for i in st.ins])
+                if sent is None:
                     self._dispatch(work, inline=True)
+                elif type(sent) is Failed:
+                    self.port.failed(rec, sent.step, sent.error)
                 else:
-                    self._report_one(rec, outcome)
+                    self._hand_over(sent, lone=True)
             except Exception as e:  # a bug of ours: fail the run, keep the controller alive
                 self.port.failed(work.rec, None, e)
         if self.port.has_work():
@@ -309,37 +319,36 @@ class Dispatcher:
             sent[1] += exe.collectives
             sent[2] += st.host_callbacks
             # Its NodeEvent is made once complete, with all its times (the watcher's thread, off this loop).
-            batch.append((rec, st, self.seq, t, outs))
+            batch.append(Item(rec, st, self.seq, t, outs))
             k += 1
             cost += exe.cost
             if inline and t >= inline_until and k - start >= _INLINE_STEPS:
                 break  # the submitting thread's share: the rest is the dispatcher thread's
             if len(batch) >= BATCH or t >= flush_at:
-                self._hand_over(rec, k, sent_on, published, cost, batch)
+                self._hand_over(_batch(rec, batch, k, sent_on, published, cost))
                 batch, sent_on, published, cost = [], {}, [], 0
                 flush_at = t + _FLUSH_NS
         if batch or k != rec.cursor:
             # Inline and the run's last steps: the caller completes them when it waits for the outputs.
-            self._hand_over(rec, k, sent_on, published, cost, batch, lone=inline and k >= n_steps)
+            self._hand_over(_batch(rec, batch, k, sent_on, published, cost), lone=inline and k >= n_steps)
         elif self.bursts.islands:
             self.bursts.flush()  # a failed first step may have buffered its executable's load
         if failed is not None:
             with self.lock:
                 port.failed(rec, *failed)
 
-    def call_one(self, rec: RunRecord, st, args) -> tuple | None:
-        """Call a lone run's only step on its submitting thread (lock held); what happened, for its report.
+    def call_one(self, rec: RunRecord, st, args) -> Batch | Failed | None:
+        """Call a lone run's only step on its submitting thread (lock held); what it sent, for its report.
 
         What `_dispatch` does for the commonest interactive call (one compiled function on
         arrays), without its loop's set-up. None (nothing done) where the step needs the
         loop: a first call (compiled first), host callbacks, or its devices' run-ahead bound.
         A step on a remote island is sent here (its request leaves before the run is reported
         started: the reports overlap the island's work). Its credit is not asked again: the
-        lifecycle found it in this lock hold. Returns ``("ran", per_island, published, cost,
-        events)`` when it computed inside its call (completed here), ``("sent", per_island,
-        published, cost, item)`` when it is still computing (its item is completion's once
-        reported), ``("failed", step, error)`` when it raised. The caller reports it: this
-        returns rather than calls back up.
+        lifecycle found it in this lock hold. Returns the batch it sent, which the caller
+        completes if it computed inside its call (`Completion.complete_computed`), else reports
+        dispatched and hands over; or `Failed`, which the caller reports. This returns rather
+        than calls back up.
         """
         exe = st.exe
         if exe.compile_first or st.host_callbacks:
@@ -359,29 +368,14 @@ class Dispatcher:
         except Exception as e:
             if ns:
                 gate.untake(st, ns)
-            return ("failed", st, e)
+            return Failed(st, e)
         if exe.probe is None and not remote:
             exe.probe = probe_of(args, outs)
         self.seq += 1
-        cost = exe.cost  # (what it was charged at: completing it below learns its new time)
         published = [(j, outs[pos]) for j, pos in st.publishes]
-        item = (rec, st, self.seq, t, outs)
-        per_island = ((st.island, 1, exe.collectives, 0),)
-        event = None if remote else self.completion.complete_one(item)
-        if event is not None:
-            return ("ran", per_island, published, cost, (event,))
-        return ("sent", per_island, published, cost, item)
-
-    def _report_one(self, rec: RunRecord, outcome: tuple) -> None:
-        """Report what `call_one` did for a run already started (lock held)."""
-        kind = outcome[0]
-        if kind == "failed":
-            self.port.failed(rec, *outcome[1:])
-        elif kind == "ran":
-            self.port.ran(rec, 1, *outcome[1:])
-        else:
-            per_island, published, cost, item = outcome[1:]
-            self._report(rec, 1, per_island, published, cost, [item], lone=True)
+        # (charged what it was estimated at: completing it learns its new time)
+        return Batch(rec, [Item(rec, st, self.seq, t, outs)], 1, ((st.island, 1, exe.collectives, 0),), published,
+                     exe.cost)
 
     def _compile_aside(self, rec: RunRecord, k: int, args: list) -> None:
         """Compile step ``k``'s executable before its first call, with the run's later ones, on a thread of its own.
@@ -473,10 +467,8 @@ class Dispatcher:
             self._compilers = concurrent.futures.ThreadPoolExecutor(self.compile_threads, "pw-compile")
         return self._compilers
 
-    def _hand_over(
-        self, rec: RunRecord, cursor: int, sent_on: dict, published: list, cost: int, batch: list, lone: bool = False
-    ) -> None:
-        """Report steps dispatched, then give them to the watcher (in that order: credit is counted first).
+    def _hand_over(self, batch: Batch, lone: bool = False) -> None:
+        """Report steps dispatched, then give them to completion (in that order: credit is counted first).
 
         ``lone``: dispatched inline by the submitting thread, which completes them when it waits,
         or here if they have computed already (it holds the lock until its call returns, so no
@@ -484,16 +476,15 @@ class Dispatcher:
         """
         if self.bursts.islands:
             self.bursts.flush()  # the remote steps among them go to their islands' mailboxes now
-        per_island = tuple((island, *counts) for island, counts in sent_on.items())
         with self.lock:
-            if lone and batch and self.completion.complete_computed((batch, per_island, published), cursor, cost):
+            if lone and batch.items and self.completion.complete_computed(batch):
                 return  # reported as run (`ran`): sent and finished
-            self._report(rec, cursor, per_island, published, cost, batch, lone)
+            self.port.dispatched(batch.rec, batch.cursor, batch.per_island, batch.published, batch.cost)
+            if batch.items:
+                # What completion reports of them is what was counted here, unless one fails.
+                self.completion.add(batch, lone)
 
-    def _report(self, rec: RunRecord, cursor: int, per_island: tuple, published: list, cost: int, batch: list,
-                lone: bool = False) -> None:
-        """Report steps dispatched up to ``cursor`` (lock held), then give their ``batch`` to completion."""
-        self.port.dispatched(rec, cursor, per_island, published, cost)
-        if batch:
-            # What completion reports of them is what was counted here, unless one fails.
-            self.completion.add((batch, per_island, published), lone)
+
+def _batch(rec: RunRecord, items: list, cursor: int, sent_on: dict, published: list, cost: int) -> Batch:
+    """What a burst sent of ``rec``'s steps, up to ``cursor``, counted per island from ``sent_on``."""
+    return Batch(rec, items, cursor, tuple((island, *counts) for island, counts in sent_on.items()), published, cost)
