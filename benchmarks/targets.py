@@ -148,7 +148,7 @@ TARGETS: tuple[Target, ...] = (
            "training loop: saving every 10 steps, pw / orbax's async `CheckpointManager`, steps/s", ">=", 0.95),
     # service.py
     Target("service", "waited_call.ratio",
-           "service: waited 1-node call through the service / (raw ZeroMQ round trip + local call)", "<=", 2.0),
+           "service: waited 1-node call through the service / (raw ZeroMQ round trip + local call)", "<=", 1.5),
     Target("service", "shares.ratio", "service: device-time shares of clients weighted 2:1, heavy / light", "in",
            (1.9, 2.1), unit=""),
     Target("service", "shares.both_nodes_per_s / shares.alone_nodes_per_s",
