@@ -25,6 +25,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import operator
 from typing import Any
 
 from ..runtime.extend import ErrorEnvelope
@@ -37,9 +38,12 @@ def message(cls):
     """A typed message: a frozen, slotted dataclass that pickles as its class and its fields (cheaply)."""
     cls = dataclasses.dataclass(frozen=True, slots=True)(cls)
     names = tuple(f.name for f in dataclasses.fields(cls))
+    get = operator.attrgetter(*names) if names else None  # (C: a tuple of the fields when there are several)
 
     def __reduce__(self):  # (a frozen slotted dataclass's own pickling sets each field again: ~3x slower)
-        return cls, tuple(getattr(self, n) for n in names)
+        if len(names) > 1:
+            return cls, get(self)
+        return cls, (get(self),) if names else ()
 
     cls.__reduce__ = __reduce__
     return cls
@@ -71,7 +75,7 @@ class Failed:
 @message
 class RunReply:
     """A `RunMany`'s answer: each node's (start, end) on the service's clock; (index, `ErrorEnvelope`) of
-    the node that failed, or None; outputs of at most `wire.INLINE_BYTES` by handle (read without asking
+    the node that failed, or None; outputs of at most `runs.INLINE_BYTES` by handle (read without asking
     again); what nodes that call the host wrote, by index: [(stream, text), ...]."""
 
     times: list

@@ -30,11 +30,19 @@ from collections.abc import Callable
 import jax
 
 from ..runtime import Future, PathwaysError
-from ..runtime.extend import ErrorEnvelope
+from ..runtime.extend import ErrorEnvelope, to_wire
 from .callbacks import expected as expected_output
 from .clients import Client
 from .protocol import RunReply
-from .wire import small_values
+
+#: Outputs up to this size come back with their run's reply (`.result()` then needs no request): a loss read
+#: right after its step costs no second round trip.
+INLINE_BYTES = 1024
+
+
+def small_values(handles: list, arrays: list) -> dict:
+    """``{handle: value}`` of the ``arrays`` of at most INLINE_BYTES, as `to_wire` packs them."""
+    return {h: to_wire(a) for h, a in zip(handles, arrays) if a.size * a.dtype.itemsize <= INLINE_BYTES}
 
 
 def buffer(c: Client, handle: int):

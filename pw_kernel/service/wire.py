@@ -210,18 +210,6 @@ def _array(data, dtype: str, shape: tuple) -> np.ndarray:
     return np.frombuffer(data, dtype=kind).reshape(shape)
 
 
-#: Outputs up to this size come back with their run's reply (`.result()` then needs no request): a loss read
-#: right after its step costs no second round trip.
-INLINE_BYTES = 1024
-
-
-def small_values(handles: list, arrays: list) -> dict:
-    """``{handle: value}`` of the ``arrays`` of at most INLINE_BYTES, as `to_wire` packs them."""
-    from ..runtime.extend import to_wire
-
-    return {h: to_wire(a) for h, a in zip(handles, arrays) if a.size * a.dtype.itemsize <= INLINE_BYTES}
-
-
 def send(sock, frames: list) -> None:
     """Send ``frames`` as one message: a frame at a time (`send_multipart`'s checks double a small message's
     cost); big frames (arrays) without a copy."""
@@ -238,9 +226,9 @@ def recv(sock, flags: int = 0) -> list:
     return frames
 
 
-# zmq.NOBLOCK, zmq.SNDMORE and zmq.RCVMORE as plain ints: their enum flags cost a few µs on each use, and
+# zmq.NOBLOCK, SNDMORE, RCVMORE, EVENTS and POLLIN as plain ints: their enum flags cost a few µs on each use, and
 # this module imports zmq only where it runs a socket.
-NOBLOCK, _SNDMORE, _RCVMORE = 1, 2, 13
+NOBLOCK, _SNDMORE, _RCVMORE, _EVENTS, _POLLIN = 1, 2, 13, 15, 1
 
 
 def address(info: dict) -> str:
@@ -313,19 +301,12 @@ class Hub:
                 events = dict(poller.poll(wait))
                 if self._rfd in events:
                     os.read(self._rfd, 65536)
-                while True:
-                    try:
-                        frames = self._out.get_nowait()
-                    except queue.Empty:
-                        break
-                    send(sock, frames)
+                out = self._out
+                while not out.empty():  # (asked, not tried: an exception per turn costs more than the send)
+                    send(sock, out.get_nowait())
                 if sock in events:
-                    while True:
-                        try:
-                            frames = recv(sock, NOBLOCK)
-                        except zmq.Again:
-                            break
-                        self._guard(self.on_frames, frames)
+                    while sock.get(_EVENTS) & _POLLIN:  # (asked, not tried, as above)
+                        self._guard(self.on_frames, recv(sock, NOBLOCK))
                 if monitor is not None and monitor in events:
                     while True:
                         try:

@@ -300,6 +300,11 @@ class RemoteIsland:
             except queue.Empty:
                 items = []
             self._asleep = False
+            if items == [None]:  # woken by a free: a call within FREE_AFTER_S carries it (no wake per step)
+                try:
+                    items = [box.get(timeout=FREE_AFTER_S)]
+                except queue.Empty:
+                    items = []
             while not box.empty():
                 items.append(box.get())
             bursts = [b for b in items if b is not None]
