@@ -66,7 +66,14 @@ x = f(jnp.zeros(4))
 x.result()  # the warm-up: traced, exported, loaded and compiled
 x = f(x)
 x.result()  # one warm call more, so that no thread is still busy with the first
-time.sleep(0.1)  # (the watcher's polls and the service's bookkeeping of the last call settle)
+from pw_kernel.runtime.extend import FINAL
+
+ctrls = [pw.controller()] + ([svc.ctrl] if walk == "service" else [])
+deadline = time.monotonic() + 60  # (only against a hang: what is waited for is a state)
+while not all(not any(st.inflight.values()) and all(r.state in FINAL for r in st.runs)
+              for st in (c.status() for c in ctrls)):  # every run of both controllers final, nothing in flight
+    assert time.monotonic() < deadline, [c.status() for c in ctrls]
+    time.sleep(0.001)
 on = True
 f(x).result()
 on = False
