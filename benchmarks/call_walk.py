@@ -13,7 +13,10 @@ Follows one warm one-node call (`f(x).result()` on a compiled function) with
   through others (every import counted, as `tests/test_layout.py` draws the
   tree): a dispatcher calling the controller back, a lifecycle calling the
   run-ahead gate it was handed. A walk with none goes down the import tree
-  and comes back only by returning: down and back once.
+  and comes back only by returning: down and back once. The one way up that
+  is designed, and not counted, is the controller's effect applier that
+  execution's `Port` was handed (`exec/port.py` -> `Controller._apply`): a
+  report's effects are carried out in one place (docs/architecture.md).
 
 ``--cell`` follows a rerun ``%%pathways --block`` cell instead (needs IPython).
 ``--show`` prints the file sequence and each upward call. ``--quick`` changes
@@ -78,7 +81,9 @@ def figures(seen: list[tuple[str, str, str]]) -> dict:
     stack: list[tuple[str, str]] = []
     for event, f, name in seen:
         if event == "call":
-            if stack and stack[-1][0] != f and f not in imports.get(stack[-1][0], ()):
+            designed = (stack and stack[-1][0].endswith("exec/port.py") and f.endswith("exec/controller.py")
+                        and name == "_apply")  # (the applier the port was handed: see the module's docstring)
+            if stack and stack[-1][0] != f and f not in imports.get(stack[-1][0], ()) and not designed:
                 upward.append(f"{stack[-1][0]}:{stack[-1][1]} -> {f}:{name}")
             stack.append((f, name))
         elif stack:
