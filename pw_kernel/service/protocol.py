@@ -167,14 +167,8 @@ class Load:
 
 
 @message
-class LoadShipped:
-    """A node that calls the host: its pickled Python (`runtime.remote.shipped`)."""
-
-    key: str
-    blob: bytes
-    layout: tuple
-    in_specs: list
-    out_specs: list
+class LoadShipped(Load):
+    """A node that calls the host: its pickled Python (`runtime.remote.shipped`), with `Load`'s fields."""
 
 
 @message
