@@ -79,6 +79,7 @@ def test_a_finished_run_beyond_the_window_is_forgotten_oldest_first_and_a_run_in
         for _ in range(600):  # meanwhile, on the other island
             x = inc(x)
         np.testing.assert_array_equal(np.asarray(pw.get(x)), np.full(4, 600.0))
+        c.run(600).wait()  # (its value can be read a moment before the run is final: then it is in flight too)
         ids = [r.id for r in c.runs]
         assert ids == sorted(ids) and ids[-1] == 600
         if not long.done():  # (a machine 50x slower than this one would finish it first)
