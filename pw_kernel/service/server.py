@@ -153,10 +153,6 @@ class Service:
         log.info("pw_kernel service: %d %s devices, connection file %s", len(self.devices), self.info["platform"],
                  self.path)
 
-    @property
-    def clients(self):
-        return self.state.clients
-
     @staticmethod
     def _check_not_running(path: str) -> None:
         try:
