@@ -28,11 +28,11 @@ ENV = {**os.environ, "JAX_PLATFORMS": "cpu", "PW_NUM_CPU_DEVICES": "8", "PW_VALI
 HANG_S = 120  # a guard against hangs only
 
 
-def _start_service(path, log_path) -> subprocess.Popen:
+def _start_service(path, log_path, *args: str, env: dict | None = None) -> subprocess.Popen:
     log = open(log_path, "w")  # noqa: SIM115 - the service writes its log there for as long as it runs
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pw_kernel", "serve", "--connection-file", str(path)],
-        stdout=log, stderr=subprocess.STDOUT, env=ENV,
+        [sys.executable, "-m", "pw_kernel", "serve", "--connection-file", str(path), *args],
+        stdout=log, stderr=subprocess.STDOUT, env=ENV if env is None else env,
     )
     deadline = time.monotonic() + HANG_S
     while not _written_by(path, proc.pid):  # (a stale file of a killed service may be there before)

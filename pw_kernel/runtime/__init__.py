@@ -53,6 +53,7 @@ from .futures import Future, get
 from .profiling import Profile
 from .program import Program
 from .remote.client import RemoteArray
+from .remote.put import put
 from .run import Run
 from .trace.compiled import CompiledFunction
 from .trace.graph import Edge, Node, ProgramGraph, Value
@@ -81,6 +82,7 @@ __all__ = [
     "Config",
     "Island",
     "RemoteArray",
+    "put",
     "VirtualSlice",
     "add_ray_islands",
     "devices",

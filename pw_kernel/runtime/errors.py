@@ -75,6 +75,11 @@ class AdmissionError(PathwaysError, MemoryError):
     """A run needs more device memory than its devices have, even with nothing else running."""
 
 
+class NodeAdmissionError(NodeError, AdmissionError):
+    """A node its island refused for memory (a client over its `pw.connect(memory=...)` share): caught as
+    `pw.NodeError` (which node, which run) and as `pw.AdmissionError` (why)."""
+
+
 class ControllerShutdownError(PathwaysError, RuntimeError):
     """The controller was shut down before the run finished."""
 

@@ -38,6 +38,7 @@ from .remote.actor import from_wire, to_wire
 from .remote.client import RemoteIsland
 from .remote.link import ErrorEnvelope, Link
 from .remote.node_output import RoutedOutput
+from .remote.put import remote_slice
 from .remote.shipped import callback_failure
 from .run import pace
 from .trace.executables import calling_node
@@ -75,6 +76,7 @@ __all__ = [
     "hold",
     # a remote island over another transport (the Pathways service's ZeroMQ link), and how values cross it
     "RemoteIsland",
+    "remote_slice",
     "Link",
     # a compiled function run by a controller other than the process's (the service's own)
     "Compiled",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..errors import InputFailedError, NodeError, describe_cause
+from ..errors import AdmissionError, InputFailedError, NodeAdmissionError, NodeError, describe_cause
 from .records import OutputCell, RunRecord
 
 if TYPE_CHECKING:
@@ -45,7 +45,8 @@ def node_error(rec: RunRecord, step: Step | None, exc: BaseException) -> NodeErr
             where = f"{node.source[0]}, line {node.source[1]}"
     src = f"\n  at {where}" if where else ""
     step_name = step.name if step is not None else "<dispatcher>"
-    err = NodeError(
+    kind = NodeAdmissionError if isinstance(exc, AdmissionError) else NodeError
+    err = kind(
         f"node {step_name!r} of program {rec.program!r} (run {rec.id}, {rec.name!r}) failed: "
         f"{describe_cause(exc)}{src}",
         run_id=rec.id,
