@@ -31,6 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     srv.add_argument("--connection-file", default=None, metavar="PATH",
                      help="where to write the connection file (default: pw-service.json in Jupyter's runtime dir)")
+    srv.add_argument("--state", default=None, metavar="DIR",
+                     help="where kept trees (pw.keep) are written, to survive a restart of the service "
+                     "(default: <connection file name>-state beside the connection file)")
     srv.add_argument("--ip", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this host only)")
     srv.add_argument("--devices", type=int, default=None, metavar="N",
                      help="simulated CPU devices when there is no accelerator (default 8)")
@@ -70,7 +73,7 @@ def _serve(args, parser) -> int:
     logging.getLogger("pw_kernel.service").setLevel(logging.INFO)  # clients coming and going, refusals
     from .service import serve
 
-    serve(args.connection_file, ip=args.ip)
+    serve(args.connection_file, ip=args.ip, state_dir=args.state)
     return 0
 
 

@@ -45,7 +45,15 @@ Design
   it disconnects, or misses heartbeats for a few seconds (killed), its queued
   runs are cancelled and its buffers freed. `pw.keep(name, tree)` moves
   buffers under a name of the user's, which `pw.kept(name)` hands to any later
-  client as fresh handles on the same devices.
+  client as fresh handles on the same devices. Kept trees outlive the service
+  too (`store.py`): each is written with orbax-checkpoint to its state folder
+  (``serve --state DIR``; default ``<connection file name>-state`` beside the
+  file) before `pw.keep` returns, whole or not at all, and read back onto the
+  same devices when a service starts again there. A notebook whose service
+  was killed and started again goes on after `pw.connect()`: its island is
+  rebound to the new process (`session._rebind`, `RemoteIsland.rebind`), so its
+  slices and compiled functions work as before (each executable sent again on
+  first use), and an array made before says it is gone and what to re-run.
 * **Latency**: a small waited call crosses no thread of pw's own. A client
   sends its requests from the thread that makes them (one socket, under a
   lock); replies come back on a socket of their own that the thread waiting
@@ -106,11 +114,15 @@ __all__ = ["clients", "connect", "disconnect", "keep", "kept", "serve", "stats",
 _CLIENT = ("clients", "connect", "disconnect", "keep", "kept", "stats", "unkeep")
 
 
-def serve(connection_file: str | None = None, *, background: bool = False, ip: str = "127.0.0.1"):
+def serve(connection_file: str | None = None, *, background: bool = False, ip: str = "127.0.0.1",
+          state_dir: str | bool | None = None):
     """Start the Pathways service in this process: it owns this process's devices and serves clients.
 
     ``background=True`` returns the `Service` at once (``.stop()`` ends it);
     otherwise serves until Ctrl-C or SIGTERM, then removes the connection file.
+    Kept trees (`pw.keep`) are written to ``state_dir`` (default: a folder
+    beside the connection file, ``<its name>-state``; ``False``: memory only)
+    and come back when a service starts again with the same folder.
 
     Example::
 
@@ -120,12 +132,14 @@ def serve(connection_file: str | None = None, *, background: bool = False, ip: s
     """
     from .server import Service
 
-    svc = Service(connection_file, ip=ip, owns_process=not background)
+    svc = Service(connection_file, ip=ip, owns_process=not background, state_dir=state_dir)
     if background:
         return svc
     given = "" if connection_file is None else repr(svc.path)
     print(f"pw_kernel service: {len(svc.devices)} {svc.info['platform']} devices, pid {svc.info['pid']}", flush=True)
     print(f"Connection file: {svc.path}", flush=True)
+    if svc.state_dir is not None:
+        print(f"Kept trees: {svc.state_dir} ({len(svc.state.kept)} restored)", flush=True)
     print(f"Notebooks connect with: pw.connect({given})   (Ctrl-C stops the service)", flush=True)
     import signal
     import threading

@@ -237,7 +237,18 @@ class Handlers:
                 if h not in c.buffers:
                     raise PathwaysError(f"`pw.keep({msg.name!r}, ...)`: buffer {h} is not this client's")
                 kept.append(("a", c.buffers[h], shape, dtype, layout, spec))
-        self.state.kept[(c.user, msg.name)] = Kept(kept, msg.treedef, c.tenant)
+        k = self.state.kept[(c.user, msg.name)] = Kept(kept, msg.treedef, c.tenant)
+        store = self.state.store
+        if store is not None:  # (written before the reply: a keep that returned survives the service's death)
+            try:
+                store.save(c.user, msg.name, k)
+            except Exception as e:
+                raise PathwaysError(
+                    f"`pw.keep({msg.name!r}, ...)`: kept in the service, but not written to {store.directory} "
+                    f"({type(e).__name__}: {e}): it will not survive a restart of the service. Free disk space "
+                    f"there, or keep fewer or smaller arrays, and keep it again."
+                ) from e
+
 
     def kept(self, c: Client, msg: KeptTree, reply):
         kept = self.state.kept
@@ -256,5 +267,7 @@ class Handlers:
         c.buffers.update(zip(msg.handles, arrays))
 
     def unkeep(self, c: Client, msg: Unkeep, reply) -> bool:
-        return self.state.kept.pop((c.user, msg.name), None) is not None
+        gone = self.state.kept.pop((c.user, msg.name), None) is not None
+        store = self.state.store
+        return (store is not None and store.remove(c.user, msg.name)) or gone
 

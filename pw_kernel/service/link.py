@@ -62,7 +62,8 @@ class ServiceLink:
 
     again = (
         "start the service again if it stopped (`python -m pw_kernel serve`), then call `pw.connect()` again "
-        "(kept trees live as long as the service does)"
+        "(slices and compiled functions go on there; kept trees come back, `pw.kept(name)`, from the service's "
+        "state folder)"
     )
 
     def __init__(self, path: str, info: dict):
@@ -287,7 +288,7 @@ class ServiceLink:
         if self.island is not None:  # (connected: a closed connection now is the service going away)
             self.lose(
                 f"the service (pid {self.info.get('pid')}, connection file {self.path}) closed its connection: "
-                f"it stopped or was killed. Arrays that lived there, kept ones included, are gone"
+                f"it stopped or was killed. Arrays that lived there are gone (kept trees are on its disk)"
             )
 
     def _on_tick(self) -> None:
@@ -298,7 +299,8 @@ class ServiceLink:
         if quiet > SERVICE_LOST_AFTER_S:
             self.lose(
                 f"the service (pid {self.info.get('pid')}, connection file {self.path}) has not answered for "
-                f"{quiet:.0f} s: it stopped or was killed. Arrays that lived there, kept ones included, are gone"
+                f"{quiet:.0f} s: it stopped or was killed. Arrays that lived there are gone (kept trees are on its "
+                f"disk)"
             )
 
     def lose(self, why: str) -> IslandLostError:

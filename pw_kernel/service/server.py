@@ -53,6 +53,7 @@ from .protocol import (
     RunMany,
 )
 from .state import ServiceState, StoryRow
+from .store import KeptStore
 from .wire import Hub, Messages, default_connection_file, new_key, read_connection_file, send, write_connection_file
 
 log = logging.getLogger("pw_kernel.service")
@@ -109,7 +110,8 @@ class Service:
         svc.stop()               # removes it
     """
 
-    def __init__(self, connection_file: str | None = None, *, ip: str = "127.0.0.1", owns_process: bool = False):
+    def __init__(self, connection_file: str | None = None, *, ip: str = "127.0.0.1", owns_process: bool = False,
+                 state_dir: str | bool | None = None):
         import zmq
 
         configure_cpu_devices()
@@ -134,6 +136,13 @@ class Service:
         self.heap = Heap() if owns_process else None
         collect = self.heap.collect_soon if self.heap is not None else gc.collect
         self.state = ServiceState(self.ctrl, self.devices, collect, self._pool.submit)
+        # Kept trees live on disk too (`store.py`): the ones a killed service kept come back before anyone connects.
+        if state_dir is None:
+            state_dir = os.path.splitext(self.path)[0] + "-state"
+        self.state_dir = os.path.abspath(os.path.expanduser(state_dir)) if state_dir else None
+        self.state.store = KeptStore.open(self.state_dir, self.devices)
+        if self.state.store is not None:
+            self.state.kept.update(self.state.store.restore())
         self.handlers = Handlers(self.state, self._pool)
         self._inbox = Inbox()
         # The state is the holder's of `_lock`: the worker's, or the socket thread's for a quick request

@@ -162,6 +162,9 @@ def connect(connection_file: str | None = None, *, name: str | None = None, weig
                 f"this process has {len(jax.devices())}. Start it with PW_NUM_CPU_DEVICES={n} and JAX_PLATFORMS=cpu "
                 f"(a client needs no accelerator)."
             )
+        rebound = _rebind(link, hello, (t0 + t1) // 2 - remote_now, weight)
+        if rebound is not None:  # (the service restarted: this process's island goes on in it)
+            return rebound
         remote = RemoteIsland(link, hello, (t0 + t1) // 2 - remote_now)
         link.island = remote
         _conn = Session(link, remote, None, hello["tenant"], float(weight))
@@ -225,10 +228,11 @@ def _check_alive(path: str, info: dict) -> None:
 
 
 def _disconnect_locked() -> bool:
-    global _conn
+    global _conn, _lost
     c, _conn = _conn, None
     if c is None:
         return False
+    _lost = None if c.alive else c  # (its service went away: the next `connect` may rebind its island)
     if c.alive:
         try:
             c.link.call(Bye(), timeout=2.0)
@@ -239,6 +243,48 @@ def _disconnect_locked() -> bool:
         c.controller.default_island = None
     c.link.close()
     return True
+
+
+#: The session whose service went away, while `connect` may still rebind its island to the next service.
+_lost: Session | None = None
+
+
+def _rebind(link: ServiceLink, hello: dict, offset_ns: int, weight: float) -> Session | None:
+    """After the service restarted: the session that lost it goes on there, its island the same, or None.
+
+    Its slices stay valid and its compiled functions send their executables again on first use
+    (`RemoteIsland.rebind`); arrays made before say they are gone and what to re-run. Only for the same
+    connection file, a new service process and the same controller; a service of another device count or
+    platform raises, and the next `pw.connect()` connects afresh.
+    """
+    global _conn, _lost
+    old, _lost = _lost, None
+    if old is None or old.link.path != link.path or hello["pid"] == old.remote.info["pid"]:
+        return None
+    ctrl = old.controller
+    if ctrl is not controller() or not any(i is old.island for i in ctrl.islands):
+        return None
+    was, now = old.remote.info, hello
+    if len(now["devices"]) != len(was["devices"]) or now["platform"] != was["platform"]:
+        link.call(Bye(), timeout=10)
+        link.close()
+        raise PathwaysError(
+            f"`pw.connect`: the service restarted with {len(now['devices'])} {now['platform']} devices (pid "
+            f"{now['pid']}), where the one before had {len(was['devices'])} {was['platform']} (pid {was['pid']}): "
+            f"this notebook's slices and compiled functions on island {old.island.id} cannot come back. Call "
+            f"`pw.connect()` again (it connects afresh), then `pw.init()` and re-run the cells that make them."
+        )
+    names = link.call(KeptTree(None), timeout=30)
+    again = (
+        "Re-run the cell that made it; trees kept with `pw.keep` are back in the new service: get them with "
+        f"`pw.kept(name)` (kept now: {names})."
+    )
+    old.remote.rebind(link, hello, offset_ns, again)
+    old.link, old.tenant, old.weight = link, hello["tenant"], float(weight)
+    ctrl.events.island_names[old.island.id] = f"island {old.island.id} (service pid {hello['pid']})"
+    ctrl.default_island = old.island.id
+    _conn = old
+    return old
 
 
 def disconnect() -> bool:
@@ -301,6 +347,8 @@ def keep(name: str, tree: Any) -> None:
                 f"Keep what programs computed there (futures, or arrays from `pw.kept`), and Python numbers or "
                 f"strings; to keep a local array, pass it through a `pw.compiled` function on a slice first."
             )
+        if x.generation != c.remote.generation:
+            raise c.remote.stale(x, f"`pw.keep({name!r}, tree)`, leaf {i}")
         x.block_until_ready()  # (made by a run that the service has seen: its handle names a buffer there)
         mesh = x.sharding.mesh
         layout = (tuple(mesh.devices.shape), tuple(mesh.axis_names), tuple(range(mesh.devices.size)))

@@ -115,6 +115,7 @@ class ServiceState:
         self.profiling: tuple | None = None  # (tenant, trace folder, anchor) of a client's open `pw.profile()`
         self._collect = collect
         self._retiring = retiring  # where a dropped client's leftovers are retired (a pool's submit)
+        self.store = None  # the kept trees on disk (`store.KeptStore`), when the service has a state folder
 
     def describe(self) -> dict:
         d = self.devices

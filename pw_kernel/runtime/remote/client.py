@@ -155,6 +155,8 @@ class RemoteIsland:
         # after FREE_AFTER_S (one message fewer per call; a list: append and slice-delete are atomic).
         self._frees: list[int] = []
         self._asleep = False  # the mailbox thread waits with no timeout: a free must wake it
+        # `rebind` bumps the generation; each one's process id, and how to get an older one's arrays back.
+        self.generation, self.pids, self.again = 0, [info.get("pid")], ""
 
     @property
     def actor(self):
@@ -169,6 +171,27 @@ class RemoteIsland:
         ticket = _Ticket(self)
         ticket.answered(([(0, 0)], None))
         return RemoteArray(self, handle, shape, dtype, sharding, ticket, 0, slice_)
+
+    def rebind(self, link: Link, info: dict, offset_ns: int, again: str = "") -> None:
+        """Go on through ``link`` to a new process with the same devices (a restarted service): the same island,
+        so its slices and compiled functions stay usable (each executable is sent again on first use);
+        arrays made before raise `stale`, whose message ends with ``again``."""
+        with self._lock:  # (what was queued for the lost process goes first, failing at once, to the old link)
+            self._idle.wait_for(lambda: not self._sending and self._posted == self._sent, timeout=10)
+            self.link, self.info, self.offset_ns, self._direct, self.again = link, info, offset_ns, link.direct, again
+            self.loaded.clear()
+            del self._frees[:]  # (the old process's handles: nothing to free in the new one)
+            self.pids.append(info.get("pid"))
+            self.generation, self.error, self.alive = self.generation + 1, None, True
+        link.island = self
+
+    def stale(self, x: RemoteArray, what: str) -> IslandLostError:
+        """The error for ``x``, an array of an older generation (it lived in the process before a restart)."""
+        return IslandLostError(
+            f"{what}: this array ({x.dtype.name}{list(x.shape)}) lived on island {self.island.id} before its process "
+            f"restarted (pid {self.pids[x.generation]} -> {self.pids[-1]}, {self._where()}): it went with that "
+            f"process. {self.again}"
+        )
 
     def check(self, api: str) -> None:
         if not self.alive:
@@ -446,7 +469,8 @@ def _layout(sharding, isl: RemoteIsland) -> tuple:
 class RemoteArray:
     """A handle to a buffer living on a remote island; ready when its actor call has run."""
 
-    __slots__ = ("island", "handle", "shape", "dtype", "sharding", "ticket", "index", "slice", "_local", "__weakref__")
+    __slots__ = ("island", "handle", "shape", "dtype", "sharding", "ticket", "index", "slice", "_local", "generation",
+                 "__weakref__")
 
     def __init__(
         self, island: RemoteIsland, handle: int, shape, dtype, sharding, ticket: _Ticket, index: int = 0, slice_=None
@@ -460,6 +484,7 @@ class RemoteArray:
         self.index = index  # ... and which of its nodes
         self.slice = slice_  # the VirtualSlice it was placed on, when made outside a run (a program input then)
         self._local = None
+        self.generation = island.generation  # (an older one than its island's: made before a restart)
 
     @property
     def ndim(self) -> int:
@@ -498,6 +523,8 @@ class RemoteArray:
         array, or a typed PRNG key on this process's default device."""
         isl = self.island
         isl.check("fetch")
+        if self.generation != isl.generation:
+            raise isl.stale(self, "Fetching it (`.result()`, `np.asarray`)")
         if isl.bursts:  # empty off the dispatching thread: what made this value was handed over
             isl.bursts.flush()
         handle = self.handle
@@ -521,7 +548,8 @@ class RemoteArray:
         return out if dtype is None else out.astype(dtype)
 
     def __del__(self) -> None:
-        self.island.free(self.handle)
+        if self.generation == self.island.generation:  # (else its process, and the buffer, are gone)
+            self.island.free(self.handle)
 
     def __repr__(self) -> str:
         return f"RemoteArray({self.dtype.name}{list(self.shape)}, handle={self.handle}, {self.island!r})"
@@ -589,6 +617,9 @@ class RemoteCall:
     def __call__(self, *args):
         isl = self.island
         isl.check("dispatch")
+        for a in args:
+            if a.generation != isl.generation:
+                raise isl.stale(a, "A call with it (a `pw.compiled` function or a program)")
         self._ensure_loaded()
         out_ids = [isl.new_handle() for _ in self.out_values]
         # The args (RemoteArrays) ride along until sent, so their buffers outlive the call.
@@ -614,6 +645,8 @@ class RemoteTransfer:
             return [jax.device_put(x.fetch(), want)]
         dst = self.dst
         dst.check("transfer")
+        if isinstance(x, RemoteArray) and x.generation != x.island.generation:
+            raise x.island.stale(x, "Moving it to another slice")
         handle = dst.new_handle()
         layout, spec = _layout(want, dst), spec_tuple(want)
         if isinstance(x, RemoteArray) and x.island is dst:  # a reshard inside the island
