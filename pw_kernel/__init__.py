@@ -92,7 +92,7 @@ __version__ = "0.1.0"
 #: The views, imported on first use: they need the notebook stack (anywidget), the runtime does not.
 _VIEWS = ("show_mesh", "timeline", "show_pipeline")
 #: The Pathways service's client calls, imported on first use (they need pyzmq and jupyter_client when called).
-_SERVICE = ("connect", "disconnect", "clients", "keep", "kept")
+_SERVICE = ("connect", "disconnect", "clients", "pool", "keep", "kept")
 
 # The documented API, grouped as the README's "API" section lists it (tests/test_runtime_contract.py
 # checks the two agree), at most 64 names: the contract's calls (the service, pw.log, pw.profile) fill it.
@@ -139,6 +139,7 @@ __all__ = [
     "connect",
     "disconnect",
     "clients",
+    "pool",
     "keep",
     "kept",
     # views

@@ -13,7 +13,9 @@ from IPython.core.error import UsageError
 
 from ..runtime import Future, PathwaysError, Program, ProgramGraph, Run, controller
 from ..train import checkpoint_lines
-from ..widgets import devices_view, graph_view, message_view, run_view, status_view, story_view, timeline_view
+from ..widgets import (
+    clients_view, devices_view, graph_view, message_view, run_view, status_view, story_view, timeline_view,
+)
 from .live import Progress, in_kernel, wait_for, widgets_here
 from .reporting import FailureReporter
 from .tracebacks import Presenter
@@ -164,7 +166,7 @@ class LineCommands:
         return message_view(f"pw_kernel: {conn!r}. `pw.slice(n)` now places slices on the service's devices.")
 
     def clients(self, target):
-        from ..service import clients
+        from ..service.session import clients  # (`service.clients` is also a module's name)
 
         if target is not None:
             raise UsageError("`%pathways clients` takes no argument.")
@@ -172,12 +174,7 @@ class LineCommands:
             rows = clients()
         except PathwaysError as e:
             raise UsageError(f"`%pathways clients`: {e}") from None
-        lines = [
-            f"{'*' if c.you else ' '} {c.name:<20} weight {c.weight:<5g} device time {c.device_time_s:8.3f} s  "
-            f"runs {c.runs:<7} pid {c.pid}"
-            for c in rows
-        ]
-        return message_view(f"pw_kernel service clients ({len(rows)}; * is this kernel):\n" + "\n".join(lines))
+        return clients_view(rows)
 
     def disconnect(self, target):
         from ..service import disconnect

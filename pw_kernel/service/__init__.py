@@ -109,13 +109,13 @@ from __future__ import annotations
 
 import importlib as _importlib
 
-__all__ = ["clients", "connect", "disconnect", "keep", "kept", "serve", "stats", "unkeep"]
+__all__ = ["clients", "connect", "disconnect", "keep", "kept", "pool_data", "serve", "stats", "unkeep"]
 
-_CLIENT = ("clients", "connect", "disconnect", "keep", "kept", "stats", "unkeep")
+_CLIENT = ("clients", "connect", "disconnect", "keep", "kept", "pool_data", "stats", "unkeep")
 
 
 def serve(connection_file: str | None = None, *, background: bool = False, ip: str = "127.0.0.1",
-          state_dir: str | bool | None = None):
+          state_dir: str | bool | None = None, dashboard: int | None = None):
     """Start the Pathways service in this process: it owns this process's devices and serves clients.
 
     ``background=True`` returns the `Service` at once (``.stop()`` ends it);
@@ -123,6 +123,8 @@ def serve(connection_file: str | None = None, *, background: bool = False, ip: s
     Kept trees (`pw.keep`) are written to ``state_dir`` (default: a folder
     beside the connection file, ``<its name>-state``; ``False``: memory only)
     and come back when a service starts again with the same folder.
+    ``dashboard=PORT`` also serves the pool view (`pw.pool()`'s) as a web page
+    on http://127.0.0.1:PORT/ (0: a free port; `dashboard.py`), read-only.
 
     Example::
 
@@ -132,7 +134,7 @@ def serve(connection_file: str | None = None, *, background: bool = False, ip: s
     """
     from .server import Service
 
-    svc = Service(connection_file, ip=ip, owns_process=not background, state_dir=state_dir)
+    svc = Service(connection_file, ip=ip, owns_process=not background, state_dir=state_dir, dashboard=dashboard)
     if background:
         return svc
     given = "" if connection_file is None else repr(svc.path)
@@ -140,6 +142,8 @@ def serve(connection_file: str | None = None, *, background: bool = False, ip: s
     print(f"Connection file: {svc.path}", flush=True)
     if svc.state_dir is not None:
         print(f"Kept trees: {svc.state_dir} ({len(svc.state.kept)} restored)", flush=True)
+    if svc.dashboard is not None:
+        print(f"Dashboard: {svc.dashboard.url}   (the pool's devices and clients; this host only)", flush=True)
     print(f"Notebooks connect with: pw.connect({given})   (Ctrl-C stops the service)", flush=True)
     import signal
     import threading

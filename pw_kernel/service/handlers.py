@@ -41,6 +41,7 @@ from .protocol import (
     KeptTree,
     Load,
     LoadShipped,
+    Pool,
     ProfileStart,
     ProfileStop,
     Put,
@@ -49,6 +50,7 @@ from .protocol import (
     Stats,
     Unkeep,
 )
+from .pool import pool_data
 from .runs import buffer, submit, value_of
 from .state import ServiceState
 
@@ -66,7 +68,7 @@ class Handlers:
             Put: self.put, Reshard: self.reshard, Get: self.get, Colocated: self.colocated,
             Free: self.free, Cancel: self.cancel, Stats: self.stats, ProfileStart: self.profile_start,
             ProfileStop: self.profile_stop, Bye: self.bye, Clients: self.clients, Keep: self.keep,
-            KeptTree: self.kept, Adopt: self.adopt, Unkeep: self.unkeep,
+            KeptTree: self.kept, Adopt: self.adopt, Unkeep: self.unkeep, Pool: self.pool,
         }
 
     def handle(self, c: Client, msg: Any, reply: Callable) -> Any:
@@ -226,6 +228,11 @@ class Handlers:
             }
             for x in self.state.clients
         ]
+
+    def pool(self, c: Client, msg: Pool, reply) -> dict:
+        """What the pool did lately: every client's nodes, named (they are all this user's: `pool.py`)."""
+        st = self.state
+        return pool_data(st.pool_record, st.clients, st.devices, int(msg.since_ns), you=c)
 
     def keep(self, c: Client, msg: Keep, reply) -> None:
         kept = []

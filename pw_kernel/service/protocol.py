@@ -128,6 +128,15 @@ class Stats:
 
 
 @message
+class Pool:
+    """What the pool did lately (`pool.pool_data`): devices, every client (named: all are this user's), and the
+    node spans that end at or after ``since_ns`` (the service's clock; 0: all kept; < 0: the last ``-since_ns`` ns
+    of activity), with share samples."""
+
+    since_ns: int = 0
+
+
+@message
 class Keep:
     name: str
     leaves: list  # ("a", handle, shape, dtype, layout, spec) or ("c", constant)

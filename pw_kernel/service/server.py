@@ -52,6 +52,8 @@ from .protocol import (
     Request,
     RunMany,
 )
+from .dashboard import Dashboard
+from .pool import pool_data
 from .state import ServiceState, StoryRow
 from .store import KeptStore
 from .wire import Hub, Messages, default_connection_file, new_key, read_connection_file, send, write_connection_file
@@ -111,7 +113,7 @@ class Service:
     """
 
     def __init__(self, connection_file: str | None = None, *, ip: str = "127.0.0.1", owns_process: bool = False,
-                 state_dir: str | bool | None = None):
+                 state_dir: str | bool | None = None, dashboard: int | None = None):
         import zmq
 
         configure_cpu_devices()
@@ -161,6 +163,13 @@ class Service:
         write_connection_file(self.path, self.info)
         log.info("pw_kernel service: %d %s devices, connection file %s", len(self.devices), self.info["platform"],
                  self.path)
+        self.dashboard: Dashboard | None = None  # the pool as a web page on 127.0.0.1 (`dashboard.py`), if asked
+        if dashboard is not None:
+            try:
+                self.dashboard = Dashboard(self.pool_data, dashboard)
+            except PathwaysError:
+                self.stop()
+                raise
 
     @staticmethod
     def _check_not_running(path: str) -> None:
@@ -180,6 +189,15 @@ class Service:
             f"`pw.serve`: a service (pid {pid}) already runs with connection file {path}. Connect to it "
             f"(`pw.connect()`), stop it first, or serve with another file (`--connection-file PATH`)."
         )
+
+    def pool_data(self, since_ns: int = 0) -> dict:
+        """What the pool did lately (`pool.pool_data`), read in this process: what the dashboard serves.
+
+        Example::
+
+            svc.pool_data()["clients"]       # [{"name": "trainer", "share": 0.6, ...}, ...]
+        """
+        return pool_data(self.state.pool_record, self.state.clients, self.devices, since_ns)
 
     def story(self, stimulus: str) -> list[StoryRow]:
         """How one request went: ``stimulus`` is ``"<client's tenant>-<request id>"``.
@@ -272,6 +290,7 @@ class Service:
     def _on_event(self, ev) -> None:
         if isinstance(ev, NodeEvent) and ev.kind != "compile":  # (device time is running time)
             self.state.on_node_time(ev.tenant, max(0, ev.end - ev.start))
+            self.state.pool_record.on_node(ev)  # (a few appends: the pool's view, `pool.py`)
 
     # ------------------------------------------------------------ the worker thread
     def _work(self) -> None:
@@ -324,6 +343,8 @@ class Service:
         if self.stopped.is_set():
             return
         self.stopped.set()
+        if self.dashboard is not None:
+            self.dashboard.stop()
         self._inbox.close()
         self._worker.join(5)
         with self._lock:

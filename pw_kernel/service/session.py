@@ -29,7 +29,7 @@ from ..runtime import ArgumentError, Future, PathwaysError, ProtocolError, Remot
 from ..runtime import TimeoutError as PathwaysTimeout
 from ..runtime.extend import Controller, RemoteIsland, on_controller_replaced
 from .link import ServiceLink
-from .protocol import PROTOCOL_VERSION, Adopt, Bye, Clients, Clock, Keep, KeptTree, Stats, Unkeep
+from .protocol import PROTOCOL_VERSION, Adopt, Bye, Clients, Clock, Keep, KeptTree, Pool, Stats, Unkeep
 from .wire import address, read_connection_file
 
 log = logging.getLogger("pw_kernel.service")
@@ -310,6 +310,42 @@ def clients() -> list[ClientInfo]:
     """
     c = _connection("pw.clients")
     return [ClientInfo(**d) for d in c.link.call(Clients(), timeout=30)]
+
+
+def pool(*, window_s: float = 30.0, every_s: float = 1.0):
+    """A live view of the whole pool: a lane per service device with every client's nodes, shares, queues, memory.
+
+    Bars are coloured by client (the legend gives name and weight); below them each
+    client's share of the pool's device time per second, runs queued and bytes held.
+    Every client's work is shown, named: all clients of a service are the same user
+    (the connection file is theirs alone; every message is signed with its key).
+    The view follows the latest ``window_s`` seconds of activity and asks the
+    service again every ``every_s`` seconds while it is displayed.
+
+    Example::
+
+        pw.connect(name="eval")
+        pw.pool()          # why did my step wait? the trainer's bars on the same devices say
+    """
+    if not (isinstance(window_s, (int, float)) and window_s > 0 and isinstance(every_s, (int, float)) and every_s > 0):
+        raise ArgumentError(
+            f"`pw.pool(window_s=..., every_s=...)` take positive seconds; got window_s={window_s!r}, every_s={every_s!r}."
+        )
+    c = _connection("pw.pool")
+    from ..widgets.pool import PoolWidget
+
+    return PoolWidget(lambda since_ns: c.link.call(Pool(int(since_ns)), timeout=30), window_s=window_s, every_s=every_s)
+
+
+def pool_data(since_ns: int = 0) -> dict:
+    """What the pool did lately, as the plain dict `pw.pool()` draws (`pool.pool_data` says its keys).
+
+    Example::
+
+        d = pool_data()
+        {c["name"]: c["memory_bytes"] for c in d["clients"]}
+    """
+    return _connection("pw_kernel.service.pool_data").link.call(Pool(int(since_ns)), timeout=30)
 
 
 def _check_name(api: str, name: Any) -> None:

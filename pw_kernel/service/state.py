@@ -34,6 +34,7 @@ from jax.sharding import Mesh
 
 from ..runtime import ProtocolError
 from .clients import Client, Kept, retire
+from .pool import PoolRecord
 from .protocol import PROTOCOL_VERSION, Hello
 
 log = logging.getLogger("pw_kernel.service")
@@ -111,6 +112,7 @@ class ServiceState:
         self.kept: dict[tuple[str, str], Kept] = {}
         self.slices: dict[tuple, Any] = {}
         self.story = RequestStory()
+        self.pool_record = PoolRecord(ctrl.events.epoch)  # what the pool did lately (`pool.py`)
         self.refused = 0
         self.profiling: tuple | None = None  # (tenant, trace folder, anchor) of a client's open `pw.profile()`
         self._collect = collect

@@ -2,6 +2,8 @@
 
 * `show_mesh` / `MeshWidget`: a device mesh with axis names, or where every shard of an array lives.
 * `timeline` / `TimelineWidget`: a lane per device and per transfer path, a bar per node, live.
+* `PoolWidget` (`pw.pool()`): a Pathways service's whole pool, live: a lane per device with every client's
+  nodes, a legend of clients, shares, queues and memory (``pool.py``; the service's dashboard serves it too).
 * `show_pipeline`: a timeline of pipelined steps with their per-slice bubble and live activations beside it.
 * `RunWidget`: a run's state, nodes done / total, elapsed time, error and a mini timeline, live.
 * `MetricsPlot` / `metrics_svg`: a curve per metric `pw.log` records, against step, live.
@@ -12,7 +14,7 @@
 * `static_timeline`: the one static timeline renderer (``timeline_html.py``): node events as SVG in
   HTML, the full picture or a run's mini timeline; every static timeline of every view is its picture.
 * `run_view`, `timeline_view`, `status_view`, `devices_view`, `graph_view`, `failure_view`,
-  `message_view`, `progress_line` (``views.py``): what the notebook front shows where no widget can be,
+  `message_view`, `clients_view`, `progress_line` (``views.py``): what the notebook front shows where no widget can be,
   as HTML with a plain-text fallback; `WithText` shows a widget with such a text.
 * `ticker`: the one refresh mechanism of every live view (``_ticker.py``); `describe_outputs`: a cell's
   bound names as rows of type and sharding.
@@ -39,6 +41,7 @@ _EXPORTS = {
     "show_mesh": ".mesh",
     "TimelineWidget": ".timeline_widget",
     "timeline": ".timeline_widget",
+    "PoolWidget": ".pool",
     "RunWidget": ".run",
     "MetricsPlot": ".metrics",
     "metrics_svg": ".metrics",
@@ -56,6 +59,7 @@ _EXPORTS = {
     "static_timeline": ".timeline_html",
     "View": ".views",
     "WithText": ".views",
+    "clients_view": ".views",
     "devices_view": ".views",
     "failure_view": ".views",
     "graph_view": ".views",
@@ -80,12 +84,14 @@ if TYPE_CHECKING:
     from .mesh import MeshWidget, show_mesh
     from .metrics import MetricsPlot, metrics_svg
     from .pipeline import show_pipeline, stats_html
+    from .pool import PoolWidget
     from .run import RunWidget
     from .timeline_html import static_timeline
     from .timeline_widget import TimelineWidget, timeline
     from .views import (
         View,
         WithText,
+        clients_view,
         devices_view,
         failure_view,
         graph_view,
@@ -114,10 +120,12 @@ __all__ = [
     "GraphWidget",
     "GraphvizError",
     "MeshWidget",
+    "PoolWidget",
     "RunWidget",
     "TimelineWidget",
     "View",
     "WithText",
+    "clients_view",
     "describe_outputs",
     "devices_view",
     "display_graph",

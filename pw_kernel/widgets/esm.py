@@ -21,6 +21,7 @@ PARTS: dict[str, tuple[str, ...]] = {
     "metrics": ("metrics.js",),
     "run": ("run.js",),
     "timeline": ("timeline_store.js", "timeline_draw.js", "timeline.js"),
+    "pool": ("timeline_store.js", "timeline_draw.js", "pool.js"),  # the timeline's lanes and bars, its own view
 }
 
 

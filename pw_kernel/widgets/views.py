@@ -184,6 +184,24 @@ def message_view(text: str) -> View:
     return View(text, _page(f"<div>{esc(text)}</div>"))
 
 
+def clients_view(clients: Sequence[Any]) -> View:
+    """A Pathways service's clients (`pw.clients()`) as a table: HTML in a notebook, aligned text in a terminal.
+
+    Example::
+
+        clients_view(pw.clients())      # `%pathways clients` shows this
+    """
+    headers = ["", "client", "weight", "device time", "runs", "nodes", "pid", "connected for"]
+    rows = [
+        ["*" if c.you else "", str(c.name), f"{c.weight:g}", f"{c.device_time_s:.3f} s", str(c.runs), str(c.nodes),
+         str(c.pid), f"{c.connected_s:.0f} s"]
+        for c in clients
+    ]
+    head = f"pw_kernel service clients ({len(rows)}; * is this kernel)"
+    body = f"<div><b>{esc(head)}</b></div>" + _table(headers, [[esc(x) for x in r] for r in rows])
+    return View(f"{head}:\n{_text_table(headers, rows)}", _page(body))
+
+
 # --------------------------------------------------------------------- graph
 def graph_view(graph) -> View:
     """The program's dataflow graph: summary and SVG via graphviz ``dot``, else the install hint and DOT source.
