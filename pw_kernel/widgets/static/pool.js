@@ -45,13 +45,18 @@ function render({ model, el }) {
   plot.appendChild(canvas);
   const util = h("div", "pw-tl-util");
   body.append(labels, plot, util);
+  const hint = h(
+    "div",
+    "pw-tl-hint",
+    "time before the latest node (0) · a bar: one node of a client, in its colour · hover: client, device, duration",
+  );
   const sharesBox = h("div", "pw-pool-shares");
   const sharesCaption = h("div", "pw-sub");
   const sharesCanvas = h("canvas");
   sharesBox.append(sharesCaption, sharesCanvas);
   const table = h("table", "pw-pool-table");
   const tip = h("div", "pw-tip");
-  root.append(head, error, legend, body, sharesBox, table, tip);
+  root.append(head, error, legend, body, hint, sharesBox, table, tip);
   el.appendChild(root);
 
   const rects = new Rects();
