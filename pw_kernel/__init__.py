@@ -64,6 +64,7 @@ from .runtime import (
     islands,
     profile,
     program,
+    put,
     shutdown,
     slice,  # noqa: A004
 )
@@ -104,6 +105,7 @@ __all__ = [
     "VirtualSlice",
     "add_ray_islands",
     "RemoteArray",
+    "put",
     "init",
     "shutdown",
     "Config",

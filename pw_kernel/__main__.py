@@ -80,5 +80,10 @@ def _serve(args, parser) -> int:
     return 0
 
 
+def serve_main(argv: list[str] | None = None) -> int:
+    """``pw-serve [...]``: ``python -m pw_kernel serve [...]`` with the Python it was installed with."""
+    return main(["serve", *(sys.argv[1:] if argv is None else argv)])
+
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -26,7 +26,8 @@ import jax.numpy as jnp
 import pytest
 
 import pw_kernel as pw
-from pw_kernel.service.pool import PoolRecord, held_bytes, pool_data
+from pw_kernel.service.memory import Buffers
+from pw_kernel.service.pool import PoolRecord, pool_data
 
 HANG_S = 120  # a guard against hangs only
 ENV = {**os.environ, "JAX_PLATFORMS": "cpu", "PW_NUM_CPU_DEVICES": "8", "PW_VALIDATE": "0"}
@@ -251,15 +252,21 @@ def test_pool_data_counts_memory_queues_and_clients_gone():
     record.add(0, 1_000, 5_000, "alice")
     record.add(1, 2_000, 3_000, "bob")  # bob has gone: his bars stay, named
     x = jnp.zeros((256,), jnp.float32)
+    buffers = Buffers()
+    buffers.update({1: x, 2: x, 3: jnp.ones(8)})
     alice = types.SimpleNamespace(
-        tenant="alice", weight=2.0, live={object(), object()}, buffers={1: x, 2: x, 3: jnp.ones(8)},
+        tenant="alice", weight=2.0, live={object(), object()}, buffers=buffers, memory=None,
         device_ns=4_000, runs=3, nodes=3, pid=11,
     )
     devices = [types.SimpleNamespace(id=0, platform="cpu"), types.SimpleNamespace(id=1, platform="cpu")]
     data = pool_data(record, [alice], devices, since_ns=0, you=alice)
     clients = _by_name(data)
     assert clients["alice"]["queued"] == 2 and clients["alice"]["you"]
-    assert clients["alice"]["memory_bytes"] == 256 * 4 + 8 * 4 == held_bytes(alice.buffers)  # x counted once
+    assert clients["alice"]["memory_bytes"] == 256 * 4 + 8 * 4  # x, under two handles, counted once
+    buffers.pop(1)
+    assert buffers.held.total == 256 * 4 + 8 * 4  # ... and held while a handle holds it
+    buffers.pop(2)
+    assert buffers.held.total == 8 * 4
     assert clients["bob"]["connected"] is False
     assert data["spans"]["client"] == [0, 1] and data["latest_ns"] == 5_000
     assert [d["label"] for d in data["devices"]] == ["cpu:0", "cpu:1"]

@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .memory import Buffers
+
 log = logging.getLogger("pw_kernel.service")
 
 #: A client not heard from for this long is gone (its runs cancelled, its buffers freed).
@@ -36,7 +38,10 @@ class Client:
         self.user = user
         self.pid = pid
         self.gone = False  # dropped: what it still had running is answered to nobody
-        self.buffers: dict[int, Any] = {}  # handle -> jax.Array or this controller's Future
+        self.buffers = Buffers()  # handle -> jax.Array or this controller's Future, bytes counted per device
+        self.memory: int | None = None  # bytes it may hold on each device (`pw.connect(memory=...)`)
+        self.out_bytes: dict[str, dict[int, int]] = {}  # export key -> its outputs' bytes per device
+        self.puts = 0  # arrays sent to it from the client (`Put`: a placement, or a transfer node)
         self.shipped: dict[str, Any] = {}  # key -> the NodeSink of a node that calls the host (`callbacks`)
         self.executables: dict[str, Any] = {}  # export key -> CompiledFunction on a service slice
         self.load_errors: dict[str, str] = {}  # export key -> why it could not be loaded

@@ -27,6 +27,7 @@ from ..runtime import ArgumentError, PathwaysError
 from ..runtime.extend import Compiled, ErrorEnvelope, executions, from_wire, start_trace, to_wire
 from .callbacks import load as load_calling_host
 from .clients import Client, Kept
+from .memory import out_bytes, shard_bytes
 from .protocol import (
     PROTOCOL_VERSION,
     Adopt,
@@ -93,6 +94,8 @@ class Handlers:
             ins = tuple(PartitionSpec(*sp) for sp in msg.in_specs)
             outs = jax.tree.unflatten(exported.out_tree, [PartitionSpec(*sp) for sp in msg.out_specs])
             c.executables[msg.key] = self._compiled(c, msg.key, exported.call, msg.layout, ins, outs)
+            mesh = self.state.slice(msg.layout).mesh  # (its outputs' bytes per device: a memory share's check)
+            c.out_bytes[msg.key] = out_bytes(exported, [NamedSharding(mesh, PartitionSpec(*sp)) for sp in msg.out_specs])
 
         self._loading(c, msg.key, load)
 
@@ -118,10 +121,16 @@ class Handlers:
             raise
 
     def run_many(self, c: Client, msg: RunMany, reply) -> object:
-        try:
-            return self._runs(c, msg.ops, msg.run, reply)
-        finally:
-            self.free(c, Free(msg.frees), reply)
+        # Frees first: they are handles the client dropped before this burst (its nodes hold their own
+        # inputs alive), so a memory share's check counts without them.
+        self.free(c, Free(msg.frees), reply)
+        if c.memory is not None:
+            need: dict[int, int] = {}
+            for key, _, _ in msg.ops:
+                for d, n in c.out_bytes.get(key, {}).items():
+                    need[d] = need.get(d, 0) + n
+            c.buffers.held.admit(c.tenant, c.memory, need)
+        return self._runs(c, msg.ops, msg.run, reply)
 
     def _runs(self, c: Client, ops: list, run, reply) -> object:
         runs = submit(c, ops, run, reply, reply.stimulus)  # (the runs carry the request's stimulus as their name)
@@ -137,7 +146,11 @@ class Handlers:
     def put(self, c: Client, msg: Put, reply) -> tuple:
         start = time.perf_counter_ns()
         sharding = NamedSharding(self.state.slice(msg.layout).mesh, PartitionSpec(*msg.spec))
-        c.buffers[msg.handle] = jax.device_put(from_wire(msg.value), sharding)
+        value = from_wire(msg.value)
+        c.puts += 1
+        if c.memory is not None:
+            c.buffers.held.admit(c.tenant, c.memory, shard_bytes(sharding, value.shape, value.dtype))
+        c.buffers[msg.handle] = jax.device_put(value, sharding)
         return [(start, time.perf_counter_ns())], None
 
     def get(self, c: Client, msg: Get, reply) -> object:
@@ -184,7 +197,8 @@ class Handlers:
         live = jax.live_arrays()
         return {
             "buffers": len(c.buffers), "executables": len(c.executables), "clients": len(st.clients),
-            "all_buffers": sum(len(x.buffers) for x in st.clients), "refused": st.refused,
+            "all_buffers": sum(len(x.buffers) for x in st.clients), "refused": st.refused, "puts": c.puts,
+            "held_bytes": dict(c.buffers.held.per_device),
             "live_arrays": len(live), "live_bytes": int(sum(a.nbytes for a in live)), "kept": len(st.kept),
             "live_runs": sum(len(x.live) for x in st.clients), "status": str(st.ctrl.status()),
             "compiling": sum(1 for r in list(st.ctrl.runs) if r.compiling),
@@ -255,7 +269,6 @@ class Handlers:
                     f"({type(e).__name__}: {e}): it will not survive a restart of the service. Free disk space "
                     f"there, or keep fewer or smaller arrays, and keep it again."
                 ) from e
-
 
     def kept(self, c: Client, msg: KeptTree, reply):
         kept = self.state.kept

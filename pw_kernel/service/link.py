@@ -318,7 +318,7 @@ class ServiceLink:
                 self._turn.notify_all()
         return self.error
 
-    def hello(self, name: str | None, weight: float, timeout: float) -> dict:
+    def hello(self, name: str | None, weight: float, timeout: float, memory: int | None = None) -> dict:
         """Introduce this client: what `describe` says, and the tenant (`pw.TimeoutError` if the service is silent).
 
         A ping goes first from each socket that hears from the service, answered on that socket: a
@@ -334,7 +334,7 @@ class ServiceLink:
                 if time.monotonic() > deadline:
                     raise self._timeout(timeout)
             self._on_frames(recv(self._in))
-        hello = Hello(PROTOCOL_VERSION, name, float(weight), os.getpid(), self.reply_id, self.beats_id)
+        hello = Hello(PROTOCOL_VERSION, name, float(weight), os.getpid(), self.reply_id, self.beats_id, memory)
         return self.call(hello, timeout=timeout)
 
     def close(self) -> None:

@@ -13,7 +13,7 @@ made. Frees that ride with a burst are applied before its check.
 Example::
 
     held = Held()
-    held.add(7, {0: 4096, 1: 4096})     # buffer 7 holds 4 KiB on devices 0 and 1
+    held.add(7, id(x), {0: 4096, 1: 4096})   # buffer 7 (array x) holds 4 KiB on devices 0 and 1
     held.admit("alice", 8192, {0: 8192}) # AdmissionError: 12 KiB on device 0 > 8 KiB
     held.drop(7)
 """
@@ -95,28 +95,47 @@ def of_value(value) -> dict[int, int]:
 
 
 class Held:
-    """What one client holds on each device, kept as buffers are made and freed (never by a scan)."""
+    """What one client holds on each device, kept as buffers are made and freed (never by a scan).
 
-    __slots__ = ("per_device", "_of")
+    An array under two handles (a kept tree adopted by the client that kept it) counts once.
+    """
+
+    __slots__ = ("per_device", "_of", "_arrays")
 
     def __init__(self) -> None:
         self.per_device: dict[int, int] = {}
-        self._of: dict[int, dict[int, int]] = {}  # handle -> its bytes per device
+        self._of: dict[int, int] = {}  # handle -> the id of its array (alive while a handle holds it)
+        self._arrays: dict[int, list] = {}  # array id -> [handles to it, its bytes per device]
 
-    def add(self, handle: int, nbytes: dict[int, int]) -> None:
+    def add(self, handle: int, key: int, nbytes: dict[int, int]) -> None:
         if handle in self._of:
             self.drop(handle)
-        self._of[handle] = nbytes
+        self._of[handle] = key
+        entry = self._arrays.get(key)
+        if entry is not None:
+            entry[0] += 1
+            return
+        self._arrays[key] = [1, nbytes]
         pd = self.per_device
         for d, n in nbytes.items():
             pd[d] = pd.get(d, 0) + n
 
     def drop(self, handle: int) -> None:
-        nbytes = self._of.pop(handle, None)
-        if nbytes:
+        key = self._of.pop(handle, None)
+        if key is None:
+            return
+        entry = self._arrays[key]
+        entry[0] -= 1
+        if entry[0] == 0:
+            del self._arrays[key]
             pd = self.per_device
-            for d, n in nbytes.items():
+            for d, n in entry[1].items():
                 pd[d] -= n
+
+    @property
+    def total(self) -> int:
+        """Bytes held on all devices together."""
+        return sum(self.per_device.values())
 
     @property
     def peak(self) -> int:
@@ -154,7 +173,7 @@ class Buffers(dict):
 
     def __setitem__(self, handle: int, value) -> None:
         dict.__setitem__(self, handle, value)
-        self.held.add(handle, of_value(value))
+        self.held.add(handle, id(value), of_value(value))
 
     def update(self, pairs) -> None:
         for handle, value in (pairs.items() if isinstance(pairs, dict) else pairs):

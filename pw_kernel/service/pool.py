@@ -36,7 +36,6 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from ..runtime.extend import nbytes_of
 
 #: Node spans kept (one per node and device), the oldest first out.
 SPANS = 20_000
@@ -148,21 +147,6 @@ class PoolRecord:
             return {t: self._colours[t] for t in keep}
 
 
-def held_bytes(buffers: dict) -> int:
-    """Bytes of the arrays behind a client's handles (each array once; a Future by its shape and dtype)."""
-    seen: set[int] = set()
-    total = 0
-    for value in list(buffers.values()):  # (a copy: another thread may add or free handles meanwhile)
-        if id(value) in seen:
-            continue
-        seen.add(id(value))
-        try:
-            total += nbytes_of(value.shape, value.dtype)
-        except (AttributeError, TypeError):  # (not an array: nothing on a device)
-            pass
-    return total
-
-
 def pool_data(record: PoolRecord, clients: Iterable[Any], devices: list, since_ns: int = 0, you: Any = None) -> dict:
     """What the pool did lately, as a plain dict (the `Pool` request's answer; JSON as it is).
 
@@ -171,7 +155,8 @@ def pool_data(record: PoolRecord, clients: Iterable[Any], devices: list, since_n
     (0: every span kept; < 0: the last ``-since_ns`` ns of activity). Keys:
     ``now_ns``, ``latest_ns`` (the latest span's end, 0 if none), ``devices``
     [{id, label}], ``clients`` [{name, weight, colour, connected, you, queued
-    (runs submitted, not finished), memory_bytes (of its buffers), buffers,
+    (runs submitted, not finished), memory_bytes (of its buffers, all devices; `memory.Held`),
+    memory_peak_bytes (on its fullest device), memory_cap (its `pw.connect(memory=...)`, or None), buffers,
     device_time_s, runs, nodes, pid, share}] (``share``: of the pool's device
     time over the last `RECENT` whole windows; a disconnected client whose
     spans are still kept comes last, ``connected`` False), ``spans`` {device,
@@ -220,7 +205,8 @@ def pool_data(record: PoolRecord, clients: Iterable[Any], devices: list, since_n
 def _client_row(c: Any, you: bool) -> dict:
     return {
         "name": c.tenant, "weight": float(c.weight), "connected": True, "you": bool(you), "queued": len(c.live),
-        "memory_bytes": held_bytes(c.buffers), "buffers": len(c.buffers), "device_time_s": c.device_ns / 1e9,
+        "memory_bytes": c.buffers.held.total, "memory_peak_bytes": c.buffers.held.peak, "memory_cap": c.memory,
+        "buffers": len(c.buffers), "device_time_s": c.device_ns / 1e9,
         "runs": int(c.runs), "nodes": int(c.nodes), "pid": int(c.pid),
     }
 
@@ -228,8 +214,9 @@ def _client_row(c: Any, you: bool) -> dict:
 def _gone_row(tenant: str) -> dict:
     return {
         "name": tenant, "weight": None, "connected": False, "you": False, "queued": 0, "memory_bytes": 0,
+        "memory_peak_bytes": 0, "memory_cap": None,
         "buffers": 0, "device_time_s": None, "runs": None, "nodes": None, "pid": None,
     }
 
 
-__all__ = ["RECENT", "SAMPLES", "SAMPLE_NS", "SPANS", "PoolRecord", "held_bytes", "pool_data"]
+__all__ = ["RECENT", "SAMPLES", "SAMPLE_NS", "SPANS", "PoolRecord", "pool_data"]

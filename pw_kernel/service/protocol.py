@@ -31,7 +31,7 @@ from typing import Any
 from ..runtime.extend import ErrorEnvelope
 
 #: Bumped whenever a message below changes: a client and a service of different versions do not talk.
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 
 
 def message(cls):
@@ -105,6 +105,7 @@ class Hello:
     pid: int
     reply_to: bytes  # the identity of the socket it reads replies on
     beats_from: bytes  # ... and of the one its heartbeats come from
+    memory: int | None = None  # bytes it may hold on each device (`pw.connect(memory=...)`), or no cap
 
 
 @message

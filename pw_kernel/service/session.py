@@ -25,10 +25,11 @@ from typing import Any, NamedTuple
 
 import jax
 
-from ..runtime import ArgumentError, Future, PathwaysError, ProtocolError, RemoteArray, controller
+from ..runtime import ArgumentError, Future, PathwaysError, ProtocolError, RemoteArray, controller, put
 from ..runtime import TimeoutError as PathwaysTimeout
-from ..runtime.extend import Controller, RemoteIsland, on_controller_replaced
+from ..runtime.extend import Controller, RemoteIsland, on_controller_replaced, remote_slice
 from .link import ServiceLink
+from .memory import parse_bytes
 from .protocol import PROTOCOL_VERSION, Adopt, Bye, Clients, Clock, Keep, KeptTree, Pool, Stats, Unkeep
 from .wire import address, read_connection_file
 
@@ -104,13 +105,22 @@ def _connection(api: str) -> Session:
 
 
 def connect(connection_file: str | None = None, *, name: str | None = None, weight: float = 1.0,
-            timeout: float = 10.0) -> Session:
+            memory: int | str | None = None, timeout: float = 10.0) -> Session:
     """Make this process a client of the Pathways service (default: this user's local one).
 
     From then on `pw.slice(n)` places slices on the service's devices, and
     `pw.compiled` functions and programs on them run there, scheduled with
     every other client's work, this one's share of device time set by
     ``weight``. Values stay in the service until `.result()` asks for them.
+    ``memory`` (bytes, or a str such as ``"4GiB"``) caps what this client may
+    hold on each of the service's devices: a call that would hold more is
+    refused (`pw.AdmissionError`) while other clients go on.
+
+    This process never opens an accelerator: called before anything started
+    JAX (the first pw call in a fresh kernel), it makes JAX CPU-only, with as
+    many stand-in CPU devices as the service has (slices are traced on them;
+    nothing runs there). In a process whose JAX already started on a GPU or
+    TPU it refuses, and says how to restart.
 
     Example::
 
@@ -125,6 +135,7 @@ def connect(connection_file: str | None = None, *, name: str | None = None, weig
         raise ArgumentError(f"`pw.connect(weight=...)` must be a positive number (a share of device time); got {weight!r}.")
     if name is not None and (not isinstance(name, str) or not name):
         raise ArgumentError(f"`pw.connect(name=...)` must be a non-empty str or None; got {name!r}.")
+    memory = parse_bytes(memory, "pw.connect(memory=...)")
     path, info = read_connection_file(connection_file, "pw.connect")
     _check_alive(path, info)
     if info.get("protocol", PROTOCOL_VERSION) != PROTOCOL_VERSION:
@@ -134,12 +145,13 @@ def connect(connection_file: str | None = None, *, name: str | None = None, weig
             f"the service with this kernel's Python (`python -m pw_kernel serve`), or connect from a kernel of "
             f"the service's environment."
         )
+    stand_ins(int(info.get("devices") or 1), info.get("platform", "?"))
     with _conn_lock:
         if _conn is not None:
             _disconnect_locked()
         link = ServiceLink(path, info)
         try:
-            hello = link.hello(name, weight, timeout)
+            hello = link.hello(name, weight, timeout, memory)
             t0 = time.perf_counter_ns()
             remote_now = link.call(Clock(), timeout=timeout)
             t1 = time.perf_counter_ns()
@@ -153,15 +165,6 @@ def connect(connection_file: str | None = None, *, name: str | None = None, weig
         except BaseException:
             link.close()
             raise
-        n = len(hello["devices"])
-        if len(jax.devices()) < n:
-            link.call(Bye(), timeout=timeout)
-            link.close()
-            raise PathwaysError(
-                f"`pw.connect`: the service has {n} devices; tracing for them needs {n} local stand-in devices, but "
-                f"this process has {len(jax.devices())}. Start it with PW_NUM_CPU_DEVICES={n} and JAX_PLATFORMS=cpu "
-                f"(a client needs no accelerator)."
-            )
         rebound = _rebind(link, hello, (t0 + t1) // 2 - remote_now, weight)
         if rebound is not None:  # (the service restarted: this process's island goes on in it)
             return rebound
@@ -172,6 +175,35 @@ def connect(connection_file: str | None = None, *, name: str | None = None, weig
         _say_goodbye_at_exit()
         on_controller_replaced(_follow)
         return _conn
+
+
+def stand_ins(n: int, platform: str) -> None:
+    """Make this process's JAX CPU-only with ``n`` stand-in devices, before it starts: a client never opens an
+    accelerator (JAX would take 75% of a GPU's memory in each notebook, the memory the service is there to share).
+
+    Slices on the service are traced on the stand-ins; nothing runs on them. Where JAX already started, it
+    must be on the CPU with at least ``n`` devices; else `pw.PathwaysError` says how to restart.
+    """
+    from ..runtime.extend import backends_started
+
+    if not backends_started():
+        jax.config.update("jax_platforms", "cpu")
+        jax.config.update("jax_num_cpu_devices", n)
+        return
+    devices = jax.devices()
+    if devices[0].platform != "cpu":
+        raise PathwaysError(
+            f"`pw.connect`: JAX in this process already started on {len(devices)} {devices[0].platform} device(s), "
+            f"so this notebook holds accelerator memory the service ({n} {platform} devices) is there to share. "
+            f"Restart the kernel and call `pw.connect()` before any JAX computation (it makes this process "
+            f"CPU-only), or start Jupyter with JAX_PLATFORMS=cpu."
+        )
+    if len(devices) < n:
+        raise PathwaysError(
+            f"`pw.connect`: the service has {n} devices; tracing for them needs {n} stand-in CPU devices here, but "
+            f"JAX already started in this process with {len(devices)}. Restart the kernel and call `pw.connect()` "
+            f"before any JAX computation (it sets the count), or start it with PW_NUM_CPU_DEVICES={n}."
+        )
 
 
 def _attach(conn: Session, ctrl: Controller) -> None:
@@ -382,11 +414,14 @@ def keep(name: str, tree: Any) -> None:
             sent.append(("c", leaf))
             continue
         x = leaf.remote_array() if isinstance(leaf, Future) else leaf
+        if isinstance(x, jax.Array) and remote_slice(c.controller.resources, x.sharding) is not None:
+            x = put(x, x.sharding, c.controller.resources)  # placed on a service slice with `jax.device_put`
         if not isinstance(x, RemoteArray) or x.island is not c.remote:
             raise ArgumentError(
                 f"`pw.keep({name!r}, tree)`: leaf {i} is a {type(leaf).__name__} that does not live in the service. "
-                f"Keep what programs computed there (futures, or arrays from `pw.kept`), and Python numbers or "
-                f"strings; to keep a local array, pass it through a `pw.compiled` function on a slice first."
+                f"Keep what programs computed there (futures, arrays from `pw.kept` or `pw.put`), and Python "
+                f"numbers or strings; to keep a local array, place it first: `pw.put(x, s.sharding(...))` with `s` "
+                f"a slice of the service."
             )
         if x.generation != c.remote.generation:
             raise c.remote.stale(x, f"`pw.keep({name!r}, tree)`, leaf {i}")

@@ -35,6 +35,7 @@ from jax.sharding import Mesh
 from ..runtime import ProtocolError
 from .clients import Client, Kept, retire
 from .pool import PoolRecord
+from .memory import Buffers
 from .protocol import PROTOCOL_VERSION, Hello
 
 log = logging.getLogger("pw_kernel.service")
@@ -154,6 +155,7 @@ class ServiceState:
         while tenant in self.clients.by_tenant:
             tenant, k = f"{name}-{k}", k + 1
         c = Client(ident, name, tenant, float(msg.weight), user, msg.pid, bytes(msg.reply_to), bytes(msg.beats_from))
+        c.memory = msg.memory
         self.clients.add(c)
         log.info("pw_kernel service: client %r (pid %s, weight %g) connected", tenant, msg.pid, msg.weight)
         return c
@@ -173,7 +175,7 @@ class ServiceState:
         # What it held leaves with the retiring task: freeing a few hundred buffers (some still being
         # computed) took ~15 ms, and starting a thread for it ~7 ms, of this thread's time.
         held = (sorted(c.live, key=lambda r: r.id), c.buffers, c.executables)  # (the next to run first)
-        c.buffers, c.executables, c.shipped, c.by_run, c.live = {}, {}, {}, {}, set()
+        c.buffers, c.executables, c.shipped, c.by_run, c.live = Buffers(), {}, {}, {}, set()
         said = f"client {c.tenant!r} dropped ({why}): {{}} runs cancelled, {len(held[1])} buffers freed"
         if self._retiring is None:
             retire(held, self._collect, said)

@@ -135,7 +135,7 @@ function render({ model, el }) {
         cell(c.weight),
         cell(`${(100 * (c.share || 0)).toFixed(1)}%`),
         cell(c.queued),
-        cell(c.connected ? fmtBytes(c.memory_bytes || 0) : null),
+        cell(c.connected ? fmtBytes(c.memory_bytes || 0) + (c.memory_cap ? ` (cap ${fmtBytes(c.memory_cap)}/device)` : "") : null),
         cell(c.device_time_s === null || c.device_time_s === undefined ? null : fmtNs(c.device_time_s * 1e9)),
         cell(c.runs),
         cell(c.nodes),
