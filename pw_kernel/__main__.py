@@ -37,6 +37,11 @@ def main(argv: list[str] | None = None) -> int:
     srv.add_argument("--ip", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this host only)")
     srv.add_argument("--devices", type=int, default=None, metavar="N",
                      help="simulated CPU devices when there is no accelerator (default 8)")
+    srv.add_argument("--ray", default=None, metavar="ADDRESS",
+                     help="also serve each node of this Ray cluster as an island ('auto': the running cluster; "
+                     "'local': a Ray started here on 127.0.0.1)")
+    srv.add_argument("--ray-devices", type=int, default=None, metavar="N",
+                     help="simulated CPU devices per Ray node (without accelerators)")
     srv.add_argument("--dashboard", type=int, default=None, metavar="PORT",
                      help="also serve a web page of the pool (every client's nodes on each device, shares, queues, "
                      "memory) on http://127.0.0.1:PORT/ (0: a free port)")
@@ -76,7 +81,8 @@ def _serve(args, parser) -> int:
     logging.getLogger("pw_kernel.service").setLevel(logging.INFO)  # clients coming and going, refusals
     from .service import serve
 
-    serve(args.connection_file, ip=args.ip, state_dir=args.state, dashboard=args.dashboard)
+    serve(args.connection_file, ip=args.ip, state_dir=args.state, dashboard=args.dashboard, ray=args.ray,
+          ray_devices=args.ray_devices)
     return 0
 
 

@@ -163,7 +163,8 @@ def add_ray_islands(
     """Make Ray actors the controller's remote islands; returns the new islands.
 
     With ``count``, start that many actors (e.g. on one machine, for testing);
-    otherwise one per alive Ray node. On CPU each actor simulates
+    otherwise one per alive Ray node that has no live island here yet (called
+    again after a node joins, it adds that node's). On CPU each actor simulates
     ``devices_per_island`` devices. Slices go there with ``pw.slice(n, island=i)``.
 
     Example::
@@ -172,12 +173,19 @@ def add_ray_islands(
         islands = pw.add_ray_islands(count=2, devices_per_island=4)
         s = pw.slice(4, island=islands[0].id)
     """
-    started = start_ray_islands(
-        address, count=count, devices_per_island=devices_per_island, platform=platform, env=env
+    ctrl = controller()
+    homes = {i.remote.info.get("node_id") for i in ctrl.islands if i.remote is not None and not i.lost}
+    return ctrl.add_remote_islands(
+        ray_islands(address, count=count, devices_per_island=devices_per_island, platform=platform, env=env,
+                    skip_nodes=homes if count is None else ())
     )
-    return controller().add_remote_islands(
-        [RemoteIsland(RayLink(actor), info, offset) for actor, info, offset in started]
-    )
+
+
+def ray_islands(address: str | None = None, **options) -> list[RemoteIsland]:
+    """Ray actors started (or attached) as `RemoteIsland` s, one per alive Ray node unless ``count=`` says
+    how many, for a controller to add (`pw.add_ray_islands`; the Pathways service's ``serve --ray``)."""
+    started = start_ray_islands(address, **options)
+    return [RemoteIsland(RayLink(actor), info, offset) for actor, info, offset in started]
 
 
 def profile(logdir: str | None = None) -> Profile:

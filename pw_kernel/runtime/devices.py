@@ -318,7 +318,8 @@ class ResourceManager:
                 f"are on islands {where} (device id: island). Make the Mesh from one island's devices "
                 f"(`pw.islands()[k].devices`), or configure islands that hold it with `pw.init(pw.Config(islands=...))`."
             )
-        target = homes[0]
+        # (a remote island's devices are stand-ins, shared by every remote island: ``island=`` says which)
+        target = next((i for i in homes if i.id == getattr(island, "id", island)), homes[0])
         with self._lock:
             if name is None:
                 name = f"slice{next(self._names)}"

@@ -33,12 +33,14 @@ from .errors import short_error
 from .exec.controller import Controller, Status, on_controller_replaced
 from .exec.events import EventLog, TraceRow, busy_time, chrome_trace
 from .profiling import executions, start_trace
+from .api import ray_islands
 from .program import Compiled
 from .remote.actor import from_wire, to_wire
 from .remote.client import RemoteIsland
 from .remote.link import ErrorEnvelope, Link
 from .remote.node_output import RoutedOutput
 from .remote.put import remote_slice
+from .remote.ray import init_ray
 from .remote.shipped import callback_failure
 from .run import pace
 from .trace.executables import calling_node
@@ -77,6 +79,9 @@ __all__ = [
     # a remote island over another transport (the Pathways service's ZeroMQ link), and how values cross it
     "RemoteIsland",
     "remote_slice",
+    "ray_islands",
+    # `ray.init` that binds a Ray on this machine to 127.0.0.1 (Ray would use the machine's network address)
+    "init_ray",
     "Link",
     # a compiled function run by a controller other than the process's (the service's own)
     "Compiled",

@@ -115,7 +115,8 @@ _CLIENT = ("clients", "connect", "disconnect", "keep", "kept", "pool_data", "sta
 
 
 def serve(connection_file: str | None = None, *, background: bool = False, ip: str = "127.0.0.1",
-          state_dir: str | bool | None = None, dashboard: int | None = None):
+          state_dir: str | bool | None = None, dashboard: int | None = None, ray: str | None = None,
+          ray_devices: int | None = None):
     """Start the Pathways service in this process: it owns this process's devices and serves clients.
 
     ``background=True`` returns the `Service` at once (``.stop()`` ends it);
@@ -125,6 +126,10 @@ def serve(connection_file: str | None = None, *, background: bool = False, ip: s
     and come back when a service starts again with the same folder.
     ``dashboard=PORT`` also serves the pool view (`pw.pool()`'s) as a web page
     on http://127.0.0.1:PORT/ (0: a free port; `dashboard.py`), read-only.
+    ``ray=ADDRESS`` (or ``"auto"``; ``"local"`` starts a Ray on this host's
+    loopback) makes each alive Ray node's devices an island of the service
+    (an actor per node, as `pw.add_ray_islands`; ``ray_devices``: simulated CPU
+    devices per node): clients see them in `pw.islands()` and place slices there.
 
     Example::
 
@@ -134,12 +139,16 @@ def serve(connection_file: str | None = None, *, background: bool = False, ip: s
     """
     from .server import Service
 
-    svc = Service(connection_file, ip=ip, owns_process=not background, state_dir=state_dir, dashboard=dashboard)
+    svc = Service(connection_file, ip=ip, owns_process=not background, state_dir=state_dir, dashboard=dashboard,
+                  ray=ray, ray_devices=ray_devices)
     if background:
         return svc
     given = "" if connection_file is None else repr(svc.path)
     print(f"pw_kernel service: {len(svc.devices)} {svc.info['platform']} devices, pid {svc.info['pid']}", flush=True)
     print(f"Connection file: {svc.path}", flush=True)
+    for i in svc.state.remote_islands():
+        print(f"Island {i['island']}: {len(i['devices'])} {i['platform']} devices on {i['host']} (Ray, pid {i['pid']})",
+              flush=True)
     if svc.state_dir is not None:
         print(f"Kept trees: {svc.state_dir} ({len(svc.state.kept)} restored)", flush=True)
     if svc.dashboard is not None:

@@ -99,6 +99,7 @@ class ServiceLink:
         self.last_pong = time.monotonic()
         self.error: IslandLostError | None = None
         self.island: RemoteIsland | None = None
+        self.others: list[RemoteIsland] = []  # the service's other islands (Ray nodes'), on this same link
         self.hub = Hub(
             beats, self._on_frames, self._on_tick, HEARTBEAT_S, "pw-client-socket", on_disconnect=self._on_disconnect
         ).start()
@@ -250,6 +251,9 @@ class ServiceLink:
         return (IslandLostError,)
 
     def where(self, info: dict) -> str:
+        if info.get("island"):  # (one of the service's Ray islands)
+            return (f"the Pathways service's island {info['island']}: Ray node on {info['host']}, pid {info['pid']} "
+                    f"(service pid {info.get('service_pid')})")
         return f"Pathways service on {info['host']}, pid {info['pid']}"
 
     # ------------------------------------------------------------ what comes back (the reader, or the socket thread)
@@ -309,6 +313,8 @@ class ServiceLink:
             self.error = IslandLostError(f"Pathways service lost: {why}")  # (the island adds what to do)
             if self.island is not None:
                 self.island.lost(self.error)
+            for other in self.others:
+                other.lost(self.error)
             for rid in list(self.pending):
                 ref = self.pending.pop(rid, None)
                 if ref is not None:

@@ -41,8 +41,16 @@ INLINE_BYTES = 1024
 
 
 def small_values(handles: list, arrays: list) -> dict:
-    """``{handle: value}`` of the ``arrays`` of at most INLINE_BYTES, as `to_wire` packs them."""
-    return {h: to_wire(a) for h, a in zip(handles, arrays) if a.size * a.dtype.itemsize <= INLINE_BYTES}
+    """``{handle: value}`` of the ``arrays`` of at most INLINE_BYTES, as `to_wire` packs them (None: a value
+    on another island of the service, a Ray node's, which stays there until asked for)."""
+    return {
+        h: to_wire(a) for h, a in zip(handles, arrays) if a is not None and a.size * a.dtype.itemsize <= INLINE_BYTES
+    }
+
+
+def _here(f):
+    """A finished output's value if it lives in this process, else None (no bytes move from another island)."""
+    return None if f.remote_array() is not None else f.result()
 
 
 def buffer(c: Client, handle: int):
@@ -133,7 +141,7 @@ def submit(c: Client, ops: list, client_run: tuple | None, reply: Callable, name
             raised = one.failure()
             if raised is not None and (failure is None or i < failure[0]):
                 failure = (i, ErrorEnvelope("ServiceError", raised))
-        small = small_values(handles, [f.result() for f in outs]) if failure is None else {}
+        small = small_values(handles, [_here(f) for f in outs]) if failure is None else {}
         c.nodes += len(ops) if failure is None else failure[0]
         reply(RunReply([(start, end)] * len(ops), failure, small, told))
 

@@ -33,7 +33,7 @@ import time
 from typing import Any
 
 from ..runtime import Config, FairShare, NodeEvent, PathwaysError
-from ..runtime.extend import Controller, ErrorEnvelope, configure_cpu_devices
+from ..runtime.extend import Controller, ErrorEnvelope, configure_cpu_devices, ray_islands
 from .clients import DEAD_AFTER_S, Heap
 from .handlers import LATER, Handlers
 from .inbox import Inbox
@@ -113,13 +113,16 @@ class Service:
     """
 
     def __init__(self, connection_file: str | None = None, *, ip: str = "127.0.0.1", owns_process: bool = False,
-                 state_dir: str | bool | None = None, dashboard: int | None = None):
+                 state_dir: str | bool | None = None, dashboard: int | None = None, ray: str | None = None,
+                 ray_devices: int | None = None):
         import zmq
 
         configure_cpu_devices()
         self.ctrl = Controller(Config(**SERVICE_CONFIG))
         self.ctrl.set_policy(FairShare())
         self.devices = list(self.ctrl.devices)
+        if ray is not None:  # each Ray node's devices an island of this controller, as `pw.add_ray_islands` makes
+            self.ctrl.add_remote_islands(ray_islands(None if ray == "local" else ray, devices_per_island=ray_devices))
         self.path = os.path.abspath(os.path.expanduser(connection_file or default_connection_file()))
         self._check_not_running(self.path)
         self.ctx = zmq.Context()
@@ -131,6 +134,8 @@ class Service:
             "transport": "tcp", "ip": ip, "port": port, "key": new_key(), "signature_scheme": "hmac-sha256",
             "pid": os.getpid(), "user": getpass.getuser(), "devices": len(self.devices),
             "platform": self.devices[0].platform, "kind": "pw_kernel service", "protocol": PROTOCOL_VERSION,
+            # (a client lays out slices of every island on as many local stand-in devices as the largest has)
+            "stand_ins": max([len(self.devices)] + [len(i.devices) for i in self.ctrl.islands]),
         }
         self.messages = Messages(self.info, "pw-service", routed=True)
         self._pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="pw-service-fetch")

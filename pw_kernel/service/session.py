@@ -63,9 +63,11 @@ class Session:
         session.close()                    # = pw.disconnect()
     """
 
-    def __init__(self, link: ServiceLink, remote: RemoteIsland, ctrl: Controller | None, tenant: str, weight: float):
+    def __init__(self, link: ServiceLink, remote: RemoteIsland, ctrl: Controller | None, tenant: str, weight: float,
+                 others: list[RemoteIsland] = ()):
         self.link = link
-        self.remote = remote
+        self.remote = remote  # the service's own devices (its island 0): where slices go by default
+        self.others = list(others)  # its other islands: each Ray node's, with `serve --ray`
         self.island = remote.island
         self.controller = ctrl
         self.tenant = tenant
@@ -145,7 +147,7 @@ def connect(connection_file: str | None = None, *, name: str | None = None, weig
             f"the service with this kernel's Python (`python -m pw_kernel serve`), or connect from a kernel of "
             f"the service's environment."
         )
-    stand_ins(int(info.get("devices") or 1), info.get("platform", "?"))
+    stand_ins(int(info.get("stand_ins") or info.get("devices") or 1), info.get("platform", "?"))
     with _conn_lock:
         if _conn is not None:
             _disconnect_locked()
@@ -168,9 +170,12 @@ def connect(connection_file: str | None = None, *, name: str | None = None, weig
         rebound = _rebind(link, hello, (t0 + t1) // 2 - remote_now, weight)
         if rebound is not None:  # (the service restarted: this process's island goes on in it)
             return rebound
-        remote = RemoteIsland(link, hello, (t0 + t1) // 2 - remote_now)
-        link.island = remote
-        _conn = Session(link, remote, None, hello["tenant"], float(weight))
+        offset = (t0 + t1) // 2 - remote_now  # (every island's times come on the service's clock)
+        remote = RemoteIsland(link, hello, offset)
+        others = [RemoteIsland(link, {**i, "service_pid": hello["pid"]}, offset, shares=remote)
+                  for i in hello.get("islands", ())]
+        link.island, link.others = remote, others
+        _conn = Session(link, remote, None, hello["tenant"], float(weight), others)
         _attach(_conn, controller())
         _say_goodbye_at_exit()
         on_controller_replaced(_follow)
@@ -208,8 +213,13 @@ def stand_ins(n: int, platform: str) -> None:
 
 def _attach(conn: Session, ctrl: Controller) -> None:
     """Make the service an island of ``ctrl``, where its unplaced slices go."""
-    (island,) = ctrl.add_remote_islands([conn.remote])
+    island, *others = ctrl.add_remote_islands([conn.remote, *conn.others])
     ctrl.events.island_names[island.id] = f"island {island.id} (service pid {conn.remote.info['pid']})"
+    for i in others:
+        info = i.remote.info
+        ctrl.events.island_names[i.id] = (
+            f"island {i.id} (service pid {info['service_pid']}, its island {info['island']}: Ray on {info['host']})"
+        )
     ctrl.default_island = island.id
     conn.controller, conn.island = ctrl, island
     conn._kept_slices.clear()

@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from jax.sharding import Mesh
 
-from ..runtime import ProtocolError
+from ..runtime import IslandLostError, ProtocolError
 from .clients import Client, Kept, retire
 from .pool import PoolRecord
 from .memory import Buffers
@@ -121,20 +121,43 @@ class ServiceState:
         self.store = None  # the kept trees on disk (`store.KeptStore`), when the service has a state folder
 
     def describe(self) -> dict:
+        """What a client is told at `Hello`: this host's devices (the service's island 0), and its other islands
+        (each Ray node's, with ``serve --ray``): ``islands`` [{island, host, pid, platform, devices, device_kind}]."""
         d = self.devices
         return {
             "host": _socket.gethostname(), "pid": os.getpid(), "platform": d[0].platform,
-            "devices": [x.id for x in d], "device_kind": d[0].device_kind,
+            "devices": [x.id for x in d], "device_kind": d[0].device_kind, "islands": self.remote_islands(),
         }
 
+    def remote_islands(self) -> list[dict]:
+        """The service's islands in other processes (a Ray node's actor each), alive ones, as clients see them."""
+        return [
+            {"island": i.id, "host": i.remote.info["host"], "pid": i.remote.info["pid"], "platform": i.platform,
+             "devices": list(i.remote.info["devices"]), "device_kind": i.remote.info.get("device_kind", "")}
+            for i in self.ctrl.islands if i.remote is not None and i.remote.alive
+        ]
+
+    def island(self, island_id: int):
+        """The service's island ``island_id``; `pw.IslandLostError` naming its host if it is gone."""
+        for i in self.ctrl.islands:
+            if i.id == island_id:
+                if i.remote is not None and not i.remote.alive:
+                    raise IslandLostError(
+                        f"the service's island {island_id} ({i.remote.link.where(i.remote.info)}) is gone: "
+                        f"{i.remote.error}. Place slices on the islands `pw.islands()` lists as alive."
+                    )
+                return i
+        raise IslandLostError(f"the service has no island {island_id} (it lists {[i.id for i in self.ctrl.islands]})")
+
     def slice(self, layout) -> Any:
-        """The service slice for a client's layout (mesh shape, axis names, device positions), made once."""
-        key = (tuple(layout[0]), tuple(layout[1]), tuple(layout[2]))
+        """The service slice for a client's layout (mesh shape, axis names, device positions, island), made once."""
+        key = (tuple(layout[0]), tuple(layout[1]), tuple(layout[2]), layout[3] if len(layout) > 3 else 0)
         s = self.slices.get(key)
         if s is None or s.released:
-            shape, names, pos = key
-            grid = np.array([self.devices[i] for i in pos], dtype=object).reshape(shape)
-            s = self.slices[key] = self.ctrl.slice(mesh=Mesh(grid, names))
+            shape, names, pos, where = key
+            devices = self.devices if where == 0 else self.island(where).devices
+            grid = np.array([devices[i] for i in pos], dtype=object).reshape(shape)
+            s = self.slices[key] = self.ctrl.slice(mesh=Mesh(grid, names), island=where if where else None)
         return s
 
     # ------------------------------------------------------------ clients coming and going

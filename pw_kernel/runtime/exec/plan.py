@@ -18,7 +18,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 from ..devices import remote_device_id
 from ..errors import ArgumentError, FusedModeError, SliceError
 from ..trace.graph import Node, ProgramGraph, Value, nbytes_of
-from ..remote.client import RemoteCall, RemoteTransfer, runs_python
+from ..remote.client import RemoteCall, runs_python
+from ..remote.transfer import RemoteTransfer
 from ..trace.executables import jit_of, sub_jaxprs
 from ..trace.sources import fmt_sources
 

@@ -42,7 +42,6 @@ import itertools
 import queue
 import threading
 import time
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -51,7 +50,7 @@ import jax
 from ..devices import Island
 from ..errors import IslandLostError, PathwaysError
 from ..trace.graph import as_dtype
-from .actor import MISSING, from_wire, spec_tuple, to_wire
+from .actor import MISSING, from_wire, spec_tuple
 from .link import ErrorEnvelope, Link
 
 #: Handles to free wait this long for a call to carry them before they are sent on their own.
@@ -128,14 +127,17 @@ class RemoteIsland:
     among them travel in one ``run_many`` call.
     """
 
-    def __init__(self, link: Link, info: dict, offset_ns: int):
+    def __init__(self, link: Link, info: dict, offset_ns: int, shares: RemoteIsland | None = None):
         self.link = link  # the transport: requests, replies, what it can do (`link.Link`)
+        # Islands of one Pathways service share one link, and so one sender and one handle count: what
+        # one island's node makes, another's reads, in the order sent (``shares``: the first such island).
+        self.primary: RemoteIsland = shares or self
         self.info = info
         self.offset_ns = offset_ns  # local perf_counter_ns = remote + offset
         self.alive = True
         self.error: BaseException | None = None
         self.loaded: set[str] = set()
-        self._handles = itertools.count(1)
+        self._handles = itertools.count(1) if shares is None else shares._handles
         self._lock = threading.Lock()
         self.island: Island | None = None
         self.bursts: Bursts | None = None  # the controller's, set when it registers the island
@@ -251,6 +253,8 @@ class RemoteIsland:
     def send(self, ops: list, cheap: bool) -> None:
         """Send ``ops`` in order after everything before: on this thread if ``cheap`` (nothing to wait for or
         serialise at length) and the link allows it and nothing is queued, else through the mailbox thread."""
+        if self.primary is not self:
+            return self.primary.send(ops, cheap)
         self._start_sender()  # (here, not in `free`: that runs in __del__, where taking a lock could deadlock)
         burst = ops
         if cheap and self._direct:
@@ -269,6 +273,8 @@ class RemoteIsland:
 
     def post(self, ops: list) -> None:
         """Queue ``ops`` for the mailbox thread (started on first use), after everything sent or queued before."""
+        if self.primary is not self:
+            return self.primary.post(ops)
         self._start_sender()
         with self._lock:
             self._posted += 1
@@ -308,7 +314,9 @@ class RemoteIsland:
 
     def free(self, handle: int) -> None:
         """Free ``handle`` on the island (sent with the next call, or within FREE_AFTER_S; safe from ``__del__``)."""
-        if self.alive:
+        if self.primary is not self:
+            self.primary.free(handle)
+        elif self.alive:
             self._frees.append(handle)
             if self._asleep:  # the mailbox thread sleeps for good: woken, it sends them if no call does soon
                 self._asleep = False
@@ -456,8 +464,8 @@ class Bursts:
     def flush(self) -> None:
         """Hand every buffered op to its island's mailbox."""
         islands = self.islands
-        while islands:
-            islands.pop().flush()
+        while islands:  # in the order opened: islands of one service share a sender, which keeps that order
+            islands.pop(0).flush()
 
 
 def _layout(sharding, isl: RemoteIsland) -> tuple:
@@ -469,7 +477,8 @@ def _layout(sharding, isl: RemoteIsland) -> tuple:
     mesh = sharding.mesh
     home = {d: k for k, d in enumerate(isl.island.devices)} if isl.island is not None else {}
     positions = tuple(home.get(d, k) for k, d in enumerate(mesh.devices.flat))
-    return (tuple(mesh.devices.shape), tuple(mesh.axis_names), positions)
+    where = isl.info.get("island", 0)  # (a Pathways service's island other than its own devices: says which)
+    return (tuple(mesh.devices.shape), tuple(mesh.axis_names), positions) + ((where,) if where else ())
 
 
 class RemoteArray:
@@ -593,7 +602,7 @@ class RemoteCall:
         self.island = island
         self.in_values = list(in_values)
         self.out_values = list(out_values)
-        self.key = key
+        self.key = f"{key}@{island.info['island']}" if island.info.get("island") else key  # (one client, many islands)
         self.shipped: bytes | None = None
         if getattr(fn, "callback_errors", None) is not None:
             from .shipped import ship
@@ -633,54 +642,6 @@ class RemoteCall:
         return [
             RemoteArray(isl, h, v.shape, v.dtype, v.sharding, ticket, index) for h, v in zip(out_ids, self.out_values)
         ]
-
-
-class RemoteTransfer:
-    """`Step.call` for a transfer that touches a remote island (to, from, or between two)."""
-
-    def __init__(self, src: RemoteIsland | None, dst: RemoteIsland | None, want, value):
-        self.src = src
-        self.dst = dst
-        self.want = want
-        self.value = value
-        self.lands_remote = dst is not None
-
-    def __call__(self, x):
-        want, v = self.want, self.value
-        if self.dst is None:  # remote -> here: the bytes come to this process now (the dispatcher waits)
-            return [jax.device_put(x.fetch(), want)]
-        dst = self.dst
-        dst.check("transfer")
-        if isinstance(x, RemoteArray) and x.generation != x.island.generation:
-            raise x.island.stale(x, "Moving it to another slice")
-        handle = dst.new_handle()
-        layout, spec = _layout(want, dst), spec_tuple(want)
-        if isinstance(x, RemoteArray) and x.island is dst:  # a reshard inside the island
-            ticket = dst.call(lambda: dst.link.request("reshard", x.handle, handle, layout, spec))
-        elif isinstance(x, RemoteArray):  # island to island: actor to actor through the object store
-            src = x.island
-            payload = src.call(lambda: src.link.request("get", x.handle))  # in the source's order
-            ticket = dst.call(lambda: dst.link.request("put", handle, payload.wait_ref(), layout, spec))
-        else:  # from this process: waiting for the value and serialising it is the mailbox's, not ours
-            copy = dst.placed.get(id(x)) if isinstance(x, jax.Array) else None
-            if copy is not None and copy[0]() is x and (layout, spec) in copy[1]:
-                return [copy[1][(layout, spec)]]  # (sent before: it lives there still)
-            ticket = dst.call(lambda: dst.link.request("put", handle, dst.link.put(to_wire(x)), layout, spec))
-            out = RemoteArray(dst, handle, v.shape, v.dtype, want, ticket)
-            if isinstance(x, jax.Array):
-                _remember(dst, x, (layout, spec), out)
-            return [out]
-        return [RemoteArray(dst, handle, v.shape, v.dtype, want, ticket)]
-
-
-def _remember(isl: RemoteIsland, x: jax.Array, where: tuple, copy: RemoteArray) -> None:
-    """Keep ``copy`` (``x`` sent to ``isl``) for as long as ``x`` lives: its next run sends nothing."""
-    key = id(x)
-    entry = isl.placed.get(key)
-    if entry is None or entry[0]() is not x:
-        placed = isl.placed
-        entry = placed[key] = (weakref.ref(x, lambda _, key=key: placed.pop(key, None)), {})
-    entry[1][where] = copy
 
 
 def stand_in_devices(n: int, api: str) -> Sequence[jax.Device]:
