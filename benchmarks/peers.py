@@ -76,6 +76,13 @@ def _import(module: str):
         raise PeerUnavailable(f"not installed ({e.name or module})") from None
 
 
+def _init_ray(**options) -> None:
+    """A local Ray of the benchmark's own ("local": not one another process left running), bound to 127.0.0.1."""
+    from pw_kernel.runtime.extend import init_ray
+
+    init_ray("local", **options)
+
+
 class RayTasks(Peer):
     """Ray remote functions: one task per computation, object refs as inputs."""
 
@@ -92,7 +99,7 @@ class RayTasks(Peer):
         _quiet_fork()
         os.environ.setdefault("RAY_DEDUP_LOGS", "0")
         if not ray.is_initialized():
-            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+            _init_ray(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
         self.ray, self.k = ray, k
         self.f = ray.remote(step)
         self.fused_f = ray.remote(fused_steps)
@@ -137,7 +144,7 @@ class RayCompiledGraph(Peer):
             raise PeerUnavailable(f"not installed (ray.dag: {e})") from None
         _quiet_fork()
         if not ray.is_initialized():
-            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+            _init_ray(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
 
         @ray.remote
         class Stepper:

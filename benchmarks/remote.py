@@ -13,6 +13,7 @@ import argparse
 import statistics
 
 import pw_kernel as pw  # noqa: I001 - configures simulated CPU devices before JAX starts
+from pw_kernel.runtime.extend import init_ray
 import jax.numpy as jnp
 import numpy as np
 
@@ -80,7 +81,7 @@ def main(argv=None) -> dict:
     import ray
 
     try:
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+        init_ray("local", num_cpus=4, include_dashboard=False, log_to_driver=False)  # on 127.0.0.1
     except Exception as e:  # noqa: BLE001 - Ray installed but its local cluster cannot start here (a loaded machine)
         line = (str(e).strip().splitlines() or [""])[0][:200]
         return common.skipped(args.json, "remote", f"Ray is installed but could not start a local cluster here: "

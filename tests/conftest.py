@@ -32,7 +32,7 @@ import pw_kernel as pw  # noqa: E402
 SYSTEM = frozenset({
     "test_benchmarks", "test_browser_timeline_js", "test_browser_widgets", "test_checkpoint_islands", "test_demo",
     "test_elastic", "test_island_logs", "test_kernel", "test_main_command", "test_notebooks", "test_pipeline_models",
-    "test_ray_islands", "test_service",
+    "test_ray_cluster", "test_ray_islands", "test_service",
 })
 
 
@@ -66,7 +66,12 @@ def ray_cluster():
     cluster's CPUs free.
     """
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    from pw_kernel.runtime.extend import init_ray
+    from ray_cluster import SESSION_RAY
+
+    # A Ray of its own ("local": not one another process left in /tmp/ray), bound to 127.0.0.1 (`init_ray`).
+    init_ray("local", **SESSION_RAY)
+    assert {n["NodeManagerAddress"] for n in ray.nodes()} == {"127.0.0.1"}, ray.nodes()
     yield ray
     ray.shutdown()
 
