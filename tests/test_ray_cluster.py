@@ -155,3 +155,40 @@ def test_a_node_added_back_becomes_a_new_island(fleet, lc):
     np.testing.assert_array_equal(np.asarray(y.result(timeout=120)), [3.0, 5.0])
     np.testing.assert_array_equal(np.asarray(z.result(timeout=120)), [2.0, 4.0])
     fleet.islands.append(fresh)
+
+
+def layer(p, x):
+    return jnp.tanh(x @ p)
+
+
+def test_elastic_retry_goes_on_with_the_islands_that_remain_when_a_host_dies(fleet, lc):
+    fleet.of(2)
+    k = len(lc.nodes) - 1  # the node added back: its island is the second stage's until it dies
+    far, near, spare = fleet.on_node(k), fleet.on_node(0), fleet.on_node(1)
+    rng = np.random.default_rng(0)
+    params = [rng.normal(size=(8, 8)).astype(np.float32) / 3 for _ in range(2)]
+    batches = [(rng.normal(size=(8, 8)).astype(np.float32), rng.normal(size=(8, 8)).astype(np.float32))
+               for _ in range(4)]
+    retries, homes = [], []
+
+    def train(slices_now, kill_at=None):
+        pipe = pw.pipeline([layer, layer], slices=slices_now(), microbatches=4, schedule="1f1b")
+        state, losses = pipe.init(params), []
+        for step, (x, y) in enumerate(batches):
+            state, loss = pipe.step(state, x, y)
+            if step == kill_at and not retries:
+                kill_node(lc, k)  # the second stage's host dies mid-training
+            losses.append(float(loss.result(timeout=120)))
+        return losses
+
+    def on_what_remains():
+        second = spare if far.lost else far
+        homes.append(second.id)
+        return [pw.slice(2, mesh={"data": 2}, island=near.id), pw.slice(2, mesh={"data": 2}, island=second.id)]
+
+    got = pw.elastic_retry(train, on_retry=lambda n, e: retries.append(e))(on_what_remains, kill_at=1)
+    assert len(retries) == 1 and lost_message(retries[0]) is not None, retries
+    assert not near.lost and not spare.lost  # (a transfer from the dead island to them failed: they did not)
+    assert homes == [far.id, spare.id] and far.lost
+    want = train(lambda: [pw.slice(2, mesh={"data": 2}), pw.slice(2, mesh={"data": 2})])  # local, uninterrupted
+    np.testing.assert_allclose(got, want, rtol=1e-5)

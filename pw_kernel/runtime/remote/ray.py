@@ -13,7 +13,7 @@ import time
 from collections.abc import Collection
 from typing import Any
 
-from ..errors import PathwaysError
+from ..errors import IslandLostError, PathwaysError
 from .actor import IslandActor
 
 
@@ -51,7 +51,17 @@ class RayLink:
     def get(self, ref):
         import ray
 
-        return ray.get(ref)
+        try:
+            return ray.get(ref)
+        except ray.exceptions.RayTaskError as e:
+            # Ray raises a call whose argument was another actor's reply, lost with that actor, as an instance of
+            # both RayTaskError and the cause (RayActorError): this island is fine, the one the value came from
+            # is not. Raised as one of `lost_errors`, it would mark this island lost too.
+            if isinstance(e, ray.exceptions.RayActorError):
+                raise IslandLostError(
+                    f"a value this call read came from a Ray actor that died (its island was lost): {_said(e.cause)}"
+                ) from None
+            raise
 
     def wait(self, ref, timeout: float) -> bool:
         """Block until ``ref`` is ready (True) or ``timeout`` s pass (False)."""
@@ -151,6 +161,13 @@ def _device_env(env: dict[str, str], n: int) -> dict[str, str]:
     env.setdefault("JAX_NUM_CPU_DEVICES", str(n))  # (over what workers inherit: a Pathways kernel sets 8)
     env.setdefault("PW_NUM_CPU_DEVICES", str(n))
     return env
+
+
+def _said(err: BaseException) -> str:
+    """Ray's error in one line: its first, and the lines that say which process and node."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    where = [line for line in lines[1:] if line.startswith(("pid:", "ip:", "The actor died because"))]
+    return "; ".join([f"{type(err).__name__}: {lines[0] if lines else ''}", *where])
 
 
 _actor_class = None
