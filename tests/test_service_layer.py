@@ -162,3 +162,15 @@ def test_messages_are_typed_records_that_cross_whole():
         assert pickle.loads(pickle.dumps(msg)) == msg
         with pytest.raises((AttributeError, TypeError)):  # (frozen and slotted: Python 3.11 says TypeError)
             msg.id = 1
+
+
+def test_two_functions_of_one_signature_and_name_each_run_their_own_code(service):
+    # Each reaches the service as a `jax.export` call, which prints as its name and signature only: they must
+    # not share one executable there (they did: g returned f's values).
+    pw.connect(service.path, name="alice")
+    s = pw.slice(1)
+    f = pw.compiled(lambda x: x * 2, slice=s)
+    g = pw.compiled(lambda x: x + 1, slice=s)
+    x = jnp.arange(4.0)
+    assert np.asarray(f(x).result()).tolist() == [0.0, 2.0, 4.0, 6.0]
+    assert np.asarray(g(x).result()).tolist() == [1.0, 2.0, 3.0, 4.0]

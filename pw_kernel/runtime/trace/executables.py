@@ -255,7 +255,10 @@ def jaxpr_key(closed: Any) -> Any:
     if hit is not None and hit[0] is closed:
         return hit[1]
     text = str(closed.jaxpr)
-    if " at 0x" in text or calls_host(closed.jaxpr.eqns):
+    # A `jax.export` call prints as its function's name only (``Exported(fun_name=<lambda>, ...)``): two
+    # different exported functions of one signature would look the same (the Pathways service runs every
+    # client's node so). Keyed by identity, like anything printed by identity.
+    if " at 0x" in text or "call_exported[" in text or calls_host(closed.jaxpr.eqns):
         key: Any = ("id", id(closed))
     else:
         consts = []
