@@ -164,7 +164,8 @@ def add_ray_islands(
 
     With ``count``, start that many actors (e.g. on one machine, for testing);
     otherwise one per alive Ray node that has no live island here yet (called
-    again after a node joins, it adds that node's). On CPU each actor simulates
+    again after a node joins, it adds that node's; in a client of a Pathways service that serves a
+    Ray cluster, ``serve --ray``, the service's islands this client lacks). On CPU each actor simulates
     ``devices_per_island`` devices. Slices go there with ``pw.slice(n, island=i)``.
 
     Example::
@@ -174,6 +175,8 @@ def add_ray_islands(
         s = pw.slice(4, island=islands[0].id)
     """
     ctrl = controller()
+    if ctrl.islands_from is not None and address is None and count is None:  # a Pathways service's Ray nodes
+        return ctrl.islands_from()
     homes = {i.remote.info.get("node_id") for i in ctrl.islands if i.remote is not None and not i.lost}
     return ctrl.add_remote_islands(
         ray_islands(address, count=count, devices_per_island=devices_per_island, platform=platform, env=env,

@@ -38,6 +38,7 @@ from .protocol import (
     Colocated,
     Free,
     Get,
+    Islands,
     Keep,
     KeptTree,
     Load,
@@ -69,7 +70,7 @@ class Handlers:
             Put: self.put, Reshard: self.reshard, Get: self.get, Colocated: self.colocated,
             Free: self.free, Cancel: self.cancel, Stats: self.stats, ProfileStart: self.profile_start,
             ProfileStop: self.profile_stop, Bye: self.bye, Clients: self.clients, Keep: self.keep,
-            KeptTree: self.kept, Adopt: self.adopt, Unkeep: self.unkeep, Pool: self.pool,
+            KeptTree: self.kept, Adopt: self.adopt, Unkeep: self.unkeep, Islands: self.islands, Pool: self.pool,
         }
 
     def handle(self, c: Client, msg: Any, reply: Callable) -> Any:
@@ -247,6 +248,9 @@ class Handlers:
         """What the pool did lately: every client's nodes, named (they are all this user's: `pool.py`)."""
         st = self.state
         return pool_data(st.pool_record, st.clients, st.devices, int(msg.since_ns), you=c)
+
+    def islands(self, c: Client, msg: Islands, reply) -> list:
+        return self.state.remote_islands()
 
     def keep(self, c: Client, msg: Keep, reply) -> None:
         kept = []

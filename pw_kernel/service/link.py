@@ -267,6 +267,10 @@ class ServiceLink:
         if type(msg) is Pong:
             self.last_pong = time.monotonic()
             self._ponged.set()
+            for island_id, why in msg.lost:  # (one of the service's Ray nodes is gone: its island here too)
+                for other in self.others:
+                    if other.info["island"] == island_id and other.alive:
+                        other.lost(IslandLostError(f"the service lost its island {island_id} ({why})"))
             if not msg.known and self.island is not None:
                 self.lose(
                     "the service no longer knows this client (it missed heartbeats for a while and was dropped: "

@@ -92,6 +92,7 @@ class Ping:
 @message
 class Pong:
     known: bool  # whether the service knows this client (False: it was dropped)
+    lost: tuple = ()  # (island id, why) of each of the service's islands that is gone (a Ray node died)
 
 
 # ---------------------------------------------------------------- the service's own requests
@@ -121,6 +122,11 @@ class Clock:
 @message
 class Clients:
     """Every client: name, weight, device time, runs, nodes, pid."""
+
+
+@message
+class Islands:
+    """The service's islands in other processes (each Ray node's), alive ones: what `Hello` said of them, now."""
 
 
 @message

@@ -54,6 +54,7 @@ from .protocol import (
 )
 from .dashboard import Dashboard
 from .pool import pool_data
+from .ray_nodes import RayNodes
 from .state import ServiceState, StoryRow
 from .store import KeptStore
 from .wire import Hub, Messages, default_connection_file, new_key, read_connection_file, send, write_connection_file
@@ -121,8 +122,10 @@ class Service:
         self.ctrl = Controller(Config(**SERVICE_CONFIG))
         self.ctrl.set_policy(FairShare())
         self.devices = list(self.ctrl.devices)
+        self.ray_nodes: RayNodes | None = None  # with `ray`: the nodes watched (lost, added back: `ray_nodes.py`)
         if ray is not None:  # each Ray node's devices an island of this controller, as `pw.add_ray_islands` makes
             self.ctrl.add_remote_islands(ray_islands(None if ray == "local" else ray, devices_per_island=ray_devices))
+            self.ray_nodes = RayNodes(self.ctrl, ray_devices).start()
         self.path = os.path.abspath(os.path.expanduser(connection_file or default_connection_file()))
         self._check_not_running(self.path)
         self.ctx = zmq.Context()
@@ -226,7 +229,7 @@ class Service:
             c = self.state.clients.by_beat.get(ident)
             if c is not None:
                 c.last_seen = time.monotonic()
-            self.hub.send(self.messages.pack(Pong(c is not None), ident))
+            self.hub.send(self.messages.pack(Pong(c is not None, self.state.lost_islands()), ident))
             return
         if type(msg) is not Request:
             self._refuse(frames, ValueError(f"not a request: {type(msg).__name__}"))
@@ -348,6 +351,8 @@ class Service:
         if self.stopped.is_set():
             return
         self.stopped.set()
+        if self.ray_nodes is not None:
+            self.ray_nodes.stop()
         if self.dashboard is not None:
             self.dashboard.stop()
         self._inbox.close()

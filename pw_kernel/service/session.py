@@ -30,7 +30,7 @@ from ..runtime import TimeoutError as PathwaysTimeout
 from ..runtime.extend import Controller, RemoteIsland, on_controller_replaced, remote_slice
 from .link import ServiceLink
 from .memory import parse_bytes
-from .protocol import PROTOCOL_VERSION, Adopt, Bye, Clients, Clock, Keep, KeptTree, Pool, Stats, Unkeep
+from .protocol import PROTOCOL_VERSION, Adopt, Bye, Clients, Clock, Islands, Keep, KeptTree, Pool, Stats, Unkeep
 from .wire import address, read_connection_file
 
 log = logging.getLogger("pw_kernel.service")
@@ -215,14 +215,34 @@ def _attach(conn: Session, ctrl: Controller) -> None:
     """Make the service an island of ``ctrl``, where its unplaced slices go."""
     island, *others = ctrl.add_remote_islands([conn.remote, *conn.others])
     ctrl.events.island_names[island.id] = f"island {island.id} (service pid {conn.remote.info['pid']})"
-    for i in others:
+    _name(ctrl, others)
+    ctrl.islands_from = lambda: _more_islands(conn)
+    ctrl.default_island = island.id
+    conn.controller, conn.island = ctrl, island
+    conn._kept_slices.clear()
+
+
+def _name(ctrl: Controller, islands) -> None:
+    for i in islands:
         info = i.remote.info
         ctrl.events.island_names[i.id] = (
             f"island {i.id} (service pid {info['service_pid']}, its island {info['island']}: Ray on {info['host']})"
         )
-    ctrl.default_island = island.id
-    conn.controller, conn.island = ctrl, island
-    conn._kept_slices.clear()
+
+
+def _more_islands(conn: Session) -> list:
+    """The service's islands this client does not have yet (a Ray node that joined or came back), added here."""
+    have = {r.info["island"] for r in conn.others if r.alive}
+    new = [RemoteIsland(conn.link, {**i, "service_pid": conn.remote.info["pid"]}, conn.remote.offset_ns,
+                        shares=conn.remote)
+           for i in conn.link.call(Islands(), timeout=30) if i["island"] not in have]
+    if not new:
+        return []
+    conn.others += new
+    conn.link.others = [*conn.link.others, *new]
+    added = conn.controller.add_remote_islands(new)
+    _name(conn.controller, added)
+    return added
 
 
 def _follow(old: Controller | None, new: Controller | None) -> None:
@@ -283,6 +303,7 @@ def _disconnect_locked() -> bool:
     c.link.lose("this client disconnected (`pw.disconnect()`); slices and arrays of the service are no longer usable")
     if c.controller.default_island == c.island.id:
         c.controller.default_island = None
+    c.controller.islands_from = None
     c.link.close()
     return True
 

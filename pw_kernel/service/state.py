@@ -133,9 +133,17 @@ class ServiceState:
         """The service's islands in other processes (a Ray node's actor each), alive ones, as clients see them."""
         return [
             {"island": i.id, "host": i.remote.info["host"], "pid": i.remote.info["pid"], "platform": i.platform,
-             "devices": list(i.remote.info["devices"]), "device_kind": i.remote.info.get("device_kind", "")}
+             "devices": list(i.remote.info["devices"]), "device_kind": i.remote.info.get("device_kind", ""),
+             "node_id": i.remote.info.get("node_id"), "node_ip": i.remote.info.get("node_ip")}
             for i in self.ctrl.islands if i.remote is not None and i.remote.alive
         ]
+
+    def lost_islands(self) -> tuple:
+        """(island id, why) of each of the service's islands that is gone: every heartbeat's answer says so."""
+        return tuple(
+            (i.id, f"{i.remote.link.where(i.remote.info)}: {i.remote.error}")
+            for i in self.ctrl.islands if i.remote is not None and not i.remote.alive
+        )
 
     def island(self, island_id: int):
         """The service's island ``island_id``; `pw.IslandLostError` naming its host if it is gone."""

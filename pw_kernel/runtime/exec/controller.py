@@ -112,6 +112,9 @@ class Controller:
     #: manager's choice among this process's islands; an island id, that island (a Pathways service's,
     #: while this process is its client: `pw_kernel.service.session`).
     default_island: int | None = None
+    #: Where `pw.add_ray_islands()` (no address, no count) gets islands when another process owns the Ray
+    #: nodes: a Pathways service's, while this process is its client (the ones it does not have yet).
+    islands_from: Any = None
 
     # ------------------------------------------------------------- public API
     def slice(
