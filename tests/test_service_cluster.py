@@ -207,3 +207,28 @@ def test_a_lost_host_fails_only_its_runs_naming_it_and_a_node_added_back_is_an_i
         kc.stop_channels()
         km.shutdown_kernel(now=True)
 
+
+
+def test_each_host_writes_its_own_checkpoint_shards_and_restores_them_there(pool, tmp_path):
+    lc, conn = pool
+    got = client(ISLANDS + textwrap.dedent("""
+        import glob, os
+        nodes = sorted(ray_islands)
+        a, b = ray_islands[nodes[0]], ray_islands[nodes[1]]
+        make = lambda isl: pw.compiled(lambda x: x * 2.0, slice=pw.slice(1, island=isl.id))
+        state = {"a": make(a)(jnp.arange(6.0)), "b": make(b)(jnp.ones((2, 3)))}
+        ckpt = pw.CheckpointManager(ARGS[1])
+        ckpt.save(1, state)
+        ckpt.wait_until_finished()
+        writers = sorted(json.load(open(p))["pid"] for p in glob.glob(os.path.join(ARGS[1], "1", "island_*", "written_by.json")))
+        back = ckpt.restore(1, target=state)
+        print(json.dumps({
+            "writers": writers, "actors": sorted(i.remote.info["pid"] for i in (a, b)),
+            "service": pw.islands()[1].remote.info["pid"],
+            "a": np.asarray(back["a"]).tolist(), "b": np.asarray(back["b"]).tolist(),
+            "b_on": back["b"].island.island.id == b.id if hasattr(back["b"], "island") else None,
+        }))
+        """), conn, "ckpt", str(tmp_path / "ckpt"))
+    assert got["writers"] == got["actors"] and got["service"] not in got["writers"]  # each host's own process
+    assert got["a"] == [2.0 * x for x in range(6)] and got["b"] == [[2.0] * 3] * 2
+    assert got["b_on"] is True  # restored onto b's host, where its shards are read

@@ -21,9 +21,10 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ..runtime import ArgumentError, PathwaysError
+from ..runtime import ArgumentError, Future, PathwaysError, RemoteArray
 from ..runtime.extend import Compiled, ErrorEnvelope, executions, from_wire, start_trace, to_wire
 from .callbacks import load as load_calling_host
 from .clients import Client, Kept
@@ -171,7 +172,13 @@ class Handlers:
         island's actor runs it (`IslandActor.colocated`): ``fn(arrays, out_shardings, *args)``; (times, failure)."""
         start = time.perf_counter_ns()
         try:
-            arrays = [value_of(buffer(c, h)) for h in msg.in_ids]
+            values = [buffer(c, h) for h in msg.in_ids]
+            host = self._ray_island_of(values, msg)
+            if host is not None:  # a Ray node's arrays: its own process reads or writes them (its shards, its host)
+                outs = host[0].colocated(msg.fn, host[1], host[2], args=tuple(msg.args), slice_=host[3])
+                c.buffers.update(zip(msg.out_ids, outs))
+                return [(start, time.perf_counter_ns())] * max(1, len(msg.out_ids)), None
+            arrays = [value_of(v) for v in values]
             meshes = [(self.state.slice(lay).mesh, spec) for lay, spec in msg.out_layouts]
             shardings = [NamedSharding(mesh, PartitionSpec(*spec)) for mesh, spec in meshes]
             outs = list(msg.fn(arrays, shardings, *msg.args) or ())
@@ -182,6 +189,22 @@ class Handlers:
             return [], (0, ErrorEnvelope.of(e))
         c.buffers.update(zip(msg.out_ids, outs))
         return [(start, time.perf_counter_ns())] * max(1, len(msg.out_ids)), None
+
+    def _ray_island_of(self, values: list, msg: Colocated):
+        """(island, input arrays, outputs, their slice) when the inputs and outputs of a `Colocated` all live on
+        one of the service's Ray nodes' islands, else None (the service's own process runs it)."""
+        islands = {lay[3] if len(lay) > 3 else 0 for lay, _ in msg.out_layouts}
+        if len(islands) > 1 or 0 in islands or len(msg.out_avals) != len(msg.out_ids):
+            return None
+        arrays = [v.remote_array() if isinstance(v, Future) else v for v in values]
+        homes = {a.island for a in arrays if isinstance(a, RemoteArray)}
+        homes |= {self.state.island(i).remote for i in islands}
+        if len(homes) != 1 or not all(isinstance(a, RemoteArray) for a in arrays):
+            return None
+        slices = [self.state.slice(lay) for lay, _ in msg.out_layouts]
+        outputs = [jax.ShapeDtypeStruct(tuple(shape), jnp.dtype(dtype), sharding=NamedSharding(s.mesh, PartitionSpec(*spec)))
+                   for (shape, dtype), s, (_, spec) in zip(msg.out_avals, slices, msg.out_layouts)]
+        return homes.pop(), arrays, outputs, (slices[0] if slices else None)
 
     def free(self, c: Client, msg: Free, reply) -> None:
         for h in msg.handles:

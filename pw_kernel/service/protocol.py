@@ -227,6 +227,7 @@ class Colocated:
     out_ids: list
     out_layouts: list
     args: tuple
+    out_avals: list = ()  # (shape, dtype name) of each output: a Ray node's island makes them there
 
 
 @message

@@ -29,6 +29,8 @@ from ..runtime import RemoteArray
 from .tree import path_key
 
 ITEM_PREFIX = "island_"
+#: In each island's item: the host and pid of the process that wrote it.
+WRITTEN_BY = "written_by.json"
 
 
 def leaf_name(k: int) -> str:
@@ -42,11 +44,17 @@ def write_on_island(arrays: list, out_shardings: list, names: list[str], directo
     import orbax.checkpoint as ocp
     from etils import epath
 
+    import json
+    import os
+    import socket
+
     handler = ocp.StandardCheckpointHandler()
     path = epath.Path(directory)
     handler.save(path, args=ocp.args.StandardSave(dict(zip(names, arrays, strict=True))))
     handler.finalize(path)
     handler.close()
+    # Which process wrote these shards (the island's own, on its host): a checkpoint says where each part came from.
+    (path / WRITTEN_BY).write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
     return []
 
 

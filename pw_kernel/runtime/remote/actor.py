@@ -153,7 +153,8 @@ class IslandActor:
         self._store(handle, out)
         return [(start, time.perf_counter_ns())], None
 
-    def colocated(self, fn, in_ids: list[int], out_ids: list[int], out_layouts: list, args: tuple) -> tuple[list, tuple | None]:
+    def colocated(self, fn, in_ids: list[int], out_ids: list[int], out_layouts: list, args: tuple,
+                  out_avals: list = ()) -> tuple[list, tuple | None]:
         """Run host code here, beside the island's buffers: ``fn(arrays, out_shardings, *args)`` returns the new arrays.
 
         What the controller ships is the function and its small arguments; the arrays it

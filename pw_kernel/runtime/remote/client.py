@@ -422,7 +422,9 @@ class RemoteIsland:
         out_ids = [isl.new_handle() for _ in outputs]
         layouts = [(_layout(o.sharding, isl), spec_tuple(o.sharding)) for o in outputs]
         ticket = _Ticket(isl)
-        isl.post([("call", lambda: isl.link.request("colocated", fn, in_ids, out_ids, layouts, tuple(args)), ticket)])
+        avals = [(tuple(o.shape), str(o.dtype)) for o in outputs]  # (the service forwards them to a Ray node's island)
+        isl.post([("call", lambda: isl.link.request("colocated", fn, in_ids, out_ids, layouts, tuple(args), avals),
+                   ticket)])
         if outputs:
             return [
                 RemoteArray(isl, h, o.shape, o.dtype, o.sharding, ticket, k, slice_)
