@@ -529,6 +529,23 @@ def service_table(sv: dict) -> tuple[list[str], list[dict]]:
     return out, sv["targets"]
 
 
+def cluster_table(cl: dict) -> tuple[list[str], list[dict]]:
+    a, b, c, d = cl["pipeline"], cl["transfer"], cl["call"], cl["kill"]
+    lost = "none failed" if d["lost_s"] is None else f"{d['lost_s']:.2f} s"
+    out = ["#### The service over a Ray cluster (cluster.py)", "",
+           "| row | pw | competitor | ratio |", "|---|---|---|---|",
+           (f"| 2-stage pipeline ({a['stage_ms_island']:.0f} ms stages), steps/s: two hosts / one host | "
+            f"{a['steps_per_s']['two hosts']:.1f} | {a['steps_per_s']['one host']:.1f} | {a['ratio']:.2f}x |"),
+           (f"| {b['mib']} MiB node to node, GiB/s: pw / raw Ray | {b['pw']['gib_s']:.2f} | "
+            f"{b['ray']['gib_s']:.2f} | {b['ratio']:.2f}x |"),
+           (f"| waited tiny call, µs: Ray node island / one-host service | {c['us']['ray node island']:,.0f} | "
+            f"{c['us']['one-host service']:,.0f} | {c['ratio']:.2f}x |"), "",
+           (f"A host killed: the next call on another node's island waited {d['wait_s'] * 1e3:.1f} ms "
+            f"({d['extra_wait_s'] * 1e3:.1f} beyond idle; bound {d['bound_s'] * 1e3:.1f} ms); the lost client's "
+            f"runs all failed after {lost}."), ""]
+    return out, cl["targets"]
+
+
 def long_run_table(lr: dict) -> tuple[list[str], list[dict]]:
     out = ["#### Long runs at real sizes (long_run.py)", ""]
     for layout in ("one", "data8"):
@@ -596,7 +613,7 @@ def render(platform: str, results: Path, status: dict | None) -> str:
     loaded = {n: _load(results, n, platform) for n in
               ("dispatch", "interactive", "parity", "utilization", "profile_overhead", "multitenancy", "pipeline",
                "timeline_redraw", "remote", "checkpoint", "input", "memory", "tracing", "depth", "training_loop",
-               "service", "long_run")}
+               "service", "cluster", "long_run")}
     first = next((v for v in loaded.values() if v and isinstance(v.get("machine"), dict)), None)
     lines = header(platform, status, first)
     lines.append("")
@@ -611,6 +628,7 @@ def render(platform: str, results: Path, status: dict | None) -> str:
         ("remote", remote_table, tail), ("checkpoint", checkpoint_table, tail), ("input", input_table, tail),
         ("memory", memory_table, tail), ("tracing", tracing_table, tail), ("depth", depth_table, tail),
         ("training_loop", training_loop_table, tail), ("service", service_table, tail),
+        ("cluster", cluster_table, tail),
         ("long_run", long_run_table, tail),
     )
     for name, fn, where in renderers:

@@ -59,6 +59,7 @@ STEPS: dict[str, tuple[str, list[str], int]] = {
     "training_loop": ("training_loop.py", [], 420),
     "depth": ("depth.py", [], 300),
     "service": ("service.py", [], 300),
+    "cluster": ("cluster.py", [], 420),
     "long_run": ("long_run.py", [], 900),
 }
 

@@ -157,6 +157,17 @@ TARGETS: tuple[Target, ...] = (
            "service: next call after another client's SIGKILL, beyond idle / (run-ahead bound + one node)", "<=", 1.0),
     Target("service", "killed.kills[*].memory_back_s", "service: a SIGKILLed client's memory back, longest", "<=", 10.0,
            unit=" s", reduce=max),
+    # cluster.py: the service over a local 3-node Ray cluster (issue 50)
+    Target("cluster", "pipeline.ratio",
+           "cluster: 2-stage pipeline (20 ms stages) across two hosts / on one host, steps/s", ">=", 0.9),
+    Target("cluster", "transfer.ratio", "cluster: 64 MiB island to island between two nodes, pw / raw Ray, bandwidth",
+           ">=", 0.8),
+    Target("cluster", "call.ratio",
+           "cluster: waited tiny call, a Ray node's island of the service / a one-host service's island", "<=", 1.5),
+    Target("cluster", "kill.extra_wait_s / kill.bound_s",
+           "cluster: next call after a host's kill, beyond idle / (run-ahead bound + one node)", "<=", 1.0),
+    Target("cluster", "kill.lost_s", "cluster: the killed host's runs failed, after the kill", "<=", 10.0,
+           unit=" s", none="none failed"),
     # long_run.py
     Target("long_run", "leaves_one.rows[leaves=30].ratio", "long run: chained step on 30 leaves, pw / `jax.jit`",
            "<=", 2.0),

@@ -199,6 +199,24 @@ QUICK = {
          r"^  its memory and runs gone after\s+\S+ s  \(the longest of \d+\)$",
          r"^  a killed client's memory back\s+.*\(target <= 10 s\)  (met|MISSED)$"],
     ),
+    "cluster": (
+        "cluster.py",
+        [],
+        (),
+        [r"^cluster: a head and 2 worker Ray nodes on 127\.0\.0\.1 .*\(Ray's default: ~15 s\).*; load average .*$",
+         rf"^  one host \(2 devices of one node's island\)\s+{NUM} steps/s$",
+         rf"^  two hosts \(two nodes' islands\)\s+{NUM} steps/s$",
+         rf"^  two hosts / one host\s+{NUM}x$",
+         rf"^  pw, through the service\s+-?{NUM} ms\s+-?{NUM} GiB/s  \(call .*\)$",
+         rf"^  raw Ray: ray\.put on A, ray\.get on B\s+-?{NUM} ms\s+-?{NUM} GiB/s  \(call .*\)$",
+         rf"^  pw / raw Ray bandwidth\s+-?{NUM}x$",
+         rf"^  Ray service, a Ray node's island\s+{NUM}$", rf"^  one-host service, its own island\s+{NUM}$",
+         rf"^  Ray node island / one-host\s+{NUM}x$",
+         rf"^  this client's next call on node 1's island\s+{NUM} ms  \(-?{NUM} ms more than idle .*\)$",
+         # the killed host's runs fail (naming the lost island), none left hanging
+         rf"^  the lost client's runs all failed after\s+{NUM} s  \(\d+ failed, \d+ completed before the kill\)$",
+         r"^  the lost runs failed after the kill\s+.*\(target <= 10 s\)  (met|MISSED)$"],
+    ),
     "long_run": (
         "long_run.py",
         ["--slice", "both"],  # the 8-device variant too (skipped, saying why, on a host with fewer)
@@ -226,9 +244,15 @@ QUICK = {
 }
 
 
-@pytest.mark.parametrize("name", list(QUICK))
+#: benchmarks that are system tests: they start a Ray cluster (and skip where Ray is missing)
+MARKS = {"cluster": (pytest.mark.ray, pytest.mark.slow)}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=MARKS.get(n, ())) for n in QUICK])
 def test_a_benchmark_runs_end_to_end_in_its_quick_mode(name, tmp_path):
     script, args, hide, lines = QUICK[name]
+    if name in MARKS:
+        pytest.importorskip("ray", reason=f"{script} starts a local Ray cluster (pip install ray)")
     out = bench(script, *args, "--json", str(tmp_path / "result.json"), hide=hide)
     has_table(out, *lines)
     result = json.loads((tmp_path / "result.json").read_text())
@@ -309,7 +333,8 @@ def test_run_all_quick_runs_every_step_on_a_one_device_host(tmp_path):
     assert not failed, f"{failed}\n{proc.stdout[-5000:]}\n{proc.stderr[-5000:]}"
     assert set(status["steps"]) == {"dispatch", "interactive", "parity", "utilization", "profile_overhead",
                                     "multitenancy", "pipeline", "timeline_redraw", "remote", "checkpoint", "input",
-                                    "memory", "tracing", "training_loop", "depth", "service", "long_run"}
+                                    "memory", "tracing", "training_loop", "depth", "service", "cluster",
+                                    "long_run"}
     # what needs more devices says what it measured instead
     assert "allreduce: asks 4 devices, 1 present: measured on 1 instead" in proc.stdout
     assert "layout 2x1 asks 2 devices, 1 present: its 2 stages share 1 device" in proc.stdout
