@@ -143,6 +143,7 @@ def test_a_lost_host_fails_only_its_runs_naming_it_and_a_node_added_back_is_an_i
         s = pw.slice(len(head.devices), island=head.id)
         inc = pw.compiled(lambda x: x + 1, slice=s)
         y = inc(jnp.zeros(4))
+        pw.keep("on-the-head", {{"y": y}})          # kept on the head node's island
         print(np.asarray(y.result()).tolist())
         """))
         victim = next(k for k in range(1, len(lc.nodes)) if lc.nodes[k] is not None)
@@ -191,6 +192,8 @@ def test_a_lost_host_fails_only_its_runs_naming_it_and_a_node_added_back_is_an_i
         assert all("IslandLostError" in e and victim_id in e and "127.0.0.1" in e for e in seen["errors"]), seen["errors"]
         # The other client goes on, on its own island, in the same kernel.
         assert _cell(kc, "print(np.asarray(inc(y).result()).tolist())").strip() == "[2.0, 2.0, 2.0, 2.0]"
+        # ... and what it kept on its island is there still.
+        assert _cell(kc, 'print(np.asarray(pw.kept("on-the-head")["y"]).tolist())').strip() == "[1.0, 1.0, 1.0, 1.0]"
         # A host joins: the service makes it an island; the kernel adds it and runs there.
         add_node_back(lc)
         got = _cell(kc, f"""

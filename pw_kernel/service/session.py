@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 
 import jax
 
-from ..runtime import ArgumentError, Future, PathwaysError, ProtocolError, RemoteArray, controller, put
+from ..runtime import ArgumentError, Future, IslandLostError, PathwaysError, ProtocolError, RemoteArray, controller, put
 from ..runtime import TimeoutError as PathwaysTimeout
 from ..runtime.extend import Controller, RemoteIsland, on_controller_replaced, remote_slice
 from .link import ServiceLink
@@ -447,18 +447,20 @@ def keep(name: str, tree: Any) -> None:
         x = leaf.remote_array() if isinstance(leaf, Future) else leaf
         if isinstance(x, jax.Array) and remote_slice(c.controller.resources, x.sharding) is not None:
             x = put(x, x.sharding, c.controller.resources)  # placed on a service slice with `jax.device_put`
-        if not isinstance(x, RemoteArray) or x.island is not c.remote:
+        if not isinstance(x, RemoteArray) or x.island.primary is not c.remote:  # (any of the service's islands)
             raise ArgumentError(
                 f"`pw.keep({name!r}, tree)`: leaf {i} is a {type(leaf).__name__} that does not live in the service. "
                 f"Keep what programs computed there (futures, arrays from `pw.kept` or `pw.put`), and Python "
                 f"numbers or strings; to keep a local array, place it first: `pw.put(x, s.sharding(...))` with `s` "
                 f"a slice of the service."
             )
-        if x.generation != c.remote.generation:
-            raise c.remote.stale(x, f"`pw.keep({name!r}, tree)`, leaf {i}")
+        if x.generation != x.island.generation:
+            raise x.island.stale(x, f"`pw.keep({name!r}, tree)`, leaf {i}")
         x.block_until_ready()  # (made by a run that the service has seen: its handle names a buffer there)
         mesh = x.sharding.mesh
+        where = x.island.info.get("island", 0)  # (which of the service's islands: a Ray node's, or its own)
         layout = (tuple(mesh.devices.shape), tuple(mesh.axis_names), tuple(range(mesh.devices.size)))
+        layout += (where,) if where else ()
         sent.append(("a", x.handle, tuple(x.shape), str(x.dtype), layout, tuple(x.sharding.spec)))
     c.link.call(Keep(name, sent, pickle.dumps(treedef)), timeout=60)
 
@@ -494,22 +496,36 @@ def kept(name: str | None = None, *, slice=None) -> Any:
             values.append(m[1])
             continue
         _, shape, dtype, layout, spec = m
-        s = _kept_slice(c, layout, slice)
-        values.append(c.remote.existing(next(it), tuple(shape), dtype, s.sharding(*spec), s))
+        r = _kept_island(c, layout)
+        s = _kept_slice(c, layout, slice, r)
+        values.append(r.existing(next(it), tuple(shape), dtype, s.sharding(*spec), s))
     return jax.tree.unflatten(pickle.loads(treedef), values)
 
 
-def _kept_slice(c: Session, layout, given):
+def _kept_island(c: Session, layout) -> RemoteIsland:
+    """This client's island for the service island a kept array lives on; `pw.IslandLostError` if it is gone."""
+    where = layout[3] if len(layout) > 3 else 0
+    for r in (c.remote, *c.others):
+        if r.info.get("island", 0) == where and r.alive:
+            return r
+    raise IslandLostError(
+        f"`pw.kept`: this tree lives on the service's island {where} (a Ray node's), which is gone or not yet "
+        f"this client's: `pw.add_ray_islands()` adds the islands the service has now."
+    )
+
+
+def _kept_slice(c: Session, layout, given, r: RemoteIsland):
     shape, names = tuple(layout[0]), tuple(layout[1])
-    if given is not None and tuple(given.mesh.devices.shape) == shape and tuple(given.mesh.axis_names) == names:
+    if (given is not None and given.island is r.island and tuple(given.mesh.devices.shape) == shape
+            and tuple(given.mesh.axis_names) == names):
         return given
-    s = c._kept_slices.get((shape, names))
+    s = c._kept_slices.get((shape, names, r.island.id))
     if s is None or s.released:
         size = 1
         for k in shape:
             size *= k
-        s = c._kept_slices[(shape, names)] = c.controller.slice(
-            size, mesh=dict(zip(names, shape)), island=c.island.id
+        s = c._kept_slices[(shape, names, r.island.id)] = c.controller.slice(
+            size, mesh=dict(zip(names, shape)), island=r.island.id
         )
     return s
 

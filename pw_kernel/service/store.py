@@ -113,7 +113,15 @@ class KeptStore:
 
     # ------------------------------------------------------------ writing
     def save(self, user: str, name: str, kept: Kept) -> None:
-        """Write ``kept`` as the newest version of ``name``; whole on disk when this returns (or raises)."""
+        """Write ``kept`` as the newest version of ``name``; whole on disk when this returns (or raises).
+
+        A tree with a leaf on one of the service's Ray nodes' islands is not written: it lives on that host,
+        as long as its island does (its bytes would otherwise all cross to the service's host to be saved).
+        """
+        if any(leaf[0] == "a" and len(leaf[4]) > 3 for leaf in kept.leaves):
+            log.info("pw_kernel service: kept tree %r lives on a Ray node's island: not written to %s", name,
+                     self.directory)
+            return
         entry = self._entry(user, name)
         os.makedirs(self.directory, mode=0o700, exist_ok=True)  # (the folders below it: the user's umask)
         os.makedirs(entry, exist_ok=True)
