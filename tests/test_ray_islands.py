@@ -73,6 +73,24 @@ def test_the_paper_example_across_two_remote_islands(remote):
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
+def test_a_small_output_comes_back_with_its_call_and_a_big_one_is_asked_for(remote):
+    i0, _ = remote
+    s = pw.slice(1, island=i0.id)
+    f = pw.compiled(lambda x: (x.sum(), x * 2), slice=s)  # a loss-sized output and a 64 KiB one
+    link = i0.remote.link
+    asked = []
+    request = link.request
+    link.request = lambda method, *args: (asked.append(method), request(method, *args))[1]
+    try:
+        loss, big = f(jnp.ones(16 * 1024))
+        assert float(loss.result(timeout=120)) == 16 * 1024.0
+        assert "get" not in asked  # it came with the run's reply
+        assert np.asarray(big.result(timeout=120))[0] == 2.0
+        assert asked.count("get") == 1
+    finally:
+        del link.request
+
+
 def test_values_stay_remote_until_asked_and_handles_are_freed(remote):
     i0, _ = remote
     s = pw.slice(4, mesh={"d": 4}, island=i0.id)

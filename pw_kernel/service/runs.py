@@ -30,7 +30,7 @@ from collections.abc import Callable
 import jax
 
 from ..runtime import Future, PathwaysError
-from ..runtime.extend import ErrorEnvelope, to_wire
+from ..runtime.extend import ErrorEnvelope, from_wire, to_wire
 from .callbacks import expected as expected_output
 from .clients import Client
 from .protocol import RunReply
@@ -49,8 +49,13 @@ def small_values(handles: list, arrays: list) -> dict:
 
 
 def _here(f):
-    """A finished output's value if it lives in this process, else None (no bytes move from another island)."""
-    return None if f.remote_array() is not None else f.result()
+    """A finished output's value if it lives in this process or came small with its island's reply, else None
+    (no bytes move from another island for it)."""
+    r = f.remote_array()
+    if r is None:
+        return f.result()
+    value = r.inline()
+    return None if value is None else from_wire(value)
 
 
 def buffer(c: Client, handle: int):

@@ -359,6 +359,7 @@ class RemoteIsland:
                     self._sending = False
                     self._sent += len(bursts)
                     self._idle.notify_all()
+                items = bursts = burst = None  # (the bursts' arguments: not kept alive while this thread waits)
 
     def _send_frees(self) -> None:
         frees = self._take_frees()
@@ -545,7 +546,9 @@ class RemoteArray:
         if isl.bursts:  # empty off the dispatching thread: what made this value was handed over
             isl.bursts.flush()
         handle = self.handle
-        value = isl.link.take_inline(handle)
+        value = self.inline()
+        if value is None:
+            value = isl.link.take_inline(handle)
         if value is not None:  # (a small value came with the reply of the run that made it)
             return from_wire(value)
         ticket = _Ticket(isl)
@@ -554,6 +557,11 @@ class RemoteArray:
             return from_wire(isl.link.get(ticket.wait_ref()))
         except isl.link.lost_errors() as e:
             raise isl.lost(e) from None
+
+    def inline(self) -> Any:
+        """Its value if it is small and came with its actor call's reply (a Ray island's), else None."""
+        reply = self.ticket.result() if self.ticket.ready() else ()
+        return reply[3].get(self.handle) if len(reply) > 3 else None
 
     def local(self) -> jax.Array:
         if self._local is None:
