@@ -361,7 +361,10 @@ class Service:
             self.state.drop_all("the service stops")
         self.hub.stop()
         self._unsubscribe()
-        self._pool.shutdown(wait=False)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        for island in self.ctrl.islands:  # (its Ray nodes' islands: nothing more is sent to them, frees included)
+            if island.remote is not None:
+                island.remote.alive = False
         if self.heap is not None:
             self.heap.close()
         try:

@@ -222,6 +222,8 @@ class RemoteIsland:
     # ------------------------------------------------------------ mailbox
     def run(self, key: str, args: list, out_ids: list[int]) -> tuple[_Ticket, int]:
         """Buffer a node; consecutive nodes of a burst share one call (returns its ticket and our index)."""
+        if self.primary is not self:  # (islands of one service: one burst, in dispatch order across them)
+            return self.primary.run(key, args, out_ids)
         burst = self._burst
         if burst and burst[-1][0] == "run":
             ticket, index = burst[-1][4], burst[-1][5] + 1
@@ -234,6 +236,8 @@ class RemoteIsland:
 
     def call(self, send: Callable[[], Any]) -> _Ticket:
         """Buffer an actor call; ``send()`` runs on the mailbox thread, in order, and returns its ref."""
+        if self.primary is not self:
+            return self.primary.call(send)
         ticket = _Ticket(self)
         self._open()
         self._burst.append(("call", send, ticket))
@@ -388,6 +392,8 @@ class RemoteIsland:
     @staticmethod
     def _deliver(ticket: _Ticket, send: Callable[[], Any]) -> None:
         try:
+            if not ticket.island.link.usable():  # (Ray shut down: a call would start a new Ray in this process)
+                raise IslandLostError(f"{ticket.island._where()} can no longer be reached (its transport closed)")
             ticket.ref = send()
         except BaseException as e:  # a value that failed to compute, a dead actor: its readers see it
             ticket.error = e
