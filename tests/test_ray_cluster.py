@@ -94,12 +94,13 @@ def test_one_island_per_node_each_with_its_own_devices_and_a_program_across_two(
 
 
 def lost_message(exc: BaseException) -> str | None:
-    """The message of the `IslandLostError` behind ``exc`` (itself, or a run's error caused by it), else None."""
+    """The message of the `IslandLostError` behind ``exc`` (itself, a run's error caused by it, or a run that read
+    such a run's output: its ``root``), else None."""
     e: BaseException | None = exc
     while e is not None:
         if isinstance(e, pw.IslandLostError):
             return str(e)
-        e = e.__cause__
+        e = e.__cause__ or getattr(e, "root", None)
     return None
 
 
