@@ -35,6 +35,7 @@ TUTORIALS = [
     "07_checkpoint_resume.ipynb",
     "08_flax_and_inside_a_run.ipynb",
     "09_one_pool_many_notebooks.ipynb",
+    "10_one_pool_across_hosts.ipynb",
 ]
 CELL_TIMEOUT_S = 600  # a hang guard, not a speed test
 #: The last cell, added while executing: what JAX in the kernel sees.
