@@ -41,7 +41,10 @@ def pool(request, tmp_path_factory):
         svc = subprocess.Popen(
             [sys.executable, "-m", "pw_kernel", "serve", "--connection-file", str(conn), "--state", str(d / "state"),
              "--ray", lc.address, "--ray-devices", str(devices)],
-            stdout=log, stderr=subprocess.STDOUT, env={**BARE, "PW_NUM_CPU_DEVICES": "2"},
+            stdout=log, stderr=subprocess.STDOUT,
+            # (Ray's token authentication, as this process's Ray set it up when the cluster started: the service
+            # joins as another driver would)
+            env={**BARE, **{k: v for k, v in os.environ.items() if k.startswith("RAY_")}, "PW_NUM_CPU_DEVICES": "2"},
         )
         deadline = time.monotonic() + HANG_S
         while True:
