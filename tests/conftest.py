@@ -58,6 +58,19 @@ def ctl2():
     pw.shutdown()
 
 
+@pytest.fixture
+def service(tmp_path):
+    """A Pathways service in this process, with a controller of its own; this process connects as its client."""
+    from pw_kernel.service.server import Service
+
+    pw.init(pw.Config(validate=True))
+    svc = Service(str(tmp_path / "svc.json"))
+    yield svc
+    pw.disconnect()
+    svc.stop()
+    pw.shutdown()
+
+
 @pytest.fixture(scope="session")
 def ray_cluster():
     """One local Ray cluster for every test with remote islands: starting one takes ~9 s.

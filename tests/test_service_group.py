@@ -22,19 +22,8 @@ import pytest
 
 import pw_kernel as pw
 from pw_kernel.service import stats, unkeep
-from pw_kernel.service.server import Service
 
 HANG_S = 120  # only stops a wait that would hang: no test asserts on time
-
-
-@pytest.fixture
-def service(tmp_path):
-    pw.init(pw.Config(validate=True))
-    svc = Service(str(tmp_path / "svc.json"))
-    yield svc
-    pw.disconnect()
-    svc.stop()
-    pw.shutdown()
 
 
 def _slice():

@@ -25,16 +25,6 @@ from pw_kernel.service.wire import read_connection_file
 HANG_S = 60  # only stops a wait that would hang: no test asserts on time
 
 
-@pytest.fixture
-def service(tmp_path):
-    pw.init(pw.Config(validate=True))
-    svc = Service(str(tmp_path / "svc.json"))
-    yield svc
-    pw.disconnect()
-    svc.stop()
-    pw.shutdown()
-
-
 def bare_link(svc: Service, name: str = "observer") -> ServiceLink:
     """A client without a controller: sends protocol messages itself."""
     path, info = read_connection_file(svc.path, "test")
