@@ -91,6 +91,27 @@ def local_cluster(nodes: int = 3, devices_per_node: int = 2):
             init_ray("local", **SESSION_RAY)
 
 
+def _kill(cluster, node) -> None:
+    """SIGKILL a node's processes, and the raylet's children too (its agents and workers, which a raylet that
+    dies gracefully would stop: killed, it leaves them orphaned)."""
+    import psutil
+
+    raylets = node.all_processes.get("raylet", [])
+    children = []
+    for info in raylets:
+        try:
+            children += psutil.Process(info.process.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            pass
+    cluster.remove_node(node, allow_graceful=False)
+    for child in children:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(children, timeout=10)
+
+
 def shutdown(cluster) -> None:
     """`Cluster.shutdown`, without its graceful stop of each node's processes (SIGTERM, then waiting for each to
     exit: ~10 s a cluster whose workers hold JAX): a test cluster's processes are killed, the head last."""
@@ -98,9 +119,9 @@ def shutdown(cluster) -> None:
     from ray._common.utils import reset_ray_address
 
     for node in list(cluster.worker_nodes):
-        cluster.remove_node(node, allow_graceful=False)
+        _kill(cluster, node)
     if cluster.head_node is not None:
-        cluster.remove_node(cluster.head_node, allow_graceful=False)
+        _kill(cluster, cluster.head_node)
     ray.experimental.internal_kv._internal_kv_reset()
     reset_ray_address()
     ray._private.services.find_gcs_addresses.cache_clear()
@@ -114,7 +135,7 @@ def kill_node(lc: LocalCluster, k: int) -> float:
     if node is None or node is lc.cluster.head_node:
         raise ValueError(f"kill_node: node {k} is {'the head' if node is not None else 'killed already'}")
     at = time.monotonic()
-    lc.cluster.remove_node(node, allow_graceful=False)
+    _kill(lc.cluster, node)
     lc.nodes[k] = None
     return at
 
