@@ -531,7 +531,8 @@ def main(argv: list[str] | None = None) -> dict | None:
     ap.add_argument("--client", default=None, help=argparse.SUPPRESS)  # the service part's client subprocess
     ap.add_argument("--json", default=None)
     args = common.parse_args(ap, argv, quick={
-        "steps": 20, "rounds": 2, "cnn_steps": 3, "curve_steps": 3_000, "curve_every": 500, "transformer_steps": 20,
+        "steps": 20, "rounds": 2, "cnn_steps": 3, "curve_steps": 3_000, "curve_every": 500, "transformer_steps": 8,
+        "transformer_rounds": 2, "layers": 2,
         "service_steps": 400, "service_window": 100})
     if args.client:
         client_main(args)

@@ -91,7 +91,7 @@ def local_cluster(nodes: int = 3, devices_per_node: int = 2):
             init_ray("local", **SESSION_RAY)
 
 
-def _kill(cluster, node) -> None:
+def kill_processes(cluster, node) -> None:
     """SIGKILL a node's processes, and the raylet's children too (its agents and workers, which a raylet that
     dies gracefully would stop: killed, it leaves them orphaned)."""
     import psutil
@@ -103,12 +103,12 @@ def _kill(cluster, node) -> None:
             children += psutil.Process(info.process.pid).children(recursive=True)
         except psutil.NoSuchProcess:
             pass
-    cluster.remove_node(node, allow_graceful=False)
-    for child in children:
+    for child in children:  # (first: all at once, as a host's processes die; a worker left running takes a core)
         try:
             child.kill()
         except psutil.NoSuchProcess:
             pass
+    cluster.remove_node(node, allow_graceful=False)
     psutil.wait_procs(children, timeout=10)
 
 
@@ -119,9 +119,9 @@ def shutdown(cluster) -> None:
     from ray._common.utils import reset_ray_address
 
     for node in list(cluster.worker_nodes):
-        _kill(cluster, node)
+        kill_processes(cluster, node)
     if cluster.head_node is not None:
-        _kill(cluster, cluster.head_node)
+        kill_processes(cluster, cluster.head_node)
     ray.experimental.internal_kv._internal_kv_reset()
     reset_ray_address()
     ray._private.services.find_gcs_addresses.cache_clear()
@@ -135,7 +135,7 @@ def kill_node(lc: LocalCluster, k: int) -> float:
     if node is None or node is lc.cluster.head_node:
         raise ValueError(f"kill_node: node {k} is {'the head' if node is not None else 'killed already'}")
     at = time.monotonic()
-    _kill(lc.cluster, node)
+    kill_processes(lc.cluster, node)
     lc.nodes[k] = None
     return at
 

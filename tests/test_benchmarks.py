@@ -233,7 +233,7 @@ QUICK = {
          r"^  curve picture: \S+long_run_curve_\w+\.png$",
          r"^cnn: flax NNX MNIST tutorial's CNN \([\d,]+ parameters, \d+ leaves with AdamW\), .*$",
          *(rf"^  {b}\s+pw\s+{NUM} ms/step  jax\.jit\s+{NUM}  pw / jit {NUM}x  \(target <= 1\.15\)$" for b in ("numpy", "placed")),
-         r"^transformer: 12-layer decoder \(flax NNX\), .*; \d+ leaves in \(params, opt_state\); .*$",
+         r"^transformer: 2-layer decoder \(flax NNX\), .*; \d+ leaves in \(params, opt_state\); .*$",
          rf"^  pw / jit\s+{NUM}x  \(target <= 1\.1\)$",
          rf"^  final loss after \d+ steps: pw {NUM}, jax\.jit {NUM} \(match\)$",  # the same losses both sides
          *(rf"^  {row}\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}x$"
