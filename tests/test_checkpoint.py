@@ -135,6 +135,7 @@ def test_a_shape_that_differs_names_the_leaf_and_both_shapes(ctl, tmp_path):
     ckpt.close()
 
 
+@pytest.mark.system  # (a fresh process of its own)
 def test_a_fresh_process_restores_onto_two_slices_and_trains_on_like_the_uninterrupted_run(tmp_path):
     directory = str(tmp_path / "ck")
     first = MODEL + textwrap.dedent(f"""
@@ -243,6 +244,7 @@ def kill_while_saving(directory: str) -> list[str]:
     return writing
 
 
+@pytest.mark.system  # (a process of its own, killed)
 def test_a_process_killed_while_saving_leaves_the_last_finished_checkpoint_whole(tmp_path):
     directory = str(tmp_path / "ck")
     kill_while_saving(directory)

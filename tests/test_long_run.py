@@ -138,6 +138,7 @@ def test_the_python_work_a_step_does_at_step_5000_is_that_of_step_50():
         pw.shutdown()
 
 
+@pytest.mark.system  # (20,000 steps (~14 s): the full tier's)
 def test_memory_stays_flat_over_20000_steps_once_the_histories_are_full(small_histories):
     step = pw.compiled(_step, slice=pw.slice(1, name="memory"), name="step")
     state = _state(30)
