@@ -24,3 +24,21 @@ def on_host(fn):
 held = pw.compiled(on_host(_held), slice=one, name="held")
 broken = pw.compiled(on_host(_broken), slice=one, name="broken")
 """
+
+
+def run_cell(kc, code: str, timeout: float) -> str:
+    """Run ``code`` in a kernel (a jupyter_client ``kc``); its stdout (a failing cell fails the test with its
+    traceback)."""
+    import textwrap
+
+    out: list[str] = []
+
+    def hook(msg):
+        if msg["msg_type"] == "stream" and msg["content"]["name"] == "stdout":
+            out.append(msg["content"]["text"])
+        elif msg["msg_type"] == "error":
+            out.append("\n".join(msg["content"]["traceback"]))
+
+    reply = kc.execute_interactive(textwrap.dedent(code), timeout=timeout, output_hook=hook)
+    assert reply["content"]["status"] == "ok", "".join(out)
+    return "".join(out)

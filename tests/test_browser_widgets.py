@@ -82,7 +82,7 @@ quick_run.wait(60)
 print(f"PWQUICK {len(quick_run.events)}")  # its nodes and its compile
 tl = timeline()
 tl""",
-    # 6: a run of 24 compute nodes (~0.3 s each) and 24 cross-island transfers, to watch live
+    # 6: a run of 24 compute nodes (~0.45 s each) and 24 cross-island transfers, to watch live
     """def make_stage(iters):
     def stage(v):
         return jax.lax.fori_loop(0, iters, lambda i, v: jnp.tanh(v @ v * 0.01), v)
@@ -92,7 +92,9 @@ probe = jax.jit(make_stage(10))
 v = jnp.ones((256, 256)) * 0.01
 probe(v).block_until_ready()
 t = time.perf_counter(); probe(v).block_until_ready(); dt = time.perf_counter() - t
-ITERS = int(min(max(10 * 0.3 / dt, 5), 20000))  # ~0.3 s a node: the run lasts seconds
+# ~0.45 s a node: the run lasts ~11 s, so its second half outlasts the cells after cell 10 (which compile and
+# trace) and the kernel is seen idle while bars still arrive, on a loaded machine too
+ITERS = int(min(max(10 * 0.45 / dt, 5), 20000))
 
 stage_a = pw.compiled(make_stage(ITERS), slice=a, in_specs=P("data", None), out_specs=P("data", None), name="stage_a")
 stage_b = pw.compiled(make_stage(ITERS), slice=b, in_specs=P("stage", None), out_specs=P("stage", None), name="stage_b")

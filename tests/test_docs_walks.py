@@ -35,11 +35,13 @@ import json, os, sys, tempfile, threading, time
 
 PKG = os.path.join(sys.argv[1], "pw_kernel") + os.sep
 on = False
+main_done = False  # (set once the call has returned: what the main thread runs then is this probe's waiting)
+MAIN = threading.main_thread()
 seen = set()
 
 
 def profile(frame, event, arg):
-    if on and event == "call":
+    if on and event == "call" and not (main_done and threading.current_thread() is MAIN):
         path = frame.f_code.co_filename
         if path.startswith(PKG):
             seen.add((path[len(PKG):], frame.f_code.co_qualname))
@@ -76,6 +78,10 @@ while not all(not any(st.inflight.values()) and all(r.state in FINAL for r in st
     time.sleep(0.001)
 on = True
 f(x).result()
+main_done = True
+if walk == "service":  # the reply may leave before the handler is done (a lone node answers as it computes):
+    with svc._lock:    # the handler holds this lock throughout, so once it is ours the request is handled
+        pass
 on = False
 threading.setprofile(None)
 sys.setprofile(None)

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cells import run_cell
 
 import pw_kernel as pw
 from pw_kernel.service import protocol
@@ -132,8 +133,9 @@ def test_the_connection_file_is_the_users_alone_and_a_client_runs_programs_there
 
 def test_a_message_without_the_key_is_refused_and_logged_and_handles_are_per_client(service):
     import zmq
-    from pw_kernel.service import wire
     from jupyter_client.session import Session
+
+    from pw_kernel.service import wire
 
     path, log_path = service
     info = json.loads(Path(path).read_text())
@@ -476,18 +478,7 @@ def test_a_service_that_dies_leaves_its_clients_a_clear_error_and_a_way_back(tmp
 
 
 def _cell(kc, code: str) -> str:
-    """Run a cell in a kernel; its stdout (a failing cell fails the test with its traceback)."""
-    out: list[str] = []
-
-    def hook(msg):
-        if msg["msg_type"] == "stream" and msg["content"]["name"] == "stdout":
-            out.append(msg["content"]["text"])
-        elif msg["msg_type"] == "error":
-            out.append("\n".join(msg["content"]["traceback"]))
-
-    reply = kc.execute_interactive(textwrap.dedent(code), timeout=HANG_S, output_hook=hook)
-    assert reply["content"]["status"] == "ok", "".join(out)
-    return "".join(out)
+    return run_cell(kc, code, HANG_S)
 
 
 def test_a_pathways_kernel_restarted_mid_training_goes_on_from_the_kept_state(service):

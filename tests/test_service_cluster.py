@@ -18,7 +18,7 @@ import textwrap
 import time
 
 import pytest
-
+from cells import run_cell
 from ray_cluster import add_node_back, kill_node, local_cluster
 
 ray = pytest.importorskip("ray")
@@ -123,17 +123,7 @@ def _kernel(conn: str):
 
 
 def _cell(kc, code: str) -> str:
-    out: list[str] = []
-
-    def hook(msg):
-        if msg["msg_type"] == "stream" and msg["content"]["name"] == "stdout":
-            out.append(msg["content"]["text"])
-        elif msg["msg_type"] == "error":
-            out.append("\n".join(msg["content"]["traceback"]))
-
-    reply = kc.execute_interactive(textwrap.dedent(code), timeout=HANG_S, output_hook=hook)
-    assert reply["content"]["status"] == "ok", "".join(out)
-    return "".join(out)
+    return run_cell(kc, code, HANG_S)
 
 
 def test_a_lost_host_fails_only_its_runs_naming_it_and_a_node_added_back_is_an_island_again(pool):

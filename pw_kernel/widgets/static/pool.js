@@ -31,31 +31,16 @@ function poolLanes(data) {
 
 function render({ model, el }) {
   const root = h("div", "pw-w pw-timeline pw-pool");
-  const head = h("div", "pw-tl-head");
-  const title = h("span", "pw-title");
-  const stats = h("span", "pw-tl-stats");
-  const live = h("span", "pw-tl-live", "live");
-  head.append(title, stats, live);
-  const error = h("div", "pw-pool-error");
-  const legend = h("div", "pw-tl-legend pw-pool-legend");
-  const body = h("div", "pw-tl-body");
-  const labels = h("div", "pw-tl-labels");
-  const plot = h("div", "pw-tl-plot");
-  const canvas = h("canvas");
-  plot.appendChild(canvas);
-  const util = h("div", "pw-tl-util");
-  body.append(labels, plot, util);
-  const hint = h(
-    "div",
-    "pw-tl-hint",
+  const { head, title, stats, live, legend, body, labels, plot, canvas, util, hint, tip } = laneFrame(
     "time before the latest node (0) · a bar: one node of a client, in its colour · hover: client, device, duration",
   );
+  legend.classList.add("pw-pool-legend");
+  const error = h("div", "pw-pool-error");
   const sharesBox = h("div", "pw-pool-shares");
   const sharesCaption = h("div", "pw-sub");
   const sharesCanvas = h("canvas");
   sharesBox.append(sharesCaption, sharesCanvas);
   const table = h("table", "pw-pool-table");
-  const tip = h("div", "pw-tip");
   root.append(head, error, legend, body, hint, sharesBox, table, tip);
   el.appendChild(root);
 

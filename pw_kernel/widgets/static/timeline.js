@@ -8,10 +8,9 @@ function render({ model, el }) {
   const detach = attach(model, store);
 
   const root = h("div", "pw-w pw-timeline");
-  const head = h("div", "pw-tl-head");
-  const title = h("span", "pw-title");
-  const stats = h("span", "pw-tl-stats");
-  const live = h("span", "pw-tl-live", "live");
+  const { head, title, stats, live, legend, body, labels, plot, canvas, util, hint, tip } = laneFrame(
+    "wheel: zoom · drag: pan · double-click: fit · hover: details · paler bars: several short bars merged at this zoom",
+  );
   const controls = h("span", "pw-tl-controls");
   const fit = h("button", "", "fit");
   fit.title = "Fit the latest activity and follow new events (or double-click the plot); wheel out for earlier ones";
@@ -22,21 +21,7 @@ function render({ model, el }) {
     colourBy.appendChild(o);
   }
   controls.append(fit, colourBy);
-  head.append(title, stats, live, controls);
-  const legend = h("div", "pw-tl-legend");
-  const body = h("div", "pw-tl-body");
-  const labels = h("div", "pw-tl-labels");
-  const plot = h("div", "pw-tl-plot");
-  const canvas = h("canvas");
-  plot.appendChild(canvas);
-  const util = h("div", "pw-tl-util");
-  body.append(labels, plot, util);
-  const hint = h(
-    "div",
-    "pw-tl-hint",
-    "wheel: zoom · drag: pan · double-click: fit · hover: details · paler bars: several short bars merged at this zoom",
-  );
-  const tip = h("div", "pw-tip");
+  head.append(controls);
   root.append(head, legend, body, hint, tip);
   el.appendChild(root);
 

@@ -15,6 +15,28 @@ const GAP_MIN = 4;
 let hatchTile = null; // the compile hatch, drawn once
 
 // Lane backgrounds, then grid lines and tick labels of the time since `origin`; returns the labels drawn.
+// The frame both lane views (the timeline, the pool) draw into: a head (title, stats, "live"), a legend, the
+// body (device labels, the plot's canvas, a utilization column), a hint line and the hover tip; each view
+// adds its own parts and puts them in its root.
+function laneFrame(hintText) {
+  const head = h("div", "pw-tl-head");
+  const title = h("span", "pw-title");
+  const stats = h("span", "pw-tl-stats");
+  const live = h("span", "pw-tl-live", "live");
+  head.append(title, stats, live);
+  const legend = h("div", "pw-tl-legend");
+  const body = h("div", "pw-tl-body");
+  const labels = h("div", "pw-tl-labels");
+  const plot = h("div", "pw-tl-plot");
+  const canvas = h("canvas");
+  plot.appendChild(canvas);
+  const util = h("div", "pw-tl-util");
+  body.append(labels, plot, util);
+  const hint = h("div", "pw-tl-hint", hintText);
+  const tip = h("div", "pw-tip");
+  return { head, title, stats, live, legend, body, labels, plot, canvas, util, hint, tip };
+}
+
 function drawGrid(ctx, rows, width, height, win, origin, ink) {
   const { v0, v1, kx } = win;
   rows.forEach((r, i) => {
