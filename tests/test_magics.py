@@ -6,6 +6,7 @@ import os
 import re
 import signal
 import threading
+import time
 
 import jax
 import numpy as np
@@ -805,6 +806,10 @@ def test_cancel_and_reset(nb):
 
 def test_story_tells_a_cancelled_runs_transitions_and_their_causes(nb):
     nb.run("%%pathways --name stuck\ny = held(v)\n")
+    stuck, deadline = pw.controller().runs[-1], time.monotonic() + 60
+    while stuck.state != "running":  # (then held there by its gate; cancelled while queued, it would say "queued")
+        assert time.monotonic() < deadline, stuck.state
+        time.sleep(0.005)
     nb.ip.run_line_magic("pathways", "cancel stuck")
     view = nb.ip.run_line_magic("pathways", "story stuck")
     text, html = repr(view), view._repr_html_()
