@@ -109,7 +109,15 @@ def kill_processes(cluster, node) -> None:
         except psutil.NoSuchProcess:
             pass
     cluster.remove_node(node, allow_graceful=False)
-    psutil.wait_procs(children, timeout=10)
+    deadline = time.monotonic() + 10
+    for child in children:  # gone, or a zombie: orphans whose reaper (PID 1 here) may never reap them
+        while time.monotonic() < deadline:
+            try:
+                if child.status() == psutil.STATUS_ZOMBIE:
+                    break
+            except psutil.NoSuchProcess:
+                break
+            time.sleep(0.01)
 
 
 def shutdown(cluster) -> None:

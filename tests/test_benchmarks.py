@@ -325,17 +325,20 @@ def _run_all_steps() -> list[str]:
 
 
 @pytest.mark.timeout(900)
-def test_run_all_quick_runs_every_step_on_a_one_device_host(tmp_path):
-    """PW_NUM_CPU_DEVICES=1 (a one-GPU host): every benchmark adapts its layout, none fails, nothing left in benchmarks/.
+def test_run_all_quick_runs_the_layout_steps_on_a_one_device_host(tmp_path):
+    """PW_NUM_CPU_DEVICES=1 (a one-GPU host): each benchmark that lays work out over devices adapts, none fails,
+    nothing is left in benchmarks/.
 
-    All but cluster.py, whose islands are Ray nodes' devices (``--ray-devices``), not this host's: its one
-    device a node is tests/test_service_cluster.py's and tutorial 10's (~40 s saved)."""
+    These are the scripts with a one-device path of their own (each says what it measured instead) and the
+    service's (a one-GPU box's pool); the others run the same code on one device or eight (each runs on 8 in
+    `test_a_benchmark_runs_end_to_end_in_its_quick_mode`), and cluster.py's islands are Ray nodes' devices
+    (``--ray-devices``): one device a node is tests/test_service_cluster.py's and tutorial 10's."""
     env = {k: v for k, v in os.environ.items() if k != "PW_VALIDATE"}
     env["PW_NUM_CPU_DEVICES"] = "1"
     before = _files_in_benchmarks()
-    steps = ["dispatch", "interactive", "parity", "utilization", "profile_overhead", "multitenancy", "pipeline",
-             "timeline_redraw", "remote", "checkpoint", "input", "memory", "tracing", "training_loop", "depth",
-             "service", "long_run"]
+    steps = ["dispatch", "pipeline", "timeline_redraw", "remote", "checkpoint", "input", "memory", "tracing",
+             "training_loop", "service"]
+    same = {"interactive", "parity", "utilization", "profile_overhead", "multitenancy", "depth", "long_run"}
     proc = subprocess.run(
         [sys.executable, str(BENCH / "run_all.py"), "--quick", "--only", ",".join(steps), "--results", str(tmp_path)],
         capture_output=True, text=True, env=env, cwd=ROOT, timeout=840,
@@ -345,14 +348,13 @@ def test_run_all_quick_runs_every_step_on_a_one_device_host(tmp_path):
     assert status["quick"] is True
     failed = {name: st for name, st in status["steps"].items() if st["rc"] != 0}
     assert not failed, f"{failed}\n{proc.stdout[-5000:]}\n{proc.stderr[-5000:]}"
-    assert set(status["steps"]) == set(steps) == set(_run_all_steps()) - {"cluster"}  # (a new benchmark is in)
+    assert set(status["steps"]) == set(steps) == set(_run_all_steps()) - same - {"cluster"}  # (a new one is placed)
     # what needs more devices says what it measured instead
     assert "allreduce: asks 4 devices, 1 present: measured on 1 instead" in proc.stdout
     assert "layout 2x1 asks 2 devices, 1 present: its 2 stages share 1 device" in proc.stdout
     # every result is drawn into the tables (a renderer that failed would say "could not be rendered")
     assert "could not be rendered" not in proc.stdout, proc.stdout[-5000:]
-    for title in ("The scheduler at depth (depth.py)", "A user's training loop against plain JAX (training_loop.py)",
-                  "The Pathways service (service.py)", "Long runs at real sizes (long_run.py)"):
+    for title in ("A user's training loop against plain JAX (training_loop.py)", "The Pathways service (service.py)"):
         assert f"#### {title}" in proc.stdout, title
     assert _files_in_benchmarks() == before
     # the README's results table from these results: every target evaluated, its limits the scripts' own
@@ -362,10 +364,9 @@ def test_run_all_quick_runs_every_step_on_a_one_device_host(tmp_path):
     assert [r["figure"] for r in rows] == [t.figure for t in targets.TARGETS]
     assert {r["machine"] for r in rows} == {f"{os.cpu_count()}-core CPU, 1 simulated device"}
     assert all(r["date"].endswith("(--quick)") for r in rows)
-    # --quick measures no 1 ms utilization and parity may find no size at parity; cluster.py did not run;
-    # everything else has a figure
+    # every script that ran has its figures (those left out have none)
     unmeasured = {r["figure"] for r in rows if r["value"] is None}
-    assert unmeasured <= {t.figure for t in targets.TARGETS if t.bench in ("utilization", "parity", "cluster")}, unmeasured
+    assert unmeasured <= {t.figure for t in targets.TARGETS if t.bench not in steps}, unmeasured
     _check_limits_agree_with_the_scripts(targets, rows, tmp_path, platform)
     readme = tmp_path / "README.md"
     readme.write_text((BENCH / "README.md").read_text())
@@ -394,7 +395,7 @@ def _check_limits_agree_with_the_scripts(targets, rows, results: Path, platform:
             if abs(own["value"] - r["value"]) <= 1e-9 * max(1.0, abs(r["value"])):
                 assert (own["limit"], own["below"]) == (t.limit, t.op == "<="), (t.figure, own)
                 matched += 1
-    assert matched >= 20, matched
+    assert matched >= 15, matched
 
 
 def _check_only_the_block_changed(targets, before: str, after: str) -> None:
