@@ -54,6 +54,7 @@ def test_a_100_step_chained_all_reduce_loop_completes():
     assert run_python(TRAIN.format(steps=100), timeout=280).startswith("ok [1]")
 
 
+@pytest.mark.system  # (300 steps; the 100-step one stays quick: the full tier's)
 def test_a_300_step_chained_all_reduce_loop_completes():
     assert run_python(TRAIN.format(steps=300), timeout=280).startswith("ok [1]")
 

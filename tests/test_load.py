@@ -9,6 +9,7 @@ import gc
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import pw_kernel as pw
 
@@ -65,6 +66,7 @@ def test_a_ten_thousand_node_program(ctl):
     assert sum(e.kind != "compile" for e in run.events) == 10_000
 
 
+@pytest.mark.system  # (a load test: the full tier's)
 def test_a_hundred_runs_each_reading_the_previous_runs_futures(ctl):
     pw.init(pw.Config(keep_outputs=0, validate=True))
     s, t = pw.slice(2, name="s"), pw.slice(2, name="t")

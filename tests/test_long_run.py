@@ -121,6 +121,7 @@ def _calls_per_step(step, state, n: int = 15) -> tuple[int, dict]:
     return int(np.median(counts)), state
 
 
+@pytest.mark.system  # (5,000 steps: the full tier's)
 def test_the_python_work_a_step_does_at_step_5000_is_that_of_step_50():
     # What grows with a session's age shows as work per call: a table scanned, a list walked.
     pw.init()

@@ -255,6 +255,7 @@ def test_auto_cuts_a_program_longer_than_the_bound_into_fused_segments_that_canc
         pw.shutdown()
 
 
+@pytest.mark.system  # (a long run: the full tier's)
 def test_a_long_run_tells_its_pace_and_about_how_long_it_has_left():
     # Waiting on a long cell, a researcher sees how fast it goes and about when it ends: the run
     # estimates from what its finished nodes took, and its widget and `%pathways status` say so.
