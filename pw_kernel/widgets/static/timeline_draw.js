@@ -14,7 +14,6 @@ const HATCH = ["#8a8a8a", "#e4e4e4"]; // compile bars on the host lane: diagonal
 const GAP_MIN = 4;
 let hatchTile = null; // the compile hatch, drawn once
 
-// Lane backgrounds, then grid lines and tick labels of the time since `origin`; returns the labels drawn.
 // The frame both lane views (the timeline, the pool) draw into: a head (title, stats, "live"), a legend, the
 // body (device labels, the plot's canvas, a utilization column), a hint line and the hover tip; each view
 // adds its own parts and puts them in its root.
@@ -37,6 +36,7 @@ function laneFrame(hintText) {
   return { head, title, stats, live, legend, body, labels, plot, canvas, util, hint, tip };
 }
 
+// Lane backgrounds, then grid lines and tick labels of the time since `origin`; returns the labels drawn.
 function drawGrid(ctx, rows, width, height, win, origin, ink) {
   const { v0, v1, kx } = win;
   rows.forEach((r, i) => {
