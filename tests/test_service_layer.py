@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import time
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +19,7 @@ import pw_kernel as pw
 from pw_kernel.runtime.extend import ErrorEnvelope, Link
 from pw_kernel.runtime.remote.ray import RayLink
 from pw_kernel.service import protocol as p
-from pw_kernel.service.link import ServiceLink
+from pw_kernel.service.link import SPIN_MAX_S, ServiceLink
 from pw_kernel.service.server import Service
 from pw_kernel.service.wire import read_connection_file
 
@@ -135,6 +136,26 @@ def test_bursts_of_any_shape_trace_nothing_new_in_the_service(service):
     assert len(programs) == 2  # one executable per node function, loaded once ...
     traced = [len({id(g) for g in prog._cache.values()}) for prog in programs]
     assert traced == [1, 1]  # ... and traced once (one graph each), whatever the bursts' shapes
+
+
+def test_a_waiting_thread_polls_without_sleeping_only_while_replies_come_quickly(service):
+    link = bare_link(service)
+    polls = []  # the reader's poll timeouts, ms: 0 while it spins
+    real = link._poller.poll
+    link._poller.poll = lambda timeout=None: polls.append(timeout) or real(timeout)
+    for _ in range(20):
+        link.call(p.Clock(), timeout=HANG_S)
+    assert 0 in polls  # quick replies: waited for polling, not sleeping
+    with service._lock:  # (a request waits for the lock the socket thread cannot take: its reply comes late)
+        late = link.send(p.Clock())
+        time.sleep(5 * SPIN_MAX_S)
+    link.get(late, HANG_S)
+    assert link.round_trip_s > SPIN_MAX_S / 2  # the usual round trip, a moving average, is now slow ...
+    polls.clear()
+    link.call(p.Clock(), timeout=HANG_S)
+    assert polls and 0 not in polls  # ... so the next waiter sleeps in its poll at once
+    link.call(p.Bye(), timeout=HANG_S)
+    link.close()
 
 
 def test_links_are_declared():
