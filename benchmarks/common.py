@@ -187,6 +187,21 @@ def loadavg() -> list[float] | None:
         return None
 
 
+def cpu_seconds(stat_path: str) -> float | None:
+    """User + system CPU seconds from a /proc ``stat`` file (a process's or a thread's), or None without one.
+
+    Example::
+
+        cpu_seconds(f"/proc/{pid}/stat")      # another process's CPU time so far
+    """
+    try:
+        stat = Path(stat_path).read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

@@ -245,8 +245,9 @@ def stop_service(svc: subprocess.Popen) -> None:
             svc.wait(30)
 
 
-def waited_call(args, procs: list) -> dict:
-    """Row (a): µs of a waited 1-node call through the service, locally, and of a raw ZeroMQ round trip."""
+def waited_call(args, procs: list, service_pid: int) -> dict:
+    """Row (a): µs of a waited 1-node call through the service, locally, and of a raw ZeroMQ round trip; the CPU
+    each of the first and last takes in this process and in the other."""
     import jax.numpy as jnp
     import zmq
 
@@ -280,12 +281,23 @@ def waited_call(args, procs: list) -> dict:
         {"service": lambda: served(xs).result(), "local": lambda: local(xl).result(), "zmq": round_trip},
         args.calls, warmup=5,
     )
+    # CPU per call, in this process and in the other (the service, the echo): the calls are a serial chain of
+    # threads handing over, so the wall time is about the sum of what each spends.
+    cpu = {}
+    for name, call, pid in (("service", lambda: served(xs).result(), service_pid), ("zmq", round_trip, echo.p.pid)):
+        n = len(samples[name])
+        here, there = time.process_time(), common.cpu_seconds(f"/proc/{pid}/stat")
+        for _ in range(n):
+            call()
+        after = common.cpu_seconds(f"/proc/{pid}/stat")
+        cpu[name] = {"here_us": (time.process_time() - here) / n * 1e6,
+                     "there_us": None if there is None or after is None else (after - there) / n * 1e6}
     sock.send_multipart([b"exit"])
     ctx.destroy(linger=0)
     echo.p.wait(30)
     med = {k: statistics.median(v) * 1e6 for k, v in samples.items()}
     stats = {k: common.Stat.of(v, 1e6).as_dict() for k, v in samples.items()}
-    return {"us": med, "stats": stats, "window_s": common.window(samples),
+    return {"us": med, "stats": stats, "window_s": common.window(samples), "cpu": cpu,
             "ratio": med["service"] / (med["zmq"] + med["local"]), "served": served, "xs": xs}
 
 
@@ -476,7 +488,7 @@ def run(args, procs: list, conn: Path, env: dict, n: int) -> dict:
 
     import pw_kernel as pw
 
-    a = waited_call(args, procs)
+    a = waited_call(args, procs, json.loads(conn.read_text())["pid"])
     b = shares(args, procs, conn, env)
     served, xs = a.pop("served"), a.pop("xs")
     # Each kill's wait depends on where the dead client's nodes were and on what the dying process takes of
@@ -497,6 +509,13 @@ def run(args, procs: list, conn: Path, env: dict, n: int) -> dict:
     print(f"  local slice, this process        {us['local']:>10,.0f}")
     print(f"  raw ZeroMQ round trip            {us['zmq']:>10,.0f}")
     print(f"  service / (round trip + local)   {a['ratio']:>10.2f}x")
+
+    def cpu_line(what: str, c: dict, other: str) -> str:
+        there = "?" if c["there_us"] is None else f"{c['there_us']:,.0f}"
+        return f"  CPU per call, {what:<18}{c['here_us']:>8,.0f} here, {there} in the {other}"
+
+    print(cpu_line("the service call", a["cpu"]["service"], "service"))
+    print(cpu_line("the round trip", a["cpu"]["zmq"], "echo"))
     print(f"\n(b) clients of weights 1 and 2 on device 0, each {args.backlog} programs of {args.nodes} "
           f"{args.size}x{args.size} matmul nodes queued; medians of {args.rounds} rounds "
           f"({common.window_note(b['window_s'])})")

@@ -390,7 +390,6 @@ class Sampler:
 
 def _thread_cpu() -> dict[int, tuple[str, float]]:
     """Every thread of this process: native id -> (its OS name, user + system CPU seconds), from /proc."""
-    tick = os.sysconf("SC_CLK_TCK")
     out = {}
     try:
         tids = os.listdir("/proc/self/task")
@@ -398,12 +397,12 @@ def _thread_cpu() -> dict[int, tuple[str, float]]:
         return out
     for tid in tids:
         try:
-            stat = open(f"/proc/self/task/{tid}/stat").read()
+            comm = open(f"/proc/self/task/{tid}/comm").read().strip()
         except OSError:
             continue
-        comm = stat[stat.index("(") + 1:stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2:].split()
-        out[int(tid)] = (comm, (int(fields[11]) + int(fields[12])) / tick)
+        cpu = common.cpu_seconds(f"/proc/self/task/{tid}/stat")
+        if cpu is not None:
+            out[int(tid)] = (comm, cpu)
     return out
 
 
