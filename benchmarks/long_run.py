@@ -31,7 +31,8 @@ pw against `jax.jit` of the same step, side by side in one process, interleaved 
   subprocess (this script, ``--client``: a fresh process whose JAX is the CPU stand-in ``pw.connect``
   wants) runs the 30-leaf loop through the service, interleaved with the same loop on its own devices,
   ``--service-steps`` steps in rounds of ``--service-window``: µs per step in the first and last rounds
-  (flatness) and the RSS of the client and of the service process at the start and the end.
+  (flatness) and the RSS of the client and of the service process at the start and the end; then the step on
+  400 leaves both ways (4 interleaved rounds of a tenth of the window): µs per step, service / local.
 """
 
 from __future__ import annotations
@@ -465,9 +466,18 @@ def client_main(args) -> None:
     samples = common.interleaved({"service": served_round, "local": lambda: loops["local"](w)}, rounds, warmup=0,
                                  min_window_s=0)
     us = {k: [t / w * 1e6 for t in v] for k, v in samples.items()}
+    rss1 = rss()
+    # A real model's state: the step on 400 leaves, through the service and locally (each leaf a handle, a
+    # future and an output there; the few smallest come back with the reply).
+    big = {"service": Chain(served, leaf_state(400), pw.get), "local": Chain(local, leaf_state(400), pw.get)}
+    wb = max(10, w // 10)
+    for c in big.values():
+        c(5)
+    big_samples = common.interleaved({k: (lambda c=c: c(wb)) for k, c in big.items()}, 4, warmup=0, min_window_s=0)
+    us400 = {k: common.Stat.of([t / wb * 1e6 for t in v]).median for k, v in big_samples.items()}
     pw.disconnect()
-    print("RESULT " + json.dumps({"window": w, "rounds": rounds, "us": us, "rss_start": rss0, "rss_end": rss(),
-                                  "rss_rounds": trail}), flush=True)
+    print("RESULT " + json.dumps({"window": w, "rounds": rounds, "us": us, "rss_start": rss0, "rss_end": rss1,
+                                  "rss_rounds": trail, "leaves400": us400 | {"window": wb}}), flush=True)
 
 
 def print_service(res: dict) -> None:
@@ -491,6 +501,9 @@ def print_service(res: dict) -> None:
         per_kib = (res["rss_end"][k] - res["rss_start"][k]) * 1024 / (res["rounds"] * w)
         print(f"  {k} RSS after each round, MiB: " + ", ".join(f"{r[k]:.0f}" for r in res["rss_rounds"])
               + f" ({per_kib:.2f} KiB per step through the service)")
+    big = res["leaves400"]
+    print(f"  400 leaves, µs/step (4 rounds of {big['window']} steps, medians): through the service "
+          f"{big['service']:.0f}, the client's own devices {big['local']:.0f}: {big['service'] / big['local']:.2f}x")
 
 
 # ----------------------------------------------------------------------------- main

@@ -185,3 +185,69 @@ def test_two_functions_of_one_signature_and_name_each_run_their_own_code(service
     x = jnp.arange(4.0)
     assert np.asarray(f(x).result()).tolist() == [0.0, 2.0, 4.0, 6.0]
     assert np.asarray(g(x).result()).tolist() == [1.0, 2.0, 3.0, 4.0]
+
+
+def test_a_step_of_hundreds_of_small_leaves_costs_no_object_nor_copy_per_leaf(service, monkeypatch):
+    from pw_kernel.runtime.extend import inline_picks
+    from pw_kernel.runtime.remote.actor import INLINE_COUNT
+    from pw_kernel.service import runs
+
+    sent = []  # how many values each run's reply carried
+    real = runs.RunReply
+    monkeypatch.setattr(runs, "RunReply", lambda times, failure, small, said: sent.append(len(small))
+                        or real(times, failure, small, said))
+    pw.connect(service.path, name="erin")
+    s = pw.slice(1)
+    step = pw.compiled(lambda state, x: (jax.tree.map(lambda v: v + x, state), x * 2), slice=s, donate_argnums=0)
+    state = {f"b{i:03d}": jnp.zeros(8) for i in range(200)}  # 200 biases of 32 bytes: each small enough to inline
+    for _ in range(5):
+        state, loss = step(state, jnp.ones(()))
+        assert float(loss.result()) == 2.0  # (the loss came with the reply: the smallest output)
+    assert sent and max(sent) <= INLINE_COUNT  # a few values come back per run, not 201
+    (c,) = service.state.clients
+    futures = [f for f in c.buffers.values() if isinstance(f, pw.Future)]
+    assert len(futures) >= 201  # (the last run's outputs)
+    # A done-callback or a waiter makes a future a Condition: the service watches a run (its last output), and
+    # its reply thread waits on the outputs not yet set when it gets to them (a few, as the GIL passes between
+    # it and the thread setting them); not one each.
+    assert sum("_condition" in f.__dict__ for f in futures) < 20
+    assert float(state["b199"].result()[0]) == 5.0  # (a leaf not sent along is fetched when read)
+    # The smallest first, in order; none over the byte bound.
+    assert inline_picks([4, 2000, 4, 8, 4]) == [0, 2, 3, 4]
+    assert inline_picks([8] * 20 + [4]) == list(range(INLINE_COUNT - 1)) + [20]
+
+
+def test_pw_get_of_a_tree_asks_the_service_once(service):
+    pw.connect(service.path, name="fay")
+    s = pw.slice(1)
+    bump = pw.compiled(lambda st: jax.tree.map(lambda v: v + 1, st), slice=s)
+    state = bump({f"w{i:03d}": jnp.full(64, float(i)) for i in range(100)})  # (256 B each: a few come inline)
+
+    def gets() -> int:
+        return len({r.stimulus for r in service.state.story.rows if r.request in ("Get", "GetMany")})
+
+    before = gets()
+    values = pw.get(state)
+    assert gets() == before + 1  # one request for the 92 values not sent with the run, not 92
+    assert [float(v[0]) for v in values.values()] == [i + 1.0 for i in range(100)]
+    assert all(isinstance(v, jax.Array) for v in values.values())
+    assert pw.get(state)["w099"] is values["w099"]  # (fetched once: read again, nothing is asked)
+    assert gets() == before + 1
+    local = pw.compiled(lambda x: x * 2, slice=pw.slice(1, island=0))  # (this process's own devices)
+    mixed = pw.get({"remote": bump(state), "local": local(jnp.ones(2)), "plain": 3})
+    assert float(mixed["remote"]["w000"][0]) == 2.0 and mixed["local"].tolist() == [2.0, 2.0] and mixed["plain"] == 3
+
+
+def test_a_donated_state_is_one_copy_in_the_service_and_reads_as_donated_here(service):
+    pw.connect(service.path, name="gus")
+    s = pw.slice(1)
+    step = pw.compiled(lambda st: jax.tree.map(lambda v: v * 2, st), slice=s, donate_argnums=0)
+    state = step({"w": jnp.ones(256), "b": jnp.ones(4)})
+    pw.get(state)
+    (c,) = service.state.clients
+    before = {k: pw.get(c.buffers[f.remote_array().handle]) for k, f in state.items()}  # the service's arrays
+    old, state = state, step(state)
+    assert float(state["w"].result()[0]) == 4.0
+    assert all(a.is_deleted() for a in before.values())  # XLA reused them for the outputs: one copy, as jit's
+    with pytest.raises(pw.ArgumentError, match="donated to run"):
+        old["w"].result()  # as it would say on this process's own devices

@@ -20,7 +20,7 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from .errors import SliceError, SliceReleasedError, SpecError
+from .errors import PathwaysError, SliceError, SliceReleasedError, SpecError
 
 Device = jax.Device
 
@@ -431,3 +431,14 @@ class ResourceManager:
             return (loads[n - 1], sum(loads[:n]), sum(loads), i.id)
 
         return min(fits, key=cost)
+
+
+def stand_in_devices(n: int, api: str) -> Sequence[jax.Device]:
+    """This process's first ``n`` devices, on which a remote island's slices are traced (its devices stand-ins)."""
+    local = jax.devices()
+    if n > len(local):
+        raise PathwaysError(
+            f"`{api}`: a remote island of {n} devices needs {n} local devices to trace its slices on, but this "
+            f"process has {len(local)}. Start it with more simulated devices (PW_NUM_CPU_DEVICES={n})."
+        )
+    return local[:n]

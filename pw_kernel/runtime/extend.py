@@ -35,7 +35,7 @@ from .exec.events import EventLog, TraceRow, busy_time, chrome_trace
 from .profiling import executions, start_trace
 from .api import ray_islands
 from .program import Compiled
-from .remote.actor import from_wire, to_wire
+from .remote.actor import from_wire, inline_picks, to_wire
 from .remote.client import RemoteIsland
 from .remote.link import ErrorEnvelope, Link
 from .remote.node_output import RoutedOutput
@@ -88,6 +88,7 @@ __all__ = [
     "ErrorEnvelope",
     "from_wire",
     "to_wire",
+    "inline_picks",
     # what `pw.init` replacing the controller tells extensions that registered islands on the old one
     "on_controller_replaced",
     # JAX's profiler in a process that serves `pw.profile` for another (the service): start, and its XLA runs

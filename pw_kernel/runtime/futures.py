@@ -383,6 +383,7 @@ def get(tree: Any, timeout: float | None = None) -> Any:
     """
     timeout = check_timeout(timeout, "pw.get")
     deadline = None if timeout is None else time.monotonic() + timeout
+    _fetch_together([x for x in jax.tree_util.tree_leaves(tree) if isinstance(x, Future)], deadline)
 
     def one(x):
         if not isinstance(x, Future):
@@ -398,6 +399,28 @@ def get(tree: Any, timeout: float | None = None) -> Any:
             ) from None
 
     return jax.tree_util.tree_map(one, tree)
+
+
+def _fetch_together(futures: list[Future], deadline: float | None) -> None:
+    """Bring the values of ``futures`` that live on remote islands here in one request per island (a tree of
+    hundreds of leaves costs a round trip, not hundreds); their `result` then asks nothing. Local ones are
+    left to `result`, as are errors: it raises them, in the tree's order."""
+    by_island: dict = {}
+    for f in futures:
+        if f.done() and not f.resolved_remote() or f.value is not None and not hasattr(f.value, "fetch"):
+            continue  # (a local value: its `result` reads it, or waits for it, as it would)
+        try:
+            r = f.remote_array(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        except KeyboardInterrupt:
+            f.run.cancel()
+            raise
+        except Exception:
+            break
+        if r is not None:
+            by_island.setdefault(r.island, []).append(r)
+    for island, arrays in by_island.items():
+        if len(arrays) > 1:
+            island.fetch_many(arrays)
 
 
 __all__ = ["Future", "check_timeout", "get"]

@@ -39,6 +39,7 @@ from .protocol import (
     Colocated,
     Free,
     Get,
+    GetMany,
     Islands,
     Keep,
     KeptTree,
@@ -68,7 +69,7 @@ class Handlers:
         self._fetch = fetch_pool  # threads that wait for a value to read (`Get`), off the request's thread
         self._table: dict[type, Callable] = {
             Clock: self.clock, Load: self.load, LoadShipped: self.load_shipped, RunMany: self.run_many,
-            Put: self.put, Reshard: self.reshard, Get: self.get, Colocated: self.colocated,
+            Put: self.put, Reshard: self.reshard, Get: self.get, GetMany: self.get_many, Colocated: self.colocated,
             Free: self.free, Cancel: self.cancel, Stats: self.stats, ProfileStart: self.profile_start,
             ProfileStop: self.profile_stop, Bye: self.bye, Clients: self.clients, Keep: self.keep,
             KeptTree: self.kept, Adopt: self.adopt, Unkeep: self.unkeep, Islands: self.islands, Pool: self.pool,
@@ -84,10 +85,10 @@ class Handlers:
     def clock(self, c: Client, msg: Clock, reply) -> int:
         return time.perf_counter_ns()
 
-    def _compiled(self, c: Client, key: str, fn, layout, in_specs, out_specs) -> Compiled:
+    def _compiled(self, c: Client, key: str, fn, layout, in_specs, out_specs, donate=()) -> Compiled:
         return Compiled(
             fn, controller=lambda: self.state.ctrl, slice=self.state.slice(layout), in_specs=in_specs,
-            out_specs=out_specs, name=f"{c.tenant}:{key}",
+            out_specs=out_specs, name=f"{c.tenant}:{key}", donate_argnums=tuple(donate) or None,
         )
 
     def load(self, c: Client, msg: Load, reply) -> None:
@@ -95,7 +96,7 @@ class Handlers:
             exported = jax.export.deserialize(bytearray(msg.blob))
             ins = tuple(PartitionSpec(*sp) for sp in msg.in_specs)
             outs = jax.tree.unflatten(exported.out_tree, [PartitionSpec(*sp) for sp in msg.out_specs])
-            c.executables[msg.key] = self._compiled(c, msg.key, exported.call, msg.layout, ins, outs)
+            c.executables[msg.key] = self._compiled(c, msg.key, exported.call, msg.layout, ins, outs, msg.donate)
             mesh = self.state.slice(msg.layout).mesh  # (its outputs' bytes per device: a memory share's check)
             c.out_bytes[msg.key] = out_bytes(exported, [NamedSharding(mesh, PartitionSpec(*sp)) for sp in msg.out_specs])
 
@@ -163,6 +164,21 @@ class Handlers:
                 reply(to_wire(value_of(value)))
             except Exception as e:
                 reply(error=e)
+
+        self._fetch.submit(fetch)
+        return LATER
+
+    def get_many(self, c: Client, msg: GetMany, reply) -> object:
+        values = [c.buffers.get(h) for h in msg.handles]
+
+        def fetch():
+            out = []
+            for v in values:
+                try:
+                    out.append(None if v is None else to_wire(value_of(v)))
+                except Exception:  # (failed or cancelled: the client's own read of it raises that)
+                    out.append(None)
+            reply(out)
 
         self._fetch.submit(fetch)
         return LATER

@@ -31,7 +31,7 @@ from typing import Any
 from ..runtime.extend import ErrorEnvelope
 
 #: Bumped whenever a message below changes: a client and a service of different versions do not talk.
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 
 
 def message(cls):
@@ -75,7 +75,7 @@ class Failed:
 @message
 class RunReply:
     """A `RunMany`'s answer: each node's (start, end) on the service's clock; (index, `ErrorEnvelope`) of
-    the node that failed, or None; outputs of at most `runs.INLINE_BYTES` by handle (read without asking
+    the node that failed, or None; a few small outputs (`inline_picks`) by handle (read without asking
     again); what nodes that call the host wrote, by index: [(stream, text), ...]."""
 
     times: list
@@ -173,13 +173,15 @@ class Unkeep:
 # ---------------------------------------------------------------- a remote island's requests
 @message
 class Load:
-    """A node's executable: a serialized `jax.export`, to run on a mesh of ``layout``."""
+    """A node's executable: a serialized `jax.export`, to run on a mesh of ``layout``; ``donate``: the inputs
+    whose buffers it reuses for its outputs (as the client's jit would: one copy of a step's state, not two)."""
 
     key: str
     blob: bytes
     layout: tuple
     in_specs: list
     out_specs: list
+    donate: list = ()
 
 
 @message
@@ -219,6 +221,14 @@ class Get:
 
 
 @message
+class GetMany:
+    """Several values in one reply (`pw.get` of a tree): each as `to_wire` packs it, None for one that is gone
+    or failed (reading that one alone then says why)."""
+
+    handles: list
+
+
+@message
 class Colocated:
     """Host code beside the client's buffers: ``fn(arrays, out_shardings, *args)`` (a checkpoint's shards)."""
 
@@ -253,6 +263,7 @@ class ProfileStop:
 #: What a remote island's link calls by name, as the message it sends.
 REQUESTS: dict[str, type] = {
     "load": Load, "load_shipped": LoadShipped, "run_many": RunMany, "put": Put, "reshard": Reshard, "get": Get,
+    "get_many": GetMany,
     "colocated": Colocated, "free": Free, "cancel": Cancel, "stats": Stats, "clock": Clock,
     "profile_start": ProfileStart, "profile_stop": ProfileStop,
 }

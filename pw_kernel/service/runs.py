@@ -30,22 +30,22 @@ from collections.abc import Callable
 import jax
 
 from ..runtime import Future, PathwaysError
-from ..runtime.extend import ErrorEnvelope, from_wire, to_wire
+from ..runtime.extend import ErrorEnvelope, from_wire, inline_picks, nbytes_of, to_wire
 from .callbacks import expected as expected_output
 from .clients import Client
 from .protocol import RunReply
 
-#: Outputs up to this size come back with their run's reply (`.result()` then needs no request): a loss read
-#: right after its step costs no second round trip.
-INLINE_BYTES = 1024
 
-
-def small_values(handles: list, arrays: list) -> dict:
-    """``{handle: value}`` of the ``arrays`` of at most INLINE_BYTES, as `to_wire` packs them (None: a value
-    on another island of the service, a Ray node's, which stays there until asked for)."""
-    return {
-        h: to_wire(a) for h, a in zip(handles, arrays) if a is not None and a.size * a.dtype.itemsize <= INLINE_BYTES
-    }
+def small_values(handles: list, outs: list, value: Callable = lambda x: x) -> dict:
+    """``{handle: value}`` of a few of ``outs`` (arrays or finished futures): the small ones a reply carries
+    (`inline_picks`), as `to_wire` packs them; ``value`` gives an output's array (None: a value on another
+    island of the service, a Ray node's, which stays there until asked for)."""
+    small = {}
+    for k in inline_picks([nbytes_of(x.shape, x.dtype) for x in outs]):
+        v = value(outs[k])
+        if v is not None:
+            small[handles[k]] = to_wire(v)
+    return small
 
 
 def _here(f):
@@ -146,7 +146,7 @@ def submit(c: Client, ops: list, client_run: tuple | None, reply: Callable, name
             raised = one.failure()
             if raised is not None and (failure is None or i < failure[0]):
                 failure = (i, ErrorEnvelope("ServiceError", raised))
-        small = small_values(handles, [_here(f) for f in outs]) if failure is None else {}
+        small = small_values(handles, outs, _here) if failure is None else {}
         c.nodes += len(ops) if failure is None else failure[0]
         reply(RunReply([(start, end)] * len(ops), failure, small, told))
 
@@ -154,23 +154,39 @@ def submit(c: Client, ops: list, client_run: tuple | None, reply: Callable, name
         finished()
         return runs
     once = threading.Lock()
-    left = [len(outs)]
 
     def answer() -> None:
         if once.acquire(blocking=False):
             finished()
 
-    def one_done(_f) -> None:
-        with c.count_lock:
+    when_done(per_op, answer, c.count_lock)
+    c.waiter().put((outs, answer))
+    return runs
+
+
+def when_done(per_run: list[list], then: Callable, lock) -> None:
+    """Call ``then`` once every run's outputs (``per_run``: a list of futures per run) are set, from the thread
+    that sets the last: one done-callback a run, on its last output not yet set. A run's outputs are set
+    together, in order, so that is usually the only one (a callback on each would make each future a
+    Condition: a state's hundreds)."""
+    left = [len(per_run)]
+
+    def run_done() -> None:
+        with lock:
             left[0] -= 1
             last = left[0] == 0
         if last:
-            answer()
+            then()
 
-    for f in outs:
-        f.add_done_callback(one_done)
-    c.waiter().put((outs, answer))
-    return runs
+    def watch(fs: list) -> None:
+        pending = next((f for f in reversed(fs) if not f.done()), None)
+        if pending is None:
+            run_done()
+        else:
+            pending.add_done_callback(lambda _f: watch(fs))
+
+    for fs in per_run:
+        watch(fs)
 
 
 def value_of(x):

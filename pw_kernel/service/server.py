@@ -45,6 +45,7 @@ from .protocol import (
     Failed,
     Free,
     Get,
+    GetMany,
     Hello,
     Ping,
     Pong,
@@ -66,7 +67,7 @@ HEARTBEAT_S = 0.5
 
 #: Requests the socket thread answers itself when nothing of the client's is queued (well under a millisecond;
 #: loads, puts of big values, keeps and drops go to the worker, so heartbeats are never held up long).
-_QUICK = (RunMany, Free, Get, Clock, Cancel)
+_QUICK = (RunMany, Free, Get, GetMany, Clock, Cancel)
 
 #: The service's controller: outputs are the clients' to keep (their handles), none of its own; the threads
 #: that submit answer messages and never wait for room; its logs are short.

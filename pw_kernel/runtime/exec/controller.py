@@ -21,11 +21,11 @@ from ..core.records import FINAL, Emit, Finish, OutputCell, Reject, Resolve, Run
 from ..core.runahead import RunAhead
 from ..core.scheduler import Policy
 from ..core.story import Story
-from ..devices import Island, ResourceManager, VirtualSlice, build_islands
+from ..devices import Island, ResourceManager, VirtualSlice, build_islands, stand_in_devices
 from ..donation import done_reading, mark_donated, reading
 from ..errors import AdmissionError, ArgumentError, ControllerShutdownError, PathwaysError
 from ..futures import Future
-from ..remote.client import Bursts, stand_in_devices
+from ..remote.client import Bursts
 from ..run import Run, RunLink, RunLock
 from ..trace.graph import ProgramGraph
 from .callback_logs import quiet_while

@@ -156,7 +156,8 @@ def _remote_call(node: Node, graph: ProgramGraph, call, ins, outs):
             f"and its slice {node.slice.name!r} is on a remote island. Put it on a local slice.{_where(node)}"
         )
     what = f"node {node.name!r} of program {graph.name!r}"
-    return RemoteCall(call, dst, [vals[i] for i in ins], [vals[i] for i in outs], _export_key(call), what, _where(node))
+    return RemoteCall(call, dst, [vals[i] for i in ins], [vals[i] for i in outs], _export_key(call), what, _where(node),
+                      donate=tuple(sorted(node.donated)))
 
 
 def _devices(node: Node) -> tuple[int, ...]:

@@ -3,7 +3,7 @@
 This module is what Ray ships to the island's process: it imports only jax and
 numpy, and nothing of the controller. The controller talks to it through
 `client.py` (the actor's methods are its whole protocol: describe, clock, load,
-load_shipped, run_many, put, reshard, get, colocated, free, stats).
+load_shipped, run_many, put, reshard, get, get_many, colocated, free, stats).
 """
 
 from __future__ import annotations
@@ -19,8 +19,21 @@ from jax.sharding import NamedSharding, PartitionSpec
 MISSING = object()  # a sentinel: no such buffer
 
 
-#: A node's outputs up to this size come back with its call's reply (`RemoteArray.fetch` then asks nothing).
+#: A node's outputs up to this size come back with its call's reply (`RemoteArray.fetch` then asks nothing) ...
 INLINE_BYTES = 1024
+#: ... at most this many of a node's, the smallest: a loss or a metric read right after its step costs no
+#: second round trip, and a step whose state has hundreds of small leaves (biases, an optimizer's counts)
+#: does not copy them all to the host and over the wire every step.
+INLINE_COUNT = 8
+
+
+def inline_picks(sizes: list[int]) -> list[int]:
+    """Which values (their indices, in order) go with a reply, by their sizes in bytes: of those of at most
+    INLINE_BYTES, the INLINE_COUNT smallest (the first of equal ones)."""
+    small = [i for i, n in enumerate(sizes) if n <= INLINE_BYTES]
+    if len(small) > INLINE_COUNT:
+        small = sorted(sorted(small, key=sizes.__getitem__)[:INLINE_COUNT])
+    return small
 
 
 def to_wire(x) -> Any:
@@ -84,13 +97,17 @@ class IslandActor:
         devs = np.array([self.devices[i] for i in device_idx], dtype=object).reshape(mesh_shape)
         return NamedSharding(Mesh(devs, tuple(axis_names)), PartitionSpec(*spec))
 
-    def load(self, key: str, blob: bytes, layout: tuple, in_specs: list, out_specs: list) -> None:
+    def load(self, key: str, blob: bytes, layout: tuple, in_specs: list, out_specs: list, donate: list = ()) -> None:
+        """A node's executable, as `jax.export` serialized it; ``donate``: the inputs whose buffers it reuses
+        (a step's state: one copy of it on the devices, not two)."""
         exported = self.jax.export.deserialize(blob)
         in_sh = tuple(self._sharding(*layout, s) for s in in_specs)
         out_sh = tuple(self._sharding(*layout, s) for s in out_specs)
-        self.executables[key] = self.jax.jit(exported.call, in_shardings=in_sh, out_shardings=out_sh)
+        self.executables[key] = self.jax.jit(exported.call, in_shardings=in_sh, out_shardings=out_sh,
+                                             donate_argnums=tuple(donate))
 
-    def load_shipped(self, key: str, blob: bytes, layout: tuple, in_specs: list, out_specs: list) -> None:
+    def load_shipped(self, key: str, blob: bytes, layout: tuple, in_specs: list, out_specs: list,
+                     donate: list = ()) -> None:
         """Load a node that calls the host: its function pickled (`shipped.ship`), not a jax.export artifact."""
         from .node_output import NodeOutput
         from .shipped import ShippedNode
@@ -115,7 +132,7 @@ class IslandActor:
         self.calls += 1
         times: list = []
         said: dict[int, list] = {}
-        small: dict[int, Any] = {}  # outputs of at most INLINE_BYTES, by handle: a loss read needs no second call
+        small: dict[int, Any] = {}  # a few small outputs (`inline_picks`), by handle: a loss read needs no second call
         try:
             for key, in_ids, out_ids in ops:
                 start = time.perf_counter_ns()
@@ -135,8 +152,8 @@ class IslandActor:
                     return times, (len(times), f"{type(e).__name__}: {e}"), said
                 for i, o in zip(out_ids, outs):
                     self._store(i, o)
-                    if o.size * o.dtype.itemsize <= INLINE_BYTES:
-                        small[i] = to_wire(o)
+                for k in inline_picks([o.size * o.dtype.itemsize for o in outs]):
+                    small[out_ids[k]] = to_wire(outs[k])
                 times.append((start, time.perf_counter_ns()))
             return times, None, said, small
         finally:
@@ -185,6 +202,10 @@ class IslandActor:
 
     def get(self, handle: int):
         return to_wire(self.buffers[handle])
+
+    def get_many(self, handles: list[int]) -> list:
+        """Several values in one reply (`pw.get` of a tree); None for a handle it no longer holds."""
+        return [to_wire(self.buffers[h]) if h in self.buffers else None for h in handles]
 
     def free(self, handles: list[int]) -> None:
         for h in handles:

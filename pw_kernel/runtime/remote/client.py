@@ -48,7 +48,7 @@ from typing import Any
 import jax
 
 from ..devices import Island
-from ..errors import IslandLostError, PathwaysError
+from ..errors import IslandLostError
 from ..trace.graph import as_dtype
 from .actor import MISSING, from_wire, spec_tuple
 from .link import ErrorEnvelope, Link
@@ -172,6 +172,35 @@ class RemoteIsland:
 
     def new_handle(self) -> int:
         return next(self._handles)
+
+    def fetch_many(self, arrays: list[RemoteArray]) -> None:
+        """Bring several of its arrays' values here in one request (`pw.get` of a tree), not one each; those here
+        already or sent with their run's reply are not asked for; one gone or failed is left to its own read."""
+        self.check("fetch")
+        if self.bursts:
+            self.bursts.flush()
+        want, values = [], []
+        for a in arrays:
+            if a.here or a.generation != self.generation:
+                continue
+            small = a.inline()
+            if small is None:
+                small = self.link.take_inline(a.handle)
+            if small is None:
+                want.append(a)
+            else:
+                values.append((a, small))
+        if want:
+            handles = [a.handle for a in want]
+            ticket = _Ticket(self)
+            self.send([("call", lambda: self.link.request("get_many", handles), ticket)], cheap=True)
+            try:
+                values += zip(want, self.link.get(ticket.wait_ref()))
+            except self.link.lost_errors() as e:
+                raise self.lost(e) from None
+        for a, v in values:
+            if v is not None:
+                a.arrived(v)
 
     def existing(self, handle: int, shape, dtype, sharding, slice_) -> RemoteArray:
         """A handle to a buffer the island already holds (made by an earlier session: a kept array), ready now."""
@@ -572,6 +601,15 @@ class RemoteArray:
             self._local = _on_this_device(self.fetch())
         return self._local
 
+    @property
+    def here(self) -> bool:
+        """Whether its value is in this process already (`local` asks nothing)."""
+        return self._local is not None
+
+    def arrived(self, value) -> None:
+        """Its value, fetched with others' (`RemoteIsland.fetch_many`, as `to_wire` packed it): what `local` returns."""
+        self._local = _on_this_device(from_wire(value))
+
     def __array__(self, dtype=None, copy=None):
         out = self.fetch()
         return out if dtype is None else out.astype(dtype)
@@ -611,8 +649,10 @@ class RemoteCall:
 
     lands_remote = True  # its outputs are RemoteArrays, timed by the actor
 
-    def __init__(self, fn, island: RemoteIsland, in_values, out_values, key: str, what: str = "", where: str = ""):
+    def __init__(self, fn, island: RemoteIsland, in_values, out_values, key: str, what: str = "", where: str = "",
+                 donate: tuple[int, ...] = ()):
         self.fn = fn
+        self.donate = donate  # inputs whose buffers the island's executable reuses for its outputs, as jit's do
         self.island = island
         self.in_values = list(in_values)
         self.out_values = list(out_values)
@@ -639,6 +679,7 @@ class RemoteCall:
             _layout(ref_sh, isl),
             [spec_tuple(v.sharding) for v in self.in_values],
             [spec_tuple(v.sharding) for v in self.out_values],
+            list(self.donate),
         )
         isl.call(lambda: isl.link.request(load, *args))
         isl.loaded.add(self.key)  # the mailbox sends the load before the run below
@@ -657,12 +698,3 @@ class RemoteCall:
             RemoteArray(isl, h, v.shape, v.dtype, v.sharding, ticket, index) for h, v in zip(out_ids, self.out_values)
         ]
 
-
-def stand_in_devices(n: int, api: str) -> Sequence[jax.Device]:
-    local = jax.devices()
-    if n > len(local):
-        raise PathwaysError(
-            f"`{api}`: a remote island of {n} devices needs {n} local devices to trace its slices on, but this "
-            f"process has {len(local)}. Start it with more simulated devices (PW_NUM_CPU_DEVICES={n})."
-        )
-    return local[:n]

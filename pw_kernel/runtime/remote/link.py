@@ -6,7 +6,7 @@ this interface. Two links implement it: `RayLink` (`ray.py`: a Ray actor per
 island, replies as Ray ``ObjectRef``s) and the Pathways service's `ServiceLink`
 (`pw_kernel.service.link`: ZeroMQ, signed typed messages). The requests are the
 island actor's methods (`actor.IslandActor`): describe, clock, load,
-load_shipped, run_many, put, reshard, get, colocated, free, cancel, stats,
+load_shipped, run_many, put, reshard, get, get_many, colocated, free, cancel, stats,
 profile_start, profile_stop.
 
 What a link can do is declared, not probed: every link states each capability.

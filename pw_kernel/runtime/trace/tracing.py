@@ -538,7 +538,7 @@ class _Tracer:
         reads elsewhere (``keep``) or a program constant is not donated (the node leaves it alone).
         """
         flags = eqn.params.get("donated_invars") or ()
-        if not any(flags) or cf.slice.island.remote is not None:
+        if not any(flags):  # (a remote island's node donates there: its executable is loaded with them)
             return ()
         b, out, pos = self.b, [], -1
         for i, (v, d) in enumerate(zip(eqn.invars, flags)):
