@@ -251,3 +251,9 @@ def test_a_donated_state_is_one_copy_in_the_service_and_reads_as_donated_here(se
     assert all(a.is_deleted() for a in before.values())  # XLA reused them for the outputs: one copy, as jit's
     with pytest.raises(pw.ArgumentError, match="donated to run"):
         old["w"].result()  # as it would say on this process's own devices
+    pw.keep("ckpt", state)  # a kept tree is not donated: the next step writes its outputs elsewhere
+    state = step(state)
+    assert float(np.asarray(pw.kept("ckpt")["w"])[0]) == 4.0 and float(state["w"].result()[0]) == 8.0
+    from pw_kernel.service import unkeep
+
+    assert unkeep("ckpt")

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..runtime.extend import hold
 from .memory import Buffers
 
 log = logging.getLogger("pw_kernel.service")
@@ -171,3 +172,10 @@ class Kept:
         self.treedef = treedef
         self.by = by
         self.at = time.time()
+        # Its arrays are not donated while kept: a step that donates the state it was kept from leaves the
+        # kept copy whole (XLA writes the outputs elsewhere), as a checkpoint still writing holds its arrays.
+        self._held = hold([leaf[1] for leaf in leaves if leaf[0] == "a"])
+
+    def release(self) -> None:
+        """No longer kept (unkept, or kept again under its name): its arrays may be donated again."""
+        self._held.release()

@@ -301,7 +301,11 @@ class Handlers:
                 if h not in c.buffers:
                     raise PathwaysError(f"`pw.keep({msg.name!r}, ...)`: buffer {h} is not this client's")
                 kept.append(("a", c.buffers[h], shape, dtype, layout, spec))
-        k = self.state.kept[(c.user, msg.name)] = Kept(kept, msg.treedef, c.tenant)
+        k = Kept(kept, msg.treedef, c.tenant)
+        old = self.state.kept.get((c.user, msg.name))
+        self.state.kept[(c.user, msg.name)] = k
+        if old is not None:
+            old.release()
         store = self.state.store
         if store is not None:  # (written before the reply: a keep that returned survives the service's death)
             try:
@@ -330,7 +334,9 @@ class Handlers:
         c.buffers.update(zip(msg.handles, arrays))
 
     def unkeep(self, c: Client, msg: Unkeep, reply) -> bool:
-        gone = self.state.kept.pop((c.user, msg.name), None) is not None
+        gone = self.state.kept.pop((c.user, msg.name), None)
+        if gone is not None:
+            gone.release()
         store = self.state.store
-        return (store is not None and store.remove(c.user, msg.name)) or gone
+        return (store is not None and store.remove(c.user, msg.name)) or gone is not None
 
