@@ -257,3 +257,17 @@ def test_a_donated_state_is_one_copy_in_the_service_and_reads_as_donated_here(se
     from pw_kernel.service import unkeep
 
     assert unkeep("ckpt")
+
+
+def test_a_step_of_many_outputs_asks_its_reply_once_not_once_an_output(service, monkeypatch):
+    pw.connect(service.path, name="hal")
+    step = pw.compiled(lambda st: jax.tree.map(lambda v: v * 2, st), slice=pw.slice(1), donate_argnums=0)
+    state = step({f"w{i:03d}": jnp.ones(4) for i in range(200)})
+    state["w000"].result()
+    asked = []
+    real = ServiceLink.ready
+    monkeypatch.setattr(ServiceLink, "ready", lambda self, ref: asked.append(ref) or real(self, ref))
+    for _ in range(10):
+        state = step(state)
+        state["w000"].result()
+    assert len(asked) < 10 * 20  # a node's outputs share one reply: asked about once each step, not 200 times

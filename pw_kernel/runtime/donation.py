@@ -101,12 +101,16 @@ def still_read_among(values: list[Any]) -> set[int]:
 
 def mark_donated(x: Any, where: str) -> None:
     """Record that ``x``'s buffer went to ``where`` (a run and node)."""
-    ref = _weak(x)
-    if ref is None:
-        return
+    mark_all_donated([(x, where)])
+
+
+def mark_all_donated(given: list[tuple[Any, str]]) -> None:
+    """Record each ``(x, where)``: a run's donated inputs at once (a state of hundreds: one lock, one sweep)."""
+    refs = [(id(x), ref, where) for x, where in given if (ref := _weak(x)) is not None]
     with _lock:
         _sweep(_donated)
-        _donated[id(x)] = (ref, where)
+        for k, ref, where in refs:
+            _donated[k] = (ref, where)
 
 
 def donated_to(x: Any) -> str | None:
@@ -168,5 +172,5 @@ def hold(tree: Any) -> Hold:
 
 __all__ = [
     "Hold", "check_not_donated", "done_reading", "donated_to", "donated_to_any", "hold",
-    "mark_donated", "readers", "reading", "still_read_among",
+    "mark_all_donated", "mark_donated", "readers", "reading", "still_read_among",
 ]

@@ -184,9 +184,12 @@ def probe_of(args, outs) -> int:
 
 
 def _asked(st, outs) -> Any:
-    """The outputs of a node whose readiness answers for it: its probe (`Executable.probe`), else all."""
+    """The outputs of a node whose readiness answers for it: its probe (`Executable.probe`), a remote
+    node's first (one reply answers for all its outputs: they share its call's ticket), else all."""
+    if st.remote:
+        return outs[:1]
     probe = st.exe.probe
-    return outs if probe is None or probe < 0 or st.remote else (outs[probe],)
+    return outs if probe is None or probe < 0 else (outs[probe],)
 
 
 def _computed(batch: Batch, clean: bool = False) -> bool:

@@ -22,7 +22,7 @@ from ..core.runahead import RunAhead
 from ..core.scheduler import Policy
 from ..core.story import Story
 from ..devices import Island, ResourceManager, VirtualSlice, build_islands, stand_in_devices
-from ..donation import done_reading, mark_donated, reading
+from ..donation import done_reading, mark_all_donated, reading
 from ..errors import AdmissionError, ArgumentError, ControllerShutdownError, PathwaysError
 from ..futures import Future
 from ..remote.client import Bursts
@@ -273,8 +273,9 @@ class Controller:
         run, whatever its leaves: nothing here looks at earlier runs.
         """
         donated = graph.donated_inputs
-        for i, node in donated.items():
-            mark_donated(inputs[i], f"run {rec.id} ({rec.name!r}), node {node!r}")
+        if donated:
+            where = {node: f"run {rec.id} ({rec.name!r}), node {node!r}" for node in set(donated.values())}
+            mark_all_donated([(inputs[i], where[node]) for i, node in donated.items()])
         if rec.state in FINAL or rec.dispatched >= rec.total:
             return
         reading(rec, [x for i, x in enumerate(ins) if i not in donated] if donated else ins)
