@@ -67,6 +67,20 @@ def test_every_history_the_controller_keeps_stays_within_its_bound(small_histori
         c.runs[0].outputs
 
 
+def test_a_loop_fed_a_numpy_batch_each_step_keeps_nothing_per_step_in_the_ready_index(small_histories):
+    # Each call puts its numpy batch first, so the run has steps to dispatch and enters the ready index;
+    # its caller's thread dispatches them and the pick never sees it: its entry must not stay.
+    c = small_histories
+    step = pw.compiled(lambda st, b: jax.tree.map(lambda x: x + b, st), slice=pw.slice(1, name="fed"), name="fed")
+    state, batch = _state(30), np.ones(16, np.float32)
+    for _ in range(2_000):
+        state = step(state, batch)
+        state["layer0.w"].result()
+    ready = c.lifecycle.ready
+    assert ready.entries() <= 2 * len(ready) + 64 + 1  # (was one entry, and its run's record, per step)
+    assert float(state["layer0.w"].result()[0]) == 2_000.0
+
+
 def test_a_finished_run_beyond_the_window_is_forgotten_oldest_first_and_a_run_in_flight_stays():
     c = pw.init(pw.Config(islands=2, keep_runs=500))
     try:

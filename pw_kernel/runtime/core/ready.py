@@ -14,7 +14,11 @@ tenants, never with the depth of the queue.
 A queued run that cannot start is parked off the index: on the producer whose
 output it waits for (woken when that run publishes or ends), or on memory
 (woken when a run gives memory back). Heap entries are removed lazily: an entry
-is current while its run's version in ``version`` is the entry's.
+is current while its run's version in ``version`` is the entry's. The pick pops the
+void ones it meets at the heads; the others (a run that went without a pick: a call
+dispatched on its caller's thread) are swept once they outnumber the live ones by
+`VOID_SLACK` plus twice: amortised O(1) a run, and the heaps stay bounded by the runs
+queued, never by the session's age.
 
 Example (the lifecycle does this under the controller's lock)::
 
@@ -32,6 +36,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from .records import RunRecord
+
+
+#: Void heap entries allowed beyond twice the live ones before they are swept.
+VOID_SLACK = 64
 
 
 def credit_class(step: Any) -> tuple:
@@ -60,6 +68,7 @@ class ReadyIndex:
         self.on_producer: dict[int, dict[int, RunRecord]] = {}  # producer run id -> runs parked on its outputs
         self.parked_on: dict[int, int] = {}  # run id -> the producer it is parked on
         self.on_memory: dict[int, RunRecord] = {}
+        self.void = 0  # heap entries whose run left the index or was indexed again (not yet popped)
         self.set_policy(policy)
 
     def set_policy(self, policy: Any) -> None:
@@ -70,6 +79,7 @@ class ReadyIndex:
         runs = self.runs()
         self.version.clear()
         self.by_class.clear()
+        self.void = 0
         for rec in runs:
             self.add(rec)
 
@@ -93,6 +103,8 @@ class ReadyIndex:
         cls = self.by_class.get(key)
         if cls is None:
             cls = self.by_class[key] = _Class(step)
+        if rec.id in self.version:
+            self.void += 1  # (its earlier entry)
         ver = self.version[rec.id] = next(self._versions)
         group = self._group(rec)
         heap = cls.groups.get(group)
@@ -102,7 +114,7 @@ class ReadyIndex:
 
     def remove(self, rec: RunRecord) -> None:
         """``rec`` leaves the index (it dispatched everything, or ended); parked, it leaves that too."""
-        self.version.pop(rec.id, None)
+        self._unindex(rec)
         self.on_memory.pop(rec.id, None)
         producer = self.parked_on.pop(rec.id, None)
         if producer is not None:
@@ -114,14 +126,40 @@ class ReadyIndex:
 
     def park_on_producer(self, rec: RunRecord, producer: RunRecord) -> None:
         """``rec`` waits for an output of ``producer``: off the index until that run publishes or ends."""
-        self.version.pop(rec.id, None)
+        self._unindex(rec)
         self.on_producer.setdefault(producer.id, {})[rec.id] = rec
         self.parked_on[rec.id] = producer.id
 
     def park_on_memory(self, rec: RunRecord) -> None:
         """``rec`` waits for memory: off the index until a run gives some back."""
-        self.version.pop(rec.id, None)
+        self._unindex(rec)
         self.on_memory[rec.id] = rec
+
+    def _unindex(self, rec: RunRecord) -> None:
+        """Void ``rec``'s entry; sweep the heaps once the void entries outnumber the live ones by far."""
+        if self.version.pop(rec.id, None) is not None:
+            self.void += 1
+            if self.void > 2 * len(self.version) + VOID_SLACK:
+                self._sweep()
+
+    def _sweep(self) -> None:
+        """Keep only the current entries (each heap filtered, then heapified): O(entries), once per as many voids."""
+        version = self.version
+        for key, cls in list(self.by_class.items()):
+            for group, heap in list(cls.groups.items()):
+                live = [e for e in heap if version.get(e[1]) == e[2]]
+                if live:
+                    heapq.heapify(live)
+                    cls.groups[group] = live
+                else:
+                    del cls.groups[group]
+            if not cls.groups:
+                del self.by_class[key]
+        self.void = 0
+
+    def entries(self) -> int:
+        """Heap entries, void ones included (bounded: see the module's notes)."""
+        return sum(len(heap) for cls in self.by_class.values() for heap in cls.groups.values())
 
     def producer_moved(self, producer: RunRecord) -> None:
         """``producer`` published outputs, started or ended: the runs parked on it are looked at again."""
@@ -164,6 +202,7 @@ class ReadyIndex:
                 _, rid, ver, rec = heap[0]
                 if version.get(rid) != ver:
                     heapq.heappop(heap)
+                    self.void -= 1
                     continue
                 yield rec
                 if heap and heap[0][3] is rec and version.get(rid) == ver:
@@ -177,6 +216,7 @@ class ReadyIndex:
         for group, heap in list(cls.groups.items()):
             while heap and version.get(heap[0][1]) != heap[0][2]:
                 heapq.heappop(heap)
+                self.void -= 1
             if not heap:
                 del cls.groups[group]
         return bool(cls.groups)
