@@ -27,12 +27,11 @@ from typing import Any
 from ..runtime import IslandLostError, ProtocolError
 from ..runtime import TimeoutError as PathwaysTimeout
 from ..runtime.extend import RemoteIsland
-from .protocol import ONEWAY, PROTOCOL_VERSION, REQUESTS, Failed, Hello, Ping, Pong, Reply, Request, RunReply
+from .protocol import HEARTBEAT_S, ONEWAY, PROTOCOL_VERSION, REQUESTS, Failed, Hello, Ping, Pong, Reply, Request, RunReply
 from .wire import NOBLOCK, Hub, Messages, address, recv, send
 
 log = logging.getLogger("pw_kernel.service")
 
-HEARTBEAT_S = 0.5
 #: No answer to heartbeats for this long: the service is gone (it died, or its host sleeps).
 SERVICE_LOST_AFTER_S = 5.0
 

@@ -33,6 +33,10 @@ from ..runtime.extend import ErrorEnvelope
 #: Bumped whenever a message below changes: a client and a service of different versions do not talk.
 PROTOCOL_VERSION = 4
 
+#: Both sides tick this often: a client pings the service (`Ping`), the service answers (`Pong`) and looks
+#: for clients it has not heard from.
+HEARTBEAT_S = 0.5
+
 
 def message(cls):
     """A typed message: a frozen, slotted dataclass that pickles as its class and its fields (cheaply)."""

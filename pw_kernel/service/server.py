@@ -38,6 +38,7 @@ from .clients import DEAD_AFTER_S, Heap
 from .handlers import LATER, Handlers
 from .inbox import Inbox
 from .protocol import (
+    HEARTBEAT_S,
     ONEWAY,
     PROTOCOL_VERSION,
     Cancel,
@@ -61,9 +62,6 @@ from .store import KeptStore
 from .wire import Hub, Messages, default_connection_file, new_key, read_connection_file, send, write_connection_file
 
 log = logging.getLogger("pw_kernel.service")
-
-#: Clients ping this often; one not heard from for DEAD_AFTER_S is gone (its runs cancelled, buffers freed).
-HEARTBEAT_S = 0.5
 
 #: Requests the socket thread answers itself when nothing of the client's is queued (well under a millisecond;
 #: loads, puts of big values, keeps and drops go to the worker, so heartbeats are never held up long).

@@ -35,10 +35,6 @@ from .wire import address, read_connection_file
 
 log = logging.getLogger("pw_kernel.service")
 
-HEARTBEAT_S = 0.5
-#: No answer to heartbeats for this long: the service is gone (it died, or its host sleeps).
-SERVICE_LOST_AFTER_S = 5.0
-
 
 class ClientInfo(NamedTuple):
     """One client of the service, as `pw.clients()` lists it."""
