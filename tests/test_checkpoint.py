@@ -135,6 +135,26 @@ def test_a_shape_that_differs_names_the_leaf_and_both_shapes(ctl, tmp_path):
     ckpt.close()
 
 
+def test_a_flax_nnx_state_with_a_list_of_layers_restores_into_itself(ctl, tmp_path):
+    nnx = pytest.importorskip("flax.nnx")
+
+    class Stack(nnx.Module):  # an `nnx.List` of layers: its state's keys are ints, which orbax writes as '0', '1'
+        def __init__(self, rngs):
+            self.layers = nnx.List([nnx.Linear(4, 4, rngs=rngs) for _ in range(2)])
+
+    _, params = nnx.split(Stack(nnx.Rngs(0)), nnx.Param)
+    state = (params, optax.adam(1e-3).init(params))
+    bump = pw.compiled(lambda st: jax.tree.map(lambda v: v + 1, st), slice=pw.slice(1), donate_argnums=0)
+    saved = bump(state)
+    ckpt = pw.CheckpointManager(tmp_path / "ck")
+    ckpt.save(3, {"state": saved})
+    ckpt.wait_until_finished()
+    back = ckpt.restore(target={"state": state})["state"]
+    want = jax.tree.leaves(pw.get(saved))
+    assert [np.asarray(a).tolist() for a in jax.tree.leaves(back)] == [np.asarray(a).tolist() for a in want]
+    ckpt.close()
+
+
 @pytest.mark.system  # (a fresh process of its own)
 def test_a_fresh_process_restores_onto_two_slices_and_trains_on_like_the_uninterrupted_run(tmp_path):
     directory = str(tmp_path / "ck")

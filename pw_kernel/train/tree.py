@@ -47,6 +47,8 @@ def path_key(path: tuple) -> str:
 
 
 def _key(k: Any) -> Any:
+    if isinstance(k, jax.tree_util.DictKey) and isinstance(k.key, int):
+        return str(k.key)  # (orbax writes a dict's keys as strings: a flax `nnx.List`'s 0 comes back as '0')
     for attr in ("key", "name", "idx"):
         if hasattr(k, attr):
             return getattr(k, attr)
