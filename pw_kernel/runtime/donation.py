@@ -99,11 +99,6 @@ def still_read_among(values: list[Any]) -> set[int]:
     return hit
 
 
-def mark_donated(x: Any, where: str) -> None:
-    """Record that ``x``'s buffer went to ``where`` (a run and node)."""
-    mark_all_donated([(x, where)])
-
-
 def mark_all_donated(given: list[tuple[Any, str]]) -> None:
     """Record each ``(x, where)``: a run's donated inputs at once (a state of hundreds: one lock, one sweep)."""
     refs = [(id(x), ref, where) for x, where in given if (ref := _weak(x)) is not None]
@@ -172,5 +167,5 @@ def hold(tree: Any) -> Hold:
 
 __all__ = [
     "Hold", "check_not_donated", "done_reading", "donated_to", "donated_to_any", "hold",
-    "mark_all_donated", "mark_donated", "readers", "reading", "still_read_among",
+    "mark_all_donated", "readers", "reading", "still_read_among",
 ]
