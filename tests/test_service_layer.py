@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import threading
 import time
 
 import jax
@@ -16,7 +17,7 @@ import numpy as np
 import pytest
 
 import pw_kernel as pw
-from pw_kernel.runtime.extend import ErrorEnvelope, Link
+from pw_kernel.runtime.extend import Compiled, ErrorEnvelope, Link
 from pw_kernel.runtime.remote.ray import RayLink
 from pw_kernel.service import protocol as p
 from pw_kernel.service.link import SPIN_MAX_S, ServiceLink
@@ -66,6 +67,65 @@ def test_every_request_has_a_story_from_arrival_to_reply(service):
     made = [r for r in service.ctrl.runs if r.id == run_id]  # the service's run, named by the request
     assert [(r.name, r.tenant) for r in made] == [(stimulus, "bob")]
     assert service.story(runs[-1][0].stimulus) == runs[-1]
+
+
+def _until(what, check) -> None:
+    deadline = time.monotonic() + HANG_S
+    while not check():
+        assert time.monotonic() < deadline, f"waited {HANG_S} s for {what}"
+        time.sleep(0.01)
+
+
+def test_a_call_on_an_idle_pool_runs_at_once_with_no_run_of_the_services_controller(service):
+    """Nothing else live in the pool: the node is called on the thread that received it, one lifecycle in all
+    (the client's), and still counted where fair share and the pool view look (its device time, its span)."""
+    pw.connect(service.path, name="carol")
+    inc = pw.compiled(lambda x: x + 1, slice=pw.slice(1))
+    x = inc(jnp.zeros(3))
+    for _ in range(3):  # compiled, then timed the usual way: a node's time is known before it runs at once
+        x = inc(x)
+        x.result()
+    _until("the service's runs to end", lambda: service.ctrl.idle)
+    runs, nodes = len(service.ctrl.runs), len(service.ctrl.events.nodes)
+    spans, device_ns = service.state.pool_record.recorded, service.state.clients.by_tenant["carol"].device_ns
+    for _ in range(20):
+        x = inc(x)
+        x.result()
+    assert np.asarray(x.result()).tolist() == [24.0] * 3
+    assert len(service.ctrl.runs) == runs  # no run of the service's controller
+    new = list(service.ctrl.events.nodes)[nodes:]
+    assert [(e.run_id, e.tenant) for e in new] == [(None, "carol")] * 20, new
+    assert service.state.pool_record.recorded - spans == 20
+    assert service.state.clients.by_tenant["carol"].device_ns > device_ns
+    last = [r for r in service.state.story.rows if r.request == "RunMany"][-3:]
+    assert [r.event for r in last] == ["received", "replied", "ran at once (the pool was idle)"], last
+    assert [e.tenant for e in service.ctrl.events.nodes][-1] == "carol"
+
+
+def test_a_call_while_another_clients_run_is_live_goes_through_the_services_scheduler(service):
+    """Another client's node still running: the call becomes a run of the service's controller, which orders it
+    among the pool's work (fair share), and is answered when it is done."""
+    pw.connect(service.path, name="dave")
+    inc = pw.compiled(lambda x: x + 1, slice=pw.slice(1))
+    x = inc(jnp.zeros(3))
+    for _ in range(3):
+        x = inc(x)
+        x.result()
+    gate = threading.Event()
+    held = Compiled(lambda v: jax.pure_callback(lambda a: (gate.wait(HANG_S), a)[1], v, v) + 0,
+                    slice=service.state.slice(((1,), ("d",), (0,))), controller=lambda: service.ctrl)
+    other = held.program.submit(jnp.zeros(3), tenant="erin")  # another tenant's run, live until the gate opens
+    try:
+        assert not service.ctrl.idle
+        runs = len(service.ctrl.runs)
+        y = inc(x)
+        assert np.asarray(y.result()).tolist() == [5.0] * 3
+        assert len(service.ctrl.runs) == runs + 1
+        last = [r.event for r in service.state.story.rows if r.request == "RunMany"][-3:]
+        assert last[0] == "received" and any(e.startswith("runs ") for e in last), last
+    finally:
+        gate.set()
+    other.wait(HANG_S)
 
 
 def test_a_client_of_another_protocol_version_is_refused_with_a_clear_error(service):

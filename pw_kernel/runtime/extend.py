@@ -32,6 +32,7 @@ from .donation import hold
 from .errors import short_error
 from .exec.controller import Controller, Status, on_controller_replaced
 from .exec.events import EventLog, TraceRow, busy_time, chrome_trace
+from .exec.now import ready_array
 from .profiling import executions, start_trace
 from .api import ray_islands
 from .program import Compiled
@@ -89,6 +90,8 @@ __all__ = [
     "from_wire",
     "to_wire",
     "inline_picks",
+    # a buffer that is an array of this process now (a finished future's too): what a call on an idle pool takes
+    "ready_array",
     # what `pw.init` replacing the controller tells extensions that registered islands on the old one
     "on_controller_replaced",
     # JAX's profiler in a process that serves `pw.profile` for another (the service): start, and its XLA runs

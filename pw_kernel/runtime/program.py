@@ -13,6 +13,7 @@ from .core.records import NOTHING
 from .devices import VirtualSlice
 from .donation import check_not_donated, donated_to_any, still_read_among
 from .errors import ArgumentError, TracerArgument
+from .exec.now import call_now
 from .trace.compiled import CompiledFunction, array_signature, in_program_trace
 from .trace.feeds import input_node
 from .trace.graph import ProgramGraph
@@ -198,6 +199,19 @@ class Program:
             args, kwargs, name, mode, tenant, weight, priority, source_map, on_error, graph, on_computed
         )
         return run, run.tree(futures)
+
+    def call_now(self, *args, tenant: str, name: str, mode: str, answer: Callable[[list, int, int], None]) -> bool:
+        """Call its one node on ``args`` (arrays) now, with no run, if the controller has none live and the
+        node is quick: ``answer(outputs, start_ns, end_ns)``, then True; False if nothing was done (`call_run`
+        it). The Pathways service's call on an idle pool (`exec/now.py`).
+
+        Example::
+
+            if not f.program.call_now(x, tenant="alice", name="alice-7", mode="chained", answer=reply):
+                f.program.call_run(x, tenant="alice")
+        """
+        graph, traced = self._trace(args, {})
+        return call_now(self._controller(), graph, traced, tenant, name, mode, answer)
 
     def _submit(
         self, args: tuple, kwargs: dict, name: str | None = None, mode: str | None = None, tenant: str | None = None,

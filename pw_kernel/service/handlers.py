@@ -126,7 +126,8 @@ class Handlers:
     def run_many(self, c: Client, msg: RunMany, reply) -> object:
         # Frees first: they are handles the client dropped before this burst (its nodes hold their own
         # inputs alive), so a memory share's check counts without them.
-        self.free(c, Free(msg.frees), reply)
+        if msg.frees:
+            self.free(c, Free(msg.frees), reply)
         if c.memory is not None:
             need: dict[int, int] = {}
             for key, _, _ in msg.ops:
@@ -137,7 +138,7 @@ class Handlers:
 
     def _runs(self, c: Client, ops: list, run, reply) -> object:
         runs = submit(c, ops, run, reply, reply.stimulus)  # (the runs carry the request's stimulus as their name)
-        reply.story(f"runs {','.join(str(r.id) for r in runs)}")
+        reply.story(f"runs {','.join(str(r.id) for r in runs)}" if runs else "ran at once (the pool was idle)")
         return LATER
 
     def reshard(self, c: Client, msg: Reshard, reply) -> object:

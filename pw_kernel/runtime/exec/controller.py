@@ -316,6 +316,11 @@ class Controller:
         except Exception:  # the caller's: logged, the run goes on
             logging.getLogger("pw_kernel").exception("`on_computed` of run %s (%r) raised", rec.id, rec.name)
 
+    @property
+    def idle(self) -> bool:
+        """Whether no run is live (submitted, not yet final): nothing a new node would be ordered against."""
+        return not self._live
+
     def plan(self, graph: ProgramGraph, mode: str | None = None):
         """How ``graph`` would run here: its steps, slots and peak memory per device (cached per mode).
 

@@ -1,0 +1,88 @@
+"""A lone node run at once, with no run, on a controller that has nothing else to order it against.
+
+What the Pathways service does with a client's call of one compiled function
+while its pool is idle: the node's order among other work (fair share,
+priorities, run-ahead, admission) is the scheduler's whole job, and with no
+run live there is none to decide. So the node is called on the thread that
+received it and waited for there (only a node known to take well under a
+millisecond: `NOW_MAX_NS`), the caller answers with its outputs, and the node
+is reported to the event log like any other (its `NodeEvent` has no run:
+``run_id`` None), which is what the service's device-time shares and pool view
+read. Anything else, or anything that raises, goes the usual way
+(`Controller.call`), which reports errors: nothing was done here then.
+
+A client's call through an idle service thus crosses one lifecycle, its own
+controller's, instead of two (see docs/architecture.md, "Where a run lives").
+
+Example::
+
+    done = call_now(ctrl, graph, [x], tenant="alice", name="alice-7", answer=reply)
+    if not done:
+        ctrl.call(graph, [x], tenant="alice")
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import jax
+
+from .events import NodeEvent
+
+if TYPE_CHECKING:
+    from ..trace.graph import ProgramGraph
+
+#: A node whose measured device time (its executable's running mean) is above this is not waited for on the
+#: receiving thread: it goes the usual way, so that thread (the service's socket) is never held long.
+NOW_MAX_NS = 1_000_000
+
+
+def call_now(ctrl: Any, graph: ProgramGraph, inputs: list, tenant: str, name: str, mode: str,
+             answer: Callable[[list, int, int], None]) -> bool:
+    """Call ``graph``'s one node on ``inputs`` (arrays) now if ``ctrl`` (a `Controller`) has no live run; True once ``answer``
+    has had its outputs and (start, end) on the ``perf_counter_ns`` clock, False if nothing was done.
+
+    Nothing is done where the usual way must decide: a run is live, the plan is more than one
+    step, the step needs the dispatch loop (compiled first, host callbacks, a remote island), it
+    donates (what pw still reads decides), its time is not yet measured twice or is above
+    `NOW_MAX_NS`, its memory exceeds what runs may reserve, or the call raises.
+    """
+    if not ctrl.idle or graph.donated_inputs:
+        return False
+    plan = ctrl.plan(graph, mode)
+    feed = plan.lone_args
+    if feed is None or len(plan.steps) != 1:
+        return False
+    st = plan.steps[0]
+    exe = st.exe
+    if exe.compile_first or exe.compiling or st.host_callbacks or st.remote or exe.measured < 2 or exe.cost > NOW_MAX_NS:
+        return False
+    capacity = ctrl.lifecycle.capacity
+    if capacity and any(need > capacity.get(d, need) for d, need in plan.peak_bytes.items()):
+        return False  # (the usual way says why: `AdmissionError`)
+    args = [inputs[k] for k in feed]
+    clock = time.perf_counter_ns
+    start = clock()
+    try:
+        outs = st.call(*args)
+        jax.block_until_ready(outs)  # (an asynchronous failure raises here: the usual way reports it)
+    except Exception:
+        return False
+    end = clock()
+    answer(outs, start, end)
+    epoch = ctrl.events.epoch
+    ev = NodeEvent(0, None, name, tenant, st.name, st.kind, st.devices, st.island, st.src_island, start - epoch,
+                   st.nbytes, st.shapes)
+    ev.end = end - epoch
+    ctrl.events.emit_node(ev)
+    return True
+
+
+def ready_array(x: Any) -> jax.Array | None:
+    """``x`` as an array of this process if it is one now (a finished future's value included), else None."""
+    if isinstance(x, jax.Array):
+        return x
+    value = getattr(x, "value", None)
+    return value if isinstance(value, jax.Array) and x.done() else None
