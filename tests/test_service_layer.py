@@ -86,12 +86,14 @@ def test_a_call_on_an_idle_pool_runs_at_once_with_no_run_of_the_services_control
         x = inc(x)
         x.result()
     _until("the service's runs to end", lambda: service.ctrl.idle)
+    pw.clients()  # (a request its worker answers, under the lock a call at once holds till its event is out)
     runs, nodes = len(service.ctrl.runs), len(service.ctrl.events.nodes)
     spans, device_ns = service.state.pool_record.recorded, service.state.clients.by_tenant["carol"].device_ns
     for _ in range(20):
         x = inc(x)
         x.result()
     assert np.asarray(x.result()).tolist() == [24.0] * 3
+    pw.clients()
     assert len(service.ctrl.runs) == runs  # no run of the service's controller
     new = list(service.ctrl.events.nodes)[nodes:]
     assert [(e.run_id, e.tenant) for e in new] == [(None, "carol")] * 20, new

@@ -44,12 +44,13 @@ SPIN_MAX_S = 0.002
 
 
 class Ref:
-    """One request's reply, once it comes."""
+    """One request's reply, once it comes (``done``: a flag, not an Event: the thread that waits for a reply
+    reads it itself, and a thread waiting meanwhile is woken by the link's ``_turn``, see `ServiceLink.wait`)."""
 
-    __slots__ = ("error", "event", "sent", "value")
+    __slots__ = ("done", "error", "sent", "value")
 
     def __init__(self) -> None:
-        self.event = threading.Event()
+        self.done = False
         self.value: Any = None
         self.error: BaseException | None = None
         self.sent = 0.0  # when the request left (time.monotonic)
@@ -128,7 +129,7 @@ class ServiceLink:
             if value is not None:
                 ref = Ref()
                 ref.value = value
-                ref.event.set()
+                ref.done = True
                 return ref
         elif method == "run_many":  # (ops, frees, run): a busy loop's frees ride with its next call
             self.forget(args[1])
@@ -144,7 +145,7 @@ class ServiceLink:
         ref = Ref()
         if self.error is not None:
             ref.error = self.error
-            ref.event.set()
+            ref.done = True
             return ref
         rid = next(self._ids)
         oneway = isinstance(body, ONEWAY)
@@ -156,7 +157,7 @@ class ServiceLink:
             if self.error is None:
                 send(self._out, frames)
         if oneway:
-            ref.event.set()
+            ref.done = True
         return ref
 
     def call(self, body: Any, timeout: float | None = None) -> Any:
@@ -164,13 +165,13 @@ class ServiceLink:
         return self.get(self.send(body), timeout)
 
     def ready(self, ref: Ref) -> bool:
-        if not ref.event.is_set() and self._reader.acquire(blocking=False):
+        if not ref.done and self._reader.acquire(blocking=False):
             try:
-                while not ref.event.is_set() and self._poller.poll(0):
+                while not ref.done and self._poller.poll(0):
                     self._read()
             finally:
                 self._leave()
-        return ref.event.is_set()
+        return ref.done
 
     def get(self, ref: Ref, timeout: float | None = None) -> Any:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -183,7 +184,7 @@ class ServiceLink:
 
     def wait(self, ref: Ref, timeout: float) -> bool:
         """Until ``ref`` is answered (True) or ``timeout`` s pass: reading replies if no other thread is."""
-        if ref.event.is_set():
+        if ref.done:
             return True
         deadline = time.monotonic() + timeout
         turn = self._turn
@@ -193,18 +194,18 @@ class ServiceLink:
                     self._read_until(ref, deadline)
                 finally:
                     self._leave()
-                return ref.event.is_set()
+                return ref.done
             with turn:  # another thread reads: it wakes us when it has read something, or leaves
                 self._followers += 1
                 try:
-                    while not ref.event.is_set() and self._reader.locked():
+                    while not ref.done and self._reader.locked():
                         left = deadline - time.monotonic()
                         if left <= 0:
                             return False
                         turn.wait(left)
                 finally:
                     self._followers -= 1
-            if ref.event.is_set():
+            if ref.done:
                 return True
 
     def _read_until(self, ref: Ref, deadline: float) -> None:
@@ -213,17 +214,17 @@ class ServiceLink:
         usual = self.round_trip_s
         if usual < SPIN_MAX_S / 2:  # (a reply that takes longer: waking ~0.1 ms late costs it little)
             spin_until = min(deadline, ref.sent + 2 * usual)
-            while not ref.event.is_set() and time.monotonic() < spin_until:  # (poll(0) lets go of the GIL)
+            while not ref.done and time.monotonic() < spin_until:  # (poll(0) lets go of the GIL)
                 if poll(0):
                     self._read()
-        while not ref.event.is_set() and self.error is None and not self._closing:
+        while not ref.done and self.error is None and not self._closing:
             left = deadline - time.monotonic()
             if left <= 0:
                 return
             # (poll in slices: Ctrl-C reaches the reader, and a closing link is seen)
             if poll(max(1, min(int(left * 1000), 50))):
                 self._read()
-        if ref.event.is_set():
+        if ref.done:
             self.round_trip_s = usual + 0.1 * (time.monotonic() - ref.sent - usual)
 
     def _read(self) -> None:
@@ -307,7 +308,7 @@ class ServiceLink:
             ref.error = msg.error.exception("in the Pathways service: ")
         else:
             ref.error = ProtocolError(f"the service answered with a {type(msg).__name__}, which no request expects")
-        ref.event.set()
+        ref.done = True
 
     def _on_disconnect(self) -> None:
         if self.island is not None:  # (connected: a closed connection now is the service going away)
@@ -340,7 +341,7 @@ class ServiceLink:
                 ref = self.pending.pop(rid, None)
                 if ref is not None:
                     ref.error = self.error
-                    ref.event.set()
+                    ref.done = True
             with self._turn:
                 self._turn.notify_all()
         return self.error

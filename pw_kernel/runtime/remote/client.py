@@ -76,7 +76,7 @@ class _Ticket:
         self.sent.set()
 
     def wait_ref(self):
-        self.sent.wait()
+        self.sent.is_set() or self.sent.wait()  # (sent by the dispatching thread itself, the commonest: no lock)
         if self.error is not None:
             raise self.error
         return self.ref
@@ -93,7 +93,7 @@ class _Ticket:
     def wait(self, timeout: float) -> bool:
         """Block until the call is answered (True) or ``timeout`` s pass (False), without polling."""
         deadline = time.monotonic() + timeout
-        if not self.sent.wait(timeout):
+        if not self.sent.is_set() and not self.sent.wait(timeout):
             return False
         if self._result is not MISSING or self.error is not None:
             return True
