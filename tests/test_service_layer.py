@@ -102,6 +102,27 @@ def test_a_call_on_an_idle_pool_runs_at_once_with_no_run_of_the_services_control
     last = [r for r in service.state.story.rows if r.request == "RunMany"][-3:]
     assert [r.event for r in last] == ["received", "replied", "ran at once (the pool was idle)"], last
     assert [e.tenant for e in service.ctrl.events.nodes][-1] == "carol"
+    # A step that donates its state goes the usual way (what pw still reads decides what it may donate), and
+    # is not looked at again: its key is remembered, so its inputs are not walked each step for nothing.
+    step = pw.compiled(lambda v: v * 0.5, slice=inc.slice, donate_argnums=0)
+    for _ in range(4):
+        x = step(x)
+        x.result()
+    pw.clients()
+    assert len(service.ctrl.runs) == runs + 4
+    assert len(service.state.clients.by_tenant["carol"].never_now) == 1
+
+
+def test_a_donating_step_fed_from_another_slice_is_answered(service):
+    """The service reshards its input first, and the step, sent right behind, donates that copy before the
+    reshard's answer is made: the answer leaves the donated value out (the client no longer reads it)."""
+    pw.connect(service.path, name="frank")
+    make = pw.compiled(lambda x: x + 1, slice=pw.slice(1))
+    step = pw.compiled(lambda v: v * 0.5, slice=pw.slice(1), donate_argnums=0)
+    x = make(jnp.zeros(3))
+    for _ in range(3):
+        x = step(x)
+    assert np.asarray(x.result(timeout=HANG_S)).tolist() == [0.125] * 3
 
 
 def test_a_call_while_another_clients_run_is_live_goes_through_the_services_scheduler(service):

@@ -13,7 +13,7 @@ from .core.records import NOTHING
 from .devices import VirtualSlice
 from .donation import check_not_donated, donated_to_any, still_read_among
 from .errors import ArgumentError, TracerArgument
-from .exec.now import call_now
+from .exec.now import LATER, call_now
 from .trace.compiled import CompiledFunction, array_signature, in_program_trace
 from .trace.feeds import input_node
 from .trace.graph import ProgramGraph
@@ -200,18 +200,22 @@ class Program:
         )
         return run, run.tree(futures)
 
-    def call_now(self, *args, tenant: str, name: str, mode: str, answer: Callable[[list, int, int], None]) -> bool:
+    def call_now(self, *args, tenant: str, name: str, mode: str, answer: Callable[[list, int, int], None]) -> str:
         """Call its one node on ``args`` (arrays) now, with no run, if the controller has none live and the
-        node is quick: ``answer(outputs, start_ns, end_ns)``, then True; False if nothing was done (`call_run`
-        it). The Pathways service's call on an idle pool (`exec/now.py`).
+        node is quick: ``answer(outputs, start_ns, end_ns)``, and "ran"; else "later" or "never" (for these
+        arguments' graph), and nothing was done: `call_run` it. The Pathways service's call on an idle pool
+        (`exec/now.py`).
 
         Example::
 
-            if not f.program.call_now(x, tenant="alice", name="alice-7", mode="chained", answer=reply):
+            if f.program.call_now(x, tenant="alice", name="alice-7", mode="chained", answer=reply) != "ran":
                 f.program.call_run(x, tenant="alice")
         """
+        c = self._controller()
+        if not c.idle:  # (asked before the trace: a busy pool costs the call nothing more)
+            return LATER
         graph, traced = self._trace(args, {})
-        return call_now(self._controller(), graph, traced, tenant, name, mode, answer)
+        return call_now(c, graph, traced, tenant, name, mode, answer)
 
     def _submit(
         self, args: tuple, kwargs: dict, name: str | None = None, mode: str | None = None, tenant: str | None = None,

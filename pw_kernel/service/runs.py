@@ -23,17 +23,20 @@ Example::
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
 
 import jax
 
-from ..runtime import Future, PathwaysError
+from ..runtime import ArgumentError, Future, PathwaysError
 from ..runtime.extend import ErrorEnvelope, from_wire, inline_picks, nbytes_of, ready_array, to_wire
 from .callbacks import expected as expected_output
 from .clients import Client
 from .protocol import RunReply
+
+log = logging.getLogger("pw_kernel.service")
 
 
 def small_values(handles: list, outs: list, value: Callable = lambda x: x) -> dict:
@@ -50,10 +53,13 @@ def small_values(handles: list, outs: list, value: Callable = lambda x: x) -> di
 
 def _here(f):
     """A finished output's value if it lives in this process or came small with its island's reply, else None
-    (no bytes move from another island for it)."""
+    (no bytes move from another island for it; nor for one the client's next node has donated already)."""
     r = f.remote_array()
     if r is None:
-        return f.result()
+        try:
+            return f.result()
+        except ArgumentError:  # (donated since it was computed: the burst after it reused its buffer, and the
+            return None        # client, which sent that burst, no longer reads it)
     value = r.inline()
     return None if value is None else from_wire(value)
 
@@ -159,7 +165,11 @@ def submit(c: Client, ops: list, client_run: tuple | None, reply: Callable, name
 
     def answer() -> None:
         if once.acquire(blocking=False):
-            finished()
+            try:
+                finished()
+            except Exception as e:  # (a bug of ours: the client hears it, rather than waits for ever)
+                log.exception("pw_kernel service: answering run %s of client %r failed", rid, c.tenant)
+                reply(error=e)
 
     when_done(per_op, answer, c.count_lock)
     c.waiter().put((outs, answer))
@@ -168,10 +178,11 @@ def submit(c: Client, ops: list, client_run: tuple | None, reply: Callable, name
 
 def _now(c: Client, op: tuple, reply: Callable, name: str | None) -> bool:
     """A lone node while the pool is idle: called at once, no run of the service's controller (`exec/now.py`),
-    answered as soon as it computed; False if it must go the usual way (nothing was done)."""
+    answered as soon as it computed; False if it goes the usual way (nothing was done). A node that never can
+    (a step that donates its state, say) is not asked again."""
     key, in_ids, out_ids = op
     exe = c.executables.get(key)
-    if exe is None or key in c.load_errors:
+    if exe is None or key in c.never_now or key in c.load_errors:
         return False
     args = [ready_array(c.buffers.get(h)) for h in in_ids]
     if any(a is None for a in args):  # (a buffer still computing, freed, or on one of the service's Ray islands)
@@ -182,7 +193,10 @@ def _now(c: Client, op: tuple, reply: Callable, name: str | None) -> bool:
         c.nodes += 1
         reply(RunReply([(start, end)], None, small_values(out_ids, outs), {}))
 
-    return exe.program.call_now(*args, tenant=c.tenant, name=name or key, mode="chained", answer=answer)
+    did = exe.program.call_now(*args, tenant=c.tenant, name=name or key, mode="chained", answer=answer)
+    if did == "never":
+        c.never_now.add(key)
+    return did == "ran"
 
 
 def when_done(per_run: list[list], then: Callable, lock) -> None:

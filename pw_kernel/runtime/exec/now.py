@@ -16,8 +16,7 @@ controller's, instead of two (see docs/architecture.md, "Where a run lives").
 
 Example::
 
-    done = call_now(ctrl, graph, [x], tenant="alice", name="alice-7", answer=reply)
-    if not done:
+    if call_now(ctrl, graph, [x], "alice", "alice-7", "chained", reply) != RAN:
         ctrl.call(graph, [x], tenant="alice")
 """
 
@@ -34,34 +33,39 @@ from .events import NodeEvent
 if TYPE_CHECKING:
     from ..trace.graph import ProgramGraph
 
+#: What `call_now` did: ran the node; or not now (a run is live, the node not yet measured or compiling, the
+#: call raised: ask again next time); or never, for this graph (not one lone step on arrays, host callbacks, a
+#: remote island, donation, slower than `NOW_MAX_NS`, more memory than runs may reserve).
+RAN, LATER, NEVER = "ran", "later", "never"
+
 #: A node whose measured device time (its executable's running mean) is above this is not waited for on the
 #: receiving thread: it goes the usual way, so that thread (the service's socket) is never held long.
 NOW_MAX_NS = 1_000_000
 
 
 def call_now(ctrl: Any, graph: ProgramGraph, inputs: list, tenant: str, name: str, mode: str,
-             answer: Callable[[list, int, int], None]) -> bool:
-    """Call ``graph``'s one node on ``inputs`` (arrays) now if ``ctrl`` (a `Controller`) has no live run; True once ``answer``
-    has had its outputs and (start, end) on the ``perf_counter_ns`` clock, False if nothing was done.
-
-    Nothing is done where the usual way must decide: a run is live, the plan is more than one
-    step, the step needs the dispatch loop (compiled first, host callbacks, a remote island), it
-    donates (what pw still reads decides), its time is not yet measured twice or is above
-    `NOW_MAX_NS`, its memory exceeds what runs may reserve, or the call raises.
+             answer: Callable[[list, int, int], None]) -> str:
+    """Call ``graph``'s one node on ``inputs`` (arrays) now if ``ctrl`` (a `Controller`) has no live run: `RAN` once
+    ``answer`` has had its outputs and (start, end) on the ``perf_counter_ns`` clock; else `LATER` or `NEVER`
+    (nothing was done: the usual way decides, and reports what the call raised, if it did).
     """
-    if not ctrl.idle or graph.donated_inputs:
-        return False
+    if not ctrl.idle:
+        return LATER
+    if graph.donated_inputs:  # (what pw still reads decides what may be donated: the usual way)
+        return NEVER
     plan = ctrl.plan(graph, mode)
     feed = plan.lone_args
     if feed is None or len(plan.steps) != 1:
-        return False
+        return NEVER
     st = plan.steps[0]
     exe = st.exe
-    if exe.compile_first or exe.compiling or st.host_callbacks or st.remote or exe.measured < 2 or exe.cost > NOW_MAX_NS:
-        return False
+    if st.host_callbacks or st.remote or (exe.measured >= 2 and exe.cost > NOW_MAX_NS):
+        return NEVER
     capacity = ctrl.lifecycle.capacity
     if capacity and any(need > capacity.get(d, need) for d, need in plan.peak_bytes.items()):
-        return False  # (the usual way says why: `AdmissionError`)
+        return NEVER  # (the usual way says why: `AdmissionError`)
+    if exe.compile_first or exe.compiling or exe.measured < 2:
+        return LATER
     args = [inputs[k] for k in feed]
     clock = time.perf_counter_ns
     start = clock()
@@ -69,7 +73,7 @@ def call_now(ctrl: Any, graph: ProgramGraph, inputs: list, tenant: str, name: st
         outs = st.call(*args)
         jax.block_until_ready(outs)  # (an asynchronous failure raises here: the usual way reports it)
     except Exception:
-        return False
+        return LATER
     end = clock()
     answer(outs, start, end)
     epoch = ctrl.events.epoch
@@ -77,7 +81,7 @@ def call_now(ctrl: Any, graph: ProgramGraph, inputs: list, tenant: str, name: st
                    st.nbytes, st.shapes)
     ev.end = end - epoch
     ctrl.events.emit_node(ev)
-    return True
+    return RAN
 
 
 def ready_array(x: Any) -> jax.Array | None:
