@@ -1,9 +1,11 @@
-"""A client's burst of nodes, run on the service's devices: each node one run of the service's controller.
+"""A client's burst of nodes, run on the service's devices: at once on an idle pool, else one run a node.
 
 Where a run lives: the client's controller owns the run a user made (its
-trace, plan, futures, cancel, run-ahead, timeline); the service's controller
-is the pool's scheduler, and each node a client sends is one short run of it,
-of the client's tenant (`pw.FairShare` orders every client's nodes by weight in
+trace, plan, futures, cancel, run-ahead, timeline). A lone quick node that
+finds the pool idle (no run of the service's controller live) is called at
+once, with no run (`_now`, `runtime/exec/now.py`): there is nothing to order
+it against. Otherwise the service's controller is the pool's scheduler, and
+each node a client sends is one short run of it, of the client's tenant (`pw.FairShare` orders every client's nodes by weight in
 the per-island queues; a cancel names the client's run id; admission and the
 event log are the controller's own). A node's run is its executable's program
 called on the client's buffers: traced once per executable and input layout
