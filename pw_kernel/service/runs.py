@@ -5,9 +5,10 @@ trace, plan, futures, cancel, run-ahead, timeline). A lone quick node that
 finds the pool idle (no run of the service's controller live) is called at
 once, with no run (`_now`, `runtime/exec/now.py`): there is nothing to order
 it against. Otherwise the service's controller is the pool's scheduler, and
-each node a client sends is one short run of it, of the client's tenant (`pw.FairShare` orders every client's nodes by weight in
-the per-island queues; a cancel names the client's run id; admission and the
-event log are the controller's own). A node's run is its executable's program
+each node a client sends is one short run of it, of the client's tenant
+(`pw.FairShare` orders every client's nodes by weight in the per-island
+queues; a cancel names the client's run id; admission and the event log are
+the controller's own). A node's run is its executable's program
 called on the client's buffers: traced once per executable and input layout
 (`Program`'s own signature cache, bounded), never per burst, whose shape
 depends on timing.
@@ -99,8 +100,7 @@ def submit(c: Client, ops: list, client_run: tuple | None, reply: Callable, name
 
     def computed(values: list) -> None:
         # A lone node computed inside the call: answered now, before the controller reports it done.
-        c.nodes += 1
-        reply(RunReply([(start, time.perf_counter_ns())], None, small_values(handles, values), {}))
+        _answer_lone(c, reply, handles, values, start, time.perf_counter_ns())
         answered.append(True)
 
     runs, per_op = [], []
@@ -192,13 +192,18 @@ def _now(c: Client, op: tuple, reply: Callable, name: str | None) -> bool:
 
     def answer(outs: list, start: int, end: int) -> None:
         c.buffers.update(zip(out_ids, outs))
-        c.nodes += 1
-        reply(RunReply([(start, end)], None, small_values(out_ids, outs), {}))
+        _answer_lone(c, reply, out_ids, outs, start, end)
 
     did = exe.program.call_now(*args, tenant=c.tenant, name=name or key, mode="chained", answer=answer)
     if did == "never":
         c.never_now.add(key)
     return did == "ran"
+
+
+def _answer_lone(c: Client, reply: Callable, handles: list, outs: list, start: int, end: int) -> None:
+    """A lone node computed as it was called (at once, or inside its run's call): answered with its small values."""
+    c.nodes += 1
+    reply(RunReply([(start, end)], None, small_values(handles, outs), {}))
 
 
 def when_done(per_run: list[list], then: Callable, lock) -> None:

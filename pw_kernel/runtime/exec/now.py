@@ -16,7 +16,7 @@ controller's, instead of two (see docs/architecture.md, "Where a run lives").
 
 Example::
 
-    if call_now(ctrl, graph, [x], "alice", "alice-7", "chained", reply) != RAN:
+    if not ctrl.idle or call_now(ctrl, graph, [x], "alice", "alice-7", "chained", reply) != RAN:
         ctrl.call(graph, [x], tenant="alice")
 """
 
@@ -34,8 +34,8 @@ if TYPE_CHECKING:
     from ..trace.graph import ProgramGraph
 
 #: What `call_now` did: ran the node; or not now (a run is live, the node not yet measured or compiling, the
-#: call raised: ask again next time); or never, for this graph (not one lone step on arrays, host callbacks, a
-#: remote island, donation, slower than `NOW_MAX_NS`, more memory than runs may reserve).
+#: slower than `NOW_MAX_NS` so far, the call raised: ask again next time); or never, for this graph (not one
+#: lone step on arrays, host callbacks, a remote island, donation, more memory than runs may reserve).
 RAN, LATER, NEVER = "ran", "later", "never"
 
 #: A node whose measured device time (its executable's running mean) is above this is not waited for on the
@@ -45,12 +45,11 @@ NOW_MAX_NS = 1_000_000
 
 def call_now(ctrl: Any, graph: ProgramGraph, inputs: list, tenant: str, name: str, mode: str,
              answer: Callable[[list, int, int], None]) -> str:
-    """Call ``graph``'s one node on ``inputs`` (arrays) now if ``ctrl`` (a `Controller`) has no live run: `RAN` once
-    ``answer`` has had its outputs and (start, end) on the ``perf_counter_ns`` clock; else `LATER` or `NEVER`
-    (nothing was done: the usual way decides, and reports what the call raised, if it did).
+    """Call ``graph``'s one node on ``inputs`` (arrays) now, ``ctrl`` (a `Controller`) being idle (its caller asked
+    `Controller.idle` before it traced ``graph``: `Program.call_now`): `RAN` once ``answer`` has had its outputs
+    and (start, end) on the ``perf_counter_ns`` clock; else `LATER` or `NEVER` (nothing was done: the usual
+    way decides, and reports what the call raised, if it did).
     """
-    if not ctrl.idle:
-        return LATER
     if graph.donated_inputs:  # (what pw still reads decides what may be donated: the usual way)
         return NEVER
     plan = ctrl.plan(graph, mode)
@@ -59,13 +58,13 @@ def call_now(ctrl: Any, graph: ProgramGraph, inputs: list, tenant: str, name: st
         return NEVER
     st = plan.steps[0]
     exe = st.exe
-    if st.host_callbacks or st.remote or (exe.measured >= 2 and exe.cost > NOW_MAX_NS):
+    if st.host_callbacks or st.remote:
         return NEVER
     capacity = ctrl.lifecycle.capacity
     if capacity and any(need > capacity.get(d, need) for d, need in plan.peak_bytes.items()):
         return NEVER  # (the usual way says why: `AdmissionError`)
-    if exe.compile_first or exe.compiling or exe.measured < 2:
-        return LATER
+    if exe.compile_first or exe.compiling or exe.measured < 2 or exe.cost > NOW_MAX_NS:
+        return LATER  # (a time measured on a loaded machine comes down as the usual way measures it again)
     args = [inputs[k] for k in feed]
     clock = time.perf_counter_ns
     start = clock()
