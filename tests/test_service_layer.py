@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import sys
 import threading
 import time
 
@@ -271,6 +272,44 @@ def test_messages_are_typed_records_that_cross_whole():
         assert pickle.loads(pickle.dumps(msg)) == msg
         with pytest.raises((AttributeError, TypeError)):  # (frozen and slotted: Python 3.11 says TypeError)
             msg.id = 1
+
+
+def test_a_calls_request_and_answer_travel_flat_and_arrive_as_the_records_they_left_as():
+    from pw_kernel.service import wire
+
+    info = {"signature_scheme": "hmac-sha256", "key": "k" * 64}
+    client, svc = wire.Messages(info, "pw-client-1"), wire.Messages(info, "pw-service", routed=True)
+    request = p.Request(7, p.RunMany([("k1", [3], [4])], [9, 10], (12, 0)))
+    answer = p.Reply(7, p.RunReply([(1, 2)], None, {4: np.arange(3, dtype=np.float32)}, {0: [("stdout", "hi")]}))
+    assert wire.flat(request) is not None and wire.flat(answer) is not None
+    _, got = svc.unpack([b"them", *client.pack(request)])
+    assert got.body == request
+    _, got = client.unpack(svc.pack(answer, b"them")[1:])
+    small = got.body.value.small[4]
+    assert got.body.value.times == [(1, 2)] and got.body.value.said == answer.value.said
+    assert small.dtype == np.float32 and small.tolist() == [0.0, 1.0, 2.0]
+
+    # Flat: pickle writes and reads it without calling back into Python (each such call is a cost on a call's way).
+    calls = []
+    profile = lambda frame, event, arg: calls.append(frame.f_code.co_name) if event == "call" else None
+    frames = svc.pack(answer, b"them")
+    sys.setprofile(profile)
+    try:
+        svc.pack(answer, b"them")
+        client.unpack(frames[1:])
+    finally:
+        sys.setprofile(None)
+    assert "reducer_override" not in calls and "__reduce__" not in calls, calls
+
+    # What a tuple cannot carry goes pickled as itself, and arrives the same.
+    for other in [
+        p.Reply(8, p.RunReply([(1, 2)], (0, ErrorEnvelope.of(ValueError("bad"))), {}, {})),
+        p.Reply(9, p.RunReply([(1, 2)], None, {4: np.zeros(2**15)}, {})),  # (out of band)
+        p.Reply(10, np.ones(3)),
+    ]:
+        assert other != answer and (wire.flat(other) is None or type(other.value) is not p.RunReply)
+        _, got = client.unpack(svc.pack(other, b"them")[1:])
+        assert type(got.body.value) is type(other.value) and got.body.id == other.id
 
 
 def test_two_functions_of_one_signature_and_name_each_run_their_own_code(service):

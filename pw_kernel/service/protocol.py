@@ -31,7 +31,7 @@ from typing import Any
 from ..runtime.extend import ErrorEnvelope
 
 #: Bumped whenever a message below changes: a client and a service of different versions do not talk.
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 
 #: Both sides tick this often: a client pings the service (`Ping`), the service answers (`Pong`) and looks
 #: for clients it has not heard from.

@@ -28,6 +28,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from .protocol import Reply, Request, RunMany, RunReply
+
 #: The file a service writes and `pw.connect()` reads when given none (in the user's runtime directory).
 DEFAULT_NAME = "pw-service.json"
 
@@ -142,14 +144,17 @@ class Messages:
     def pack(self, message: Any, ident: bytes | None = None) -> list:
         """Frames of ``message`` (a `protocol` record), signed, to ``ident`` if given (from a ROUTER socket)."""
         out: list = []
-        f = io.BytesIO()
+        head = f"{self._name}_{next(self._ids)}"
+        plain = flat(message)
         try:
-            _Pickler(f, protocol=5, buffer_callback=out.append).dump(
-                (f"{self._name}_{next(self._ids)}", self.user, message)
-            )
+            if plain is not None:
+                body = pickle.dumps((head, self.user, plain), 5)
+            else:
+                f = io.BytesIO()
+                _Pickler(f, protocol=5, buffer_callback=out.append).dump((head, self.user, message))
+                body = f.getvalue()
         except (pickle.PicklingError, TypeError, AttributeError) as e:
             raise TypeError(f"cannot send this to the Pathways service: {e}") from None
-        body = f.getvalue()
         frames = [self.sign(body) + body] if ident is None else [ident, self.sign(body) + body]
         frames.extend(b.raw() for b in out)
         return frames
@@ -173,6 +178,8 @@ class Messages:
             for _ in range(len(seen) // 10):
                 seen.pop()
         _, user, message = pickle.loads(body, buffers=frames[i + 1:])
+        if type(message) is tuple:
+            message = unflat(message)
         return frames[:i], Signed(user, message)
 
 
@@ -188,13 +195,18 @@ class _Pickler(pickle.Pickler):
     def reducer_override(self, obj):
         if type(obj) is not np.ndarray or obj.dtype.hasobject:
             return NotImplemented
-        flat = np.ascontiguousarray(obj).reshape(-1)
-        data = flat.tobytes() if flat.nbytes < OUT_OF_BAND else pickle.PickleBuffer(flat.view(np.uint8))
-        kind = obj.dtype
-        name = _NAMES.get(kind)
-        if name is None:
-            name = _NAMES[kind] = kind.name  # (a property that takes ~4 µs each time)
-        return _array, (data, name, obj.shape)
+        return _array, _parts(obj)
+
+
+def _parts(a: np.ndarray) -> tuple:
+    """(its bytes, or a buffer to send out of band if it is big; its dtype's name; its shape): `_array`'s arguments."""
+    whole = np.ascontiguousarray(a).reshape(-1)
+    data = whole.tobytes() if whole.nbytes < OUT_OF_BAND else pickle.PickleBuffer(whole.view(np.uint8))
+    kind = a.dtype
+    name = _NAMES.get(kind)
+    if name is None:
+        name = _NAMES[kind] = kind.name  # (a property that takes ~4 µs each time)
+    return data, name, a.shape
 
 
 _NAMES: dict[np.dtype, str] = {}
@@ -208,6 +220,46 @@ def _array(data, dtype: str, shape: tuple) -> np.ndarray:
 
         kind = _DTYPES[dtype] = jnp.dtype(dtype)  # (bfloat16 and friends: numpy alone does not know their names)
     return np.frombuffer(data, dtype=kind).reshape(shape)
+
+
+# ------------------------------------------------------------------ a call's two messages, flat
+# A call's request (`RunMany`) and its answer (`RunReply`) travel as plain tuples, which pickle writes and
+# reads in C: a typed record (its reduce, its frozen __init__) and an array (`_Pickler.reducer_override`) each
+# call back into Python, ~6 µs a message in a loop against ~0.6, and on a waited call's way, where that code
+# runs cold, each call costs 3-4x its time in a loop (docs/architecture.md, "Where a run lives"). Any other
+# message, and one of these that carries what a tuple cannot (a failure, a big or object array, a key), is
+# pickled as itself. A flat message is read only once its signature holds, like any other.
+_RUN_MANY, _RUN_REPLY = 1, 2
+
+
+def flat(message: Any) -> tuple | None:
+    """``message`` as plain tuples if it is a call's request or its answer (see above), else None."""
+    kind = type(message)
+    if kind is Request:
+        body = message.body
+        if type(body) is RunMany:
+            return _RUN_MANY, message.id, body.ops, body.frees, body.run
+    elif kind is Reply:
+        value = message.value
+        if type(value) is RunReply and value.failure is None:
+            small = {}
+            for h, a in value.small.items():
+                if type(a) is not np.ndarray or a.dtype.hasobject or a.nbytes >= OUT_OF_BAND:
+                    return None
+                small[h] = _parts(a)
+            return _RUN_REPLY, message.id, value.times, small, value.said
+    return None
+
+
+def unflat(plain: tuple) -> Any:
+    """The record `flat` made ``plain`` of."""
+    kind = plain[0]
+    if kind == _RUN_MANY:
+        return Request(plain[1], RunMany(plain[2], plain[3], plain[4]))
+    if kind == _RUN_REPLY:
+        small = {h: _array(*a) for h, a in plain[3].items()}
+        return Reply(plain[1], RunReply(plain[2], None, small, plain[4]))
+    raise ValueError(f"malformed message: a flat one of kind {kind!r}")
 
 
 def send(sock, frames: list) -> None:
