@@ -72,6 +72,8 @@ _QUICK = (RunMany, Free, Get, GetMany, Clock, Cancel)
 SERVICE_CONFIG = dict(keep_outputs=0, max_pending_runs=None, max_pending_outputs=None, inline_wait_s=0,
                       max_events=20_000, story_length=20_000)
 
+_yield = getattr(os, "sched_yield", lambda: None)  # (Unix; elsewhere nothing)
+
 
 class Replier:
     """How one request is answered: a `Reply` or a `Failed` to the client's reply socket, and its story written."""
@@ -87,16 +89,21 @@ class Replier:
 
     def __call__(self, value: Any = None, error: BaseException | None = None) -> None:
         svc = self.service
+        said = "replied"
         if error is None:
             try:
                 frames = svc.messages.pack(Reply(self.id, value), self.to)
-                self.story("replied")
             except TypeError as e:  # (a value that cannot cross: the client hears why)
                 error = e
         if error is not None:
             frames = svc.messages.pack(Failed(self.id, ErrorEnvelope.of(error)), self.to)
-            self.story(f"failed: {type(error).__name__}")
+            said = f"failed: {type(error).__name__}"
         svc.hub.send(frames)
+        # The reply leaves on ZeroMQ's I/O thread, which the send just woke: where the busy threads outnumber
+        # the cores (a client spinning for its reply, this one), that thread would wait for this one's
+        # bookkeeping below; this core is offered to it first (a waited call: ~30 µs less on 2 cores).
+        _yield()
+        self.story(said)  # (after the send: the client waits for that, not for this)
 
     def story(self, event: str) -> None:
         self.service.state.story.add(self.stimulus, self.request, event)

@@ -70,7 +70,8 @@ def call_now(ctrl: Any, graph: ProgramGraph, inputs: list, tenant: str, name: st
     start = clock()
     try:
         outs = st.call(*args)
-        jax.block_until_ready(outs)  # (an asynchronous failure raises here: the usual way reports it)
+        for out in outs:  # (an asynchronous failure raises here: the usual way reports it)
+            out.block_until_ready()  # (the method: `jax.block_until_ready` walks its argument as a tree, in Python)
     except Exception:
         return LATER
     end = clock()

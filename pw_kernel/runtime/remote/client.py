@@ -41,7 +41,6 @@ import functools
 import itertools
 import queue
 import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -50,70 +49,12 @@ import jax
 from ..devices import Island
 from ..errors import IslandLostError
 from ..trace.graph import as_dtype
-from .actor import MISSING, from_wire, spec_tuple
+from .actor import from_wire, spec_tuple
 from .link import ErrorEnvelope, Link
+from .ticket import Ticket
 
 #: Handles to free wait this long for a call to carry them before they are sent on their own.
 FREE_AFTER_S = 0.05
-
-
-class _Ticket:
-    """One actor call that an island's mailbox thread makes: its ref once sent, its result once read."""
-
-    __slots__ = ("island", "ref", "error", "sent", "run", "_result")
-
-    def __init__(self, island: RemoteIsland):
-        self.island = island
-        self.run: tuple | None = None  # (run id, priority) of the controller's run it is a burst of
-        self.ref = None
-        self.error: BaseException | None = None
-        self.sent = threading.Event()
-        self._result: Any = MISSING
-
-    def answered(self, result: Any) -> None:
-        """Mark the call made and answered with ``result`` (for a buffer the island already holds)."""
-        self._result = result
-        self.sent.set()
-
-    def wait_ref(self):
-        self.sent.is_set() or self.sent.wait()  # (sent by the dispatching thread itself, the commonest: no lock)
-        if self.error is not None:
-            raise self.error
-        return self.ref
-
-    def ready(self) -> bool:
-        if self._result is not MISSING:
-            return True
-        if not self.sent.is_set():
-            return False
-        if self.error is not None:
-            return True
-        return self.island.link.ready(self.ref)
-
-    def wait(self, timeout: float) -> bool:
-        """Block until the call is answered (True) or ``timeout`` s pass (False), without polling."""
-        deadline = time.monotonic() + timeout
-        if not self.sent.is_set() and not self.sent.wait(timeout):
-            return False
-        if self._result is not MISSING or self.error is not None:
-            return True
-        return self.island.link.wait(self.ref, max(0.0, deadline - time.monotonic()))
-
-    def said(self, index: int) -> list:
-        """What node ``index`` of the call wrote on the island as it ran: [(stream, text), ...] (a reply
-        is (times, failure, said); one without ``said``, the service's or a transfer's, wrote nothing)."""
-        reply = self.result()
-        return reply[2].get(index, []) if len(reply) > 2 else []
-
-    def result(self) -> Any:
-        """What the actor returned (read once, then kept: every output of the call shares it)."""
-        if self._result is MISSING:
-            link = self.island.link
-            try:
-                self._result = link.get(self.wait_ref())
-            except link.lost_errors() as e:
-                raise self.island.lost(e) from None
-        return self._result
 
 
 class RemoteIsland:
@@ -192,7 +133,7 @@ class RemoteIsland:
                 values.append((a, small))
         if want:
             handles = [a.handle for a in want]
-            ticket = _Ticket(self)
+            ticket = Ticket(self)
             self.send([("call", lambda: self.link.request("get_many", handles), ticket)], cheap=True)
             try:
                 values += zip(want, self.link.get(ticket.wait_ref()))
@@ -204,7 +145,7 @@ class RemoteIsland:
 
     def existing(self, handle: int, shape, dtype, sharding, slice_) -> RemoteArray:
         """A handle to a buffer the island already holds (made by an earlier session: a kept array), ready now."""
-        ticket = _Ticket(self)
+        ticket = Ticket(self)
         ticket.answered(([(0, 0)], None))
         return RemoteArray(self, handle, shape, dtype, sharding, ticket, 0, slice_)
 
@@ -249,7 +190,7 @@ class RemoteIsland:
         return self.link.where(self.info)
 
     # ------------------------------------------------------------ mailbox
-    def run(self, key: str, args: list, out_ids: list[int]) -> tuple[_Ticket, int]:
+    def run(self, key: str, args: list, out_ids: list[int]) -> tuple[Ticket, int]:
         """Buffer a node; consecutive nodes of a burst share one call (returns its ticket and our index)."""
         if self.primary is not self:  # (islands of one service: one burst, in dispatch order across them)
             return self.primary.run(key, args, out_ids)
@@ -257,17 +198,17 @@ class RemoteIsland:
         if burst and burst[-1][0] == "run":
             ticket, index = burst[-1][4], burst[-1][5] + 1
         else:
-            ticket, index = _Ticket(self), 0
+            ticket, index = Ticket(self), 0
             ticket.run = self.bursts.run  # which run of the controller dispatches it (cancel, priority)
         self._open()
         burst.append(("run", key, args, out_ids, ticket, index))
         return ticket, index
 
-    def call(self, send: Callable[[], Any]) -> _Ticket:
+    def call(self, send: Callable[[], Any]) -> Ticket:
         """Buffer an actor call; ``send()`` runs on the mailbox thread, in order, and returns its ref."""
         if self.primary is not self:
             return self.primary.call(send)
-        ticket = _Ticket(self)
+        ticket = Ticket(self)
         self._open()
         self._burst.append(("call", send, ticket))
         return ticket
@@ -329,13 +270,13 @@ class RemoteIsland:
 
     def start_profile(self) -> None:
         """Start JAX's profiler in the island's process (after what was sent before: in order)."""
-        ticket = _Ticket(self)
+        ticket = Ticket(self)
         self.send([("call", lambda: self.link.request("profile_start"), ticket)], cheap=True)
         self.link.get(ticket.wait_ref())
 
     def stop_profile(self) -> list:
         """Stop it; XLA's executions there: (device, HLO module, run, [(op, start, end)]), on its clock."""
-        ticket = _Ticket(self)
+        ticket = Ticket(self)
         self.send([("call", lambda: self.link.request("profile_stop"), ticket)], cheap=True)
         return self.link.get(ticket.wait_ref())
 
@@ -343,7 +284,7 @@ class RemoteIsland:
         """The controller cancelled run ``run_id``: the island drops what of its nodes it has queued, if its
         link can say so (the service can; a Ray actor runs its mailbox in order)."""
         if self.alive and self.link.cancels:
-            self.send([("call", lambda: self.link.request_oneway("cancel", [run_id]), _Ticket(self))], cheap=True)
+            self.send([("call", lambda: self.link.request_oneway("cancel", [run_id]), Ticket(self))], cheap=True)
 
     def free(self, handle: int) -> None:
         """Free ``handle`` on the island (sent with the next call, or within FREE_AFTER_S; safe from ``__del__``)."""
@@ -419,13 +360,13 @@ class RemoteIsland:
                 k += 1
 
     @staticmethod
-    def _deliver(ticket: _Ticket, send: Callable[[], Any]) -> None:
+    def _deliver(ticket: Ticket, send: Callable[[], Any]) -> None:
         try:
             ticket.ref = send()
         except BaseException as e:  # a value that failed to compute, a dead actor: its readers see it
             ticket.error = e
         finally:
-            ticket.sent.set()
+            ticket.made()
 
     def colocated(
         self, fn: Callable, inputs: Sequence[Any] = (), outputs: Sequence[Any] = (), args: tuple = (), slice_=None
@@ -455,7 +396,7 @@ class RemoteIsland:
         in_ids = [a.handle for a in inputs]
         out_ids = [isl.new_handle() for _ in outputs]
         layouts = [(_layout(o.sharding, isl), spec_tuple(o.sharding)) for o in outputs]
-        ticket = _Ticket(isl)
+        ticket = Ticket(isl)
         avals = [(tuple(o.shape), str(o.dtype)) for o in outputs]  # (the service forwards them to a Ray node's island)
         isl.post([("call", lambda: isl.link.request("colocated", fn, in_ids, out_ids, layouts, tuple(args), avals),
                    ticket)])
@@ -524,7 +465,7 @@ class RemoteArray:
                  "__weakref__")
 
     def __init__(
-        self, island: RemoteIsland, handle: int, shape, dtype, sharding, ticket: _Ticket, index: int = 0, slice_=None
+        self, island: RemoteIsland, handle: int, shape, dtype, sharding, ticket: Ticket, index: int = 0, slice_=None
     ):
         self.island = island
         self.handle = handle
@@ -584,7 +525,7 @@ class RemoteArray:
             value = isl.link.take_inline(handle)
         if value is not None:  # (a small value came with the reply of the run that made it)
             return from_wire(value)
-        ticket = _Ticket(isl)
+        ticket = Ticket(isl)
         isl.send([("call", lambda: isl.link.request("get", handle), ticket)], cheap=True)
         try:
             return from_wire(isl.link.get(ticket.wait_ref()))
