@@ -267,12 +267,18 @@ class Service:
         ZeroMQ forgets a peer's identity when its connection closes, and a message to an identity it
         does not know fails at once with ROUTER_MANDATORY: each client's receiving socket gets a pong
         so, and those that fail are gone (their process exited or was killed; a clean `bye` came first
-        otherwise). Whoever else stays silent for three heartbeats from now is dropped then.
+        otherwise). ZeroMQ may still be tearing the closed pipe down as the monitor reports it: the probe
+        is made again at each heartbeat tick meanwhile. Whoever else stays silent for three heartbeats from
+        now is dropped then.
         """
-        import zmq
-
         self._suspect_until = time.monotonic() + 3 * HEARTBEAT_S
         self._suspect_from = time.monotonic()
+        self._probe()
+
+    def _probe(self) -> None:
+        """Drop the clients whose receiving socket ZeroMQ no longer knows (their connection closed)."""
+        import zmq
+
         sock = self.hub.socket  # (this is its thread)
         sock.getsockopt(zmq.EVENTS)  # (ZeroMQ handles the closed pipes it was told of: their identities go)
         sock.router_mandatory = True
@@ -293,6 +299,8 @@ class Service:
         if self.heap is not None:
             self.heap.tick()
         now = time.monotonic()
+        if self._suspect_until and now < self._suspect_until:
+            self._probe()  # (a connection closed lately: the pipe ZeroMQ had not torn down yet is gone now)
         suspect = self._suspect_until and now >= self._suspect_until
         for c in self.state.clients:
             silent = now - c.last_seen
