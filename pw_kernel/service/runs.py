@@ -191,8 +191,10 @@ def _now(c: Client, op: tuple, reply: Callable, name: str | None) -> bool:
         return False
 
     def answer(outs: list, start: int, end: int) -> None:
-        c.buffers.update(zip(out_ids, outs))
         _answer_lone(c, reply, out_ids, outs, start, end)
+        # (after the reply, which does not need them: the client's next request, which may, is read by this
+        # thread, or by the worker, which waits for the lock this one holds)
+        c.buffers.update(zip(out_ids, outs))
 
     did = exe.program.call_now(*args, tenant=c.tenant, name=name or key, mode="chained", answer=answer)
     if did == "never":

@@ -308,14 +308,16 @@ class Hub:
         os.set_blocking(self._wfd, False)
         self._stopping = False
         self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._ident: int | None = None  # its thread's (`Thread.ident` is a Python property: asked on every send)
 
     def start(self) -> Hub:
         self.thread.start()
+        self._ident = self.thread.ident
         return self
 
     def send(self, frames: list) -> None:
         """Send ``frames`` (a multipart message): on this hub's thread at once, from another thread queued for it."""
-        if threading.get_ident() == self.thread.ident and self._out.empty():
+        if threading.get_ident() == self._ident and self._out.empty():
             send(self.socket, frames)
             return
         self._out.put(frames)
