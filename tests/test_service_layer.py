@@ -83,7 +83,7 @@ def _last_run_many(svc: Service) -> str:
     return svc.story(latest)[-1].event
 
 
-def test_a_call_on_an_idle_pool_runs_at_once_with_no_run_of_the_services_controller(service):
+def test_a_call_on_an_idle_pool_runs_at_once_with_no_run_of_the_services_controller(service, monkeypatch):
     """Nothing else live in the pool: the node is called on the thread that received it, one lifecycle in all
     (the client's), and still counted where fair share and the pool view look (its device time, its span)."""
     pw.connect(service.path, name="carol")
@@ -103,9 +103,14 @@ def test_a_call_on_an_idle_pool_runs_at_once_with_no_run_of_the_services_control
         calls += 1
     runs, nodes = len(service.ctrl.runs), len(service.ctrl.events.nodes)
     spans, device_ns = service.state.pool_record.recorded, service.state.clients.by_tenant["carol"].device_ns
+    carol = service.state.clients.by_tenant["carol"]
+    assert len(carol.now_steps) == 1  # its step, kept: a loaded key's calls all trace alike
+    (program,) = [e.program for k, e in carol.executables.items() if k in carol.now_steps]
+    monkeypatch.setattr(program, "_trace", lambda *a: pytest.fail("a call at once traced its arguments again"))
     for _ in range(20):
         x = inc(x)
         x.result()
+    monkeypatch.undo()
     assert np.asarray(x.result()).tolist() == [calls + 20.0] * 3
     pw.clients()
     assert len(service.ctrl.runs) == runs  # no run of the service's controller

@@ -32,7 +32,7 @@ from .donation import hold
 from .errors import short_error
 from .exec.controller import Controller, Status, on_controller_replaced
 from .exec.events import EventLog, TraceRow, busy_time, chrome_trace
-from .exec.now import ready_array
+from .exec.now import ready_array, run_now
 from .profiling import executions, start_trace
 from .api import ray_islands
 from .program import Compiled
@@ -92,6 +92,7 @@ __all__ = [
     "inline_picks",
     # a buffer that is an array of this process now (a finished future's too): what a call on an idle pool takes
     "ready_array",
+    "run_now",
     # what `pw.init` replacing the controller tells extensions that registered islands on the old one
     "on_controller_replaced",
     # JAX's profiler in a process that serves `pw.profile` for another (the service): start, and its XLA runs

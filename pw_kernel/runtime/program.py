@@ -13,7 +13,7 @@ from .core.records import NOTHING
 from .devices import VirtualSlice
 from .donation import check_not_donated, donated_to_any, still_read_among
 from .errors import ArgumentError, TracerArgument
-from .exec.now import LATER, call_now
+from .exec.now import LATER, call_now, lone_step
 from .trace.compiled import CompiledFunction, array_signature, in_program_trace
 from .trace.feeds import input_node
 from .trace.graph import ProgramGraph
@@ -22,6 +22,7 @@ from .trace.tracing import trace_program
 
 if TYPE_CHECKING:
     from .exec.controller import Controller
+    from .exec.plan import Step
     from .run import Run
 
 
@@ -216,6 +217,21 @@ class Program:
             return LATER
         graph, traced = self._trace(args, {})
         return call_now(c, graph, traced, tenant, name, mode, answer)
+
+    def lone_step(self, *args, mode: str) -> tuple[Any, Step, list[int]] | None:
+        """(its controller, the one step it runs on ``args``, which arguments that step takes) if it could be
+        called at once (`call_now`); else None. Kept by a caller whose calls all trace alike (the Pathways
+        service: an exported function's arguments have its shapes), it calls `exec/now.py:run_now` directly.
+
+        Example::
+
+            c, st, feed = f.program.lone_step(x, mode="chained")
+            run_now(c, st, [x], "alice", "alice-7", reply)
+        """
+        c = self._controller()
+        graph, _ = self._trace(args, {})
+        found = lone_step(c, graph, mode)
+        return None if found is None else (c, *found)
 
     def _submit(
         self, args: tuple, kwargs: dict, name: str | None = None, mode: str | None = None, tenant: str | None = None,

@@ -97,6 +97,7 @@ class Handlers:
             ins = tuple(PartitionSpec(*sp) for sp in msg.in_specs)
             outs = jax.tree.unflatten(exported.out_tree, [PartitionSpec(*sp) for sp in msg.out_specs])
             c.executables[msg.key] = self._compiled(c, msg.key, exported.call, msg.layout, ins, outs, msg.donate)
+            c.now_steps.pop(msg.key, None)  # (a step kept for the key's earlier executable, if it was loaded again)
             mesh = self.state.slice(msg.layout).mesh  # (its outputs' bytes per device: a memory share's check)
             c.out_bytes[msg.key] = out_bytes(exported, [NamedSharding(mesh, PartitionSpec(*sp)) for sp in msg.out_specs])
 
@@ -124,17 +125,20 @@ class Handlers:
             raise
 
     def run_many(self, c: Client, msg: RunMany, reply) -> object:
-        # Frees first: they are handles the client dropped before this burst (its nodes hold their own
-        # inputs alive), so a memory share's check counts without them.
-        if msg.frees:
-            self.free(c, Free(msg.frees), reply)
+        # The frees are handles the client dropped before this burst (its nodes hold their own inputs alive).
+        frees = msg.frees
         if c.memory is not None:
+            _drop(c, frees)  # first: a memory share's check counts without them
+            frees = ()
             need: dict[int, int] = {}
             for key, _, _ in msg.ops:
                 for d, n in c.out_bytes.get(key, {}).items():
                     need[d] = need.get(d, 0) + n
             c.buffers.held.admit(c.tenant, c.memory, need)
-        return self._runs(c, msg.ops, msg.run, reply)
+        try:
+            return self._runs(c, msg.ops, msg.run, reply)
+        finally:
+            _drop(c, frees)  # (after: a node on an idle pool has its answer sent by now, which needs none of this)
 
     def _runs(self, c: Client, ops: list, run, reply) -> object:
         runs = submit(c, ops, run, reply, reply.stimulus)  # (the runs carry the request's stimulus as their name)
@@ -224,8 +228,7 @@ class Handlers:
         return homes.pop(), arrays, outputs, (slices[0] if slices else None)
 
     def free(self, c: Client, msg: Free, reply) -> None:
-        for h in msg.handles:
-            c.buffers.pop(h, None)
+        _drop(c, msg.handles)
 
     def cancel(self, c: Client, msg: Cancel, reply) -> None:
         """The client cancelled these runs of its own: cancel what of them is queued or running here."""
@@ -341,3 +344,9 @@ class Handlers:
         store = self.state.store
         return (store is not None and store.remove(c.user, msg.name)) or gone is not None
 
+
+def _drop(c: Client, handles) -> None:
+    """Forget ``c``'s buffers of ``handles`` (their bytes no longer count; an array goes with its last handle)."""
+    pop = c.buffers.pop
+    for h in handles:
+        pop(h, None)

@@ -32,6 +32,7 @@ from .events import NodeEvent
 
 if TYPE_CHECKING:
     from ..trace.graph import ProgramGraph
+    from .plan import Step
 
 #: What `call_now` did: ran the node; or not now (a run is live, the node not yet measured or compiling, the
 #: slower than `NOW_MAX_NS` so far, the call raised: ask again next time); or never, for this graph (not one
@@ -50,22 +51,40 @@ def call_now(ctrl: Any, graph: ProgramGraph, inputs: list, tenant: str, name: st
     and (start, end) on the ``perf_counter_ns`` clock; else `LATER` or `NEVER` (nothing was done: the usual
     way decides, and reports what the call raised, if it did).
     """
-    if graph.donated_inputs:  # (what pw still reads decides what may be donated: the usual way)
+    found = lone_step(ctrl, graph, mode)
+    if found is None:
         return NEVER
+    st, feed = found
+    return run_now(ctrl, st, [inputs[k] for k in feed], tenant, name, answer)
+
+
+def lone_step(ctrl: Any, graph: ProgramGraph, mode: str) -> tuple[Step, list[int]] | None:
+    """The one step ``graph`` runs on ``ctrl`` and which of its inputs are the step's arguments, if it may ever be
+    called at once (`run_now`); else None: not one step on arrays, host callbacks, a remote island, donation,
+    more memory than runs may reserve. It depends on the graph only: a caller may keep it for the graph's calls.
+    """
+    if graph.donated_inputs:  # (what pw still reads decides what may be donated: the usual way)
+        return None
     plan = ctrl.plan(graph, mode)
     feed = plan.lone_args
     if feed is None or len(plan.steps) != 1:
-        return NEVER
+        return None
     st = plan.steps[0]
-    exe = st.exe
     if st.host_callbacks or st.remote:
-        return NEVER
+        return None
     capacity = ctrl.lifecycle.capacity
     if capacity and any(need > capacity.get(d, need) for d, need in plan.peak_bytes.items()):
-        return NEVER  # (the usual way says why: `AdmissionError`)
+        return None  # (the usual way says why: `AdmissionError`)
+    return st, feed
+
+
+def run_now(ctrl: Any, st: Step, args: list, tenant: str, name: str,
+            answer: Callable[[list, int, int], None]) -> str:
+    """Call ``st`` (a `lone_step`) on ``args`` now, ``ctrl`` being idle: `RAN` once ``answer`` has had its outputs
+    and (start, end); else `LATER` (not measured quick yet, compiling, or the call raised: nothing was done)."""
+    exe = st.exe
     if exe.compile_first or exe.compiling or exe.measured < 2 or exe.cost > NOW_MAX_NS:
         return LATER  # (a time measured on a loaded machine comes down as the usual way measures it again)
-    args = [inputs[k] for k in feed]
     clock = time.perf_counter_ns
     start = clock()
     try:
