@@ -127,9 +127,18 @@ class Messages:
         scheme = info["signature_scheme"]
         if not scheme.startswith("hmac-"):
             raise ValueError(f"unsupported signature scheme {scheme!r} (the service signs with hmac-sha256)")
-        self._hmac = hmac.HMAC(info["key"].encode(), digestmod=getattr(hashlib, scheme[5:]))
-        if self._hmac.digest_size != _SIGNATURE:
+        digest = getattr(hashlib, scheme[5:], None)
+        if digest is None or digest().digest_size != _SIGNATURE:
             raise ValueError(f"unsupported signature scheme {scheme!r} (the service signs with hmac-sha256)")
+        # HMAC (RFC 2104) from its two keyed hashes, as the `hmac` module computes it, kept ready: signing is
+        # then six calls in C, where `hmac.HMAC.copy` and its update and digest are five in Python a message
+        # (and OpenSSL's one-shot `hmac.digest` looks its digest up by name on every call).
+        key = info["key"].encode()
+        size = digest().block_size
+        if len(key) > size:
+            key = digest(key).digest()
+        key = key.ljust(size, b"\0")
+        self._inner, self._outer = digest(key.translate(_IPAD)), digest(key.translate(_OPAD))
         self._name = name
         self._idents = 1 if routed else 0  # (a ROUTER socket's messages start with their sender's identity)
         self.user = getpass.getuser()
@@ -137,9 +146,11 @@ class Messages:
         self._seen: set[bytes] = set()
 
     def sign(self, body: bytes) -> bytes:
-        h = self._hmac.copy()
-        h.update(body)
-        return h.digest()
+        inner = self._inner.copy()
+        inner.update(body)
+        outer = self._outer.copy()
+        outer.update(inner.digest())
+        return outer.digest()
 
     def pack(self, message: Any, ident: bytes | None = None) -> list:
         """Frames of ``message`` (a `protocol` record), signed, to ``ident`` if given (from a ROUTER socket)."""
@@ -184,6 +195,8 @@ class Messages:
 
 
 _SIGNATURE = 32  # (bytes of an HMAC-SHA256 digest: the first bytes of a message's signed frame)
+_IPAD = bytes(b ^ 0x36 for b in range(256))  # (HMAC's inner and outer pads, as byte translations: `hmac`'s own)
+_OPAD = bytes(b ^ 0x5C for b in range(256))
 
 #: Arrays this big or bigger go out of band (a frame of their own, sent without a copy).
 OUT_OF_BAND = 65536
