@@ -317,6 +317,20 @@ def test_a_calls_request_and_answer_travel_flat_and_arrive_as_the_records_they_l
         assert type(got.body.value) is type(other.value) and got.body.id == other.id
 
 
+def test_messages_are_signed_with_hmac_sha256_of_the_connection_files_key():
+    import hashlib
+    import hmac
+
+    from pw_kernel.service import wire
+
+    for key in ["k", "k" * 64, "k" * 200]:  # (shorter, as long as, longer than SHA-256's block)
+        m = wire.Messages({"signature_scheme": "hmac-sha256", "key": key}, "pw-client-1")
+        for body in [b"", b"abc", bytes(range(256)) * 9]:
+            assert m.sign(body) == hmac.new(key.encode(), body, hashlib.sha256).digest()
+    with pytest.raises(ValueError, match="unsupported signature scheme 'hmac-md5'"):
+        wire.Messages({"signature_scheme": "hmac-md5", "key": "k"}, "pw-client-1")
+
+
 def test_two_functions_of_one_signature_and_name_each_run_their_own_code(service):
     # Each reaches the service as a `jax.export` call, which prints as its name and signature only: they must
     # not share one executable there (they did: g returned f's values).
