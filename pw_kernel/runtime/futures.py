@@ -218,6 +218,19 @@ class Future(concurrent.futures.Future, OutputCell):
         """Whether this future has resolved to an array that stays on a remote island (read there by handle)."""
         return self._state == _FINISHED and self._exception is None and hasattr(self._result, "fetch")
 
+    def remote_key(self) -> tuple | None:
+        """(shape, dtype, sharding, id of its slice) if `resolved_remote`, else None: how a program's signature
+        keys it (one call where a call's arguments are looked up: four properties and a test otherwise).
+
+        Example::
+
+            y = f(x); y.result(); y.remote_key()   # (shape, dtype, sharding, id(slice)) on the service's island
+        """
+        if self._state != _FINISHED or self._exception is not None or not hasattr(self._result, "fetch"):
+            return None
+        spec = self._spec
+        return spec.shape, spec.dtype, spec.sharding, id(spec.slice)
+
     @property
     def ndim(self) -> int:
         return len(self.shape)

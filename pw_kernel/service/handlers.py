@@ -55,7 +55,7 @@ from .protocol import (
     Unkeep,
 )
 from .pool import pool_data
-from .runs import buffer, submit, value_of
+from .runs import at_once, buffer, submit, value_of
 from .state import ServiceState
 
 LATER = object()  # a handler's answer: "the work I started replies when it is done"
@@ -141,8 +141,11 @@ class Handlers:
             _drop(c, frees)  # (after: a node on an idle pool has its answer sent by now, which needs none of this)
 
     def _runs(self, c: Client, ops: list, run, reply) -> object:
+        if len(ops) == 1 and ops[0][0] not in c.shipped and at_once(c, ops[0], reply, reply.stimulus):
+            reply.story("ran at once (the pool was idle)")
+            return LATER
         runs = submit(c, ops, run, reply, reply.stimulus)  # (the runs carry the request's stimulus as their name)
-        reply.story(f"runs {','.join(str(r.id) for r in runs)}" if runs else "ran at once (the pool was idle)")
+        reply.story(f"runs {','.join(str(r.id) for r in runs)}")
         return LATER
 
     def reshard(self, c: Client, msg: Reshard, reply) -> object:

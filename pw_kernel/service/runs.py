@@ -3,7 +3,7 @@
 Where a run lives: the client's controller owns the run a user made (its
 trace, plan, futures, cancel, run-ahead, timeline). A lone quick node that
 finds the pool idle (no run of the service's controller live) is called at
-once, with no run (`_now`, `runtime/exec/now.py`): there is nothing to order
+once, with no run (`at_once`, `runtime/exec/now.py`): there is nothing to order
 it against. Otherwise the service's controller is the pool's scheduler, and
 each node a client sends is one short run of it, of the client's tenant
 (`pw.FairShare` orders every client's nodes by weight in the per-island
@@ -91,8 +91,6 @@ def submit(c: Client, ops: list, client_run: tuple | None, reply: Callable, name
     """
     said = expected_output(c.shipped, ops)  # (the runs of its nodes that call the host)
     lone = len(ops) == 1 and not said
-    if lone and _now(c, ops[0], reply, name):
-        return []
     rid, priority = client_run if client_run else (None, 0)
     start = time.perf_counter_ns()
     handles = [h for o in ops for h in o[2]]
@@ -178,10 +176,10 @@ def submit(c: Client, ops: list, client_run: tuple | None, reply: Callable, name
     return runs
 
 
-def _now(c: Client, op: tuple, reply: Callable, name: str | None) -> bool:
-    """A lone node while the pool is idle: called at once, no run of the service's controller (`exec/now.py`),
-    answered as soon as it computed; False if it goes the usual way (nothing was done). A node that never can
-    (a step that donates its state, say) is not asked again."""
+def at_once(c: Client, op: tuple, reply: Callable, name: str | None) -> bool:
+    """A lone node (no host callbacks) while the pool is idle: called at once, no run of the service's controller
+    (`exec/now.py`), answered as soon as it computed; False if it goes the usual way, `submit` (nothing was done).
+    A node that never can (a step that donates its state, say) is not asked again."""
     key, in_ids, out_ids = op
     exe = c.executables.get(key)
     if exe is None or key in c.never_now or key in c.load_errors:

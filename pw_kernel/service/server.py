@@ -78,7 +78,7 @@ _yield = getattr(os, "sched_yield", lambda: None)  # (Unix; elsewhere nothing)
 class Replier:
     """How one request is answered: a `Reply` or a `Failed` to the client's reply socket, and its story written."""
 
-    __slots__ = ("id", "request", "service", "stimulus", "to")
+    __slots__ = ("arrived", "id", "request", "service", "stimulus", "to")
 
     def __init__(self, service: Service, to: bytes, rid: int, stimulus: str, request: str):
         self.service = service
@@ -86,6 +86,9 @@ class Replier:
         self.id = rid
         self.stimulus = stimulus
         self.request = request
+        # Its "received" row is written with its next one (at its arrival time): for a call answered at once,
+        # after the reply has gone, which does not wait for it.
+        self.arrived = time.perf_counter_ns()
 
     def __call__(self, value: Any = None, error: BaseException | None = None) -> None:
         svc = self.service
@@ -106,7 +109,14 @@ class Replier:
         self.story(said)  # (after the send: the client waits for that, not for this)
 
     def story(self, event: str) -> None:
+        self.received()
         self.service.state.story.add(self.stimulus, self.request, event)
+
+    def received(self) -> None:
+        """Write its "received" row, if not yet written (by the first of the threads that write its story)."""
+        arrived, self.arrived = self.arrived, 0
+        if arrived:
+            self.service.state.story.add(self.stimulus, self.request, "received", arrived)
 
 
 class Service:
@@ -338,7 +348,6 @@ class Service:
         to = c.reply_to if c is not None else bytes(body.reply_to) if hello else ident
         name = type(body).__name__
         reply = Replier(self, to, request.id, f"{c.tenant if c is not None else '?'}-{request.id}", name)
-        reply.story("received")
         try:
             if hello:
                 c = state.hello(ident, signed.user, body)
@@ -355,9 +364,11 @@ class Service:
             log.debug("pw_kernel service: %s failed", name, exc_info=True)
             if not isinstance(body, ONEWAY):
                 reply(error=e)
+            reply.received()
             return
         if value is not LATER and not isinstance(body, ONEWAY):
             reply(value)
+        reply.received()  # (a oneway request's only row; a deferred reply's first)
 
     # ------------------------------------------------------------ stopping
     def stop(self) -> None:

@@ -65,8 +65,9 @@ class RequestStory:
     def __init__(self, rows: int = STORY_ROWS) -> None:
         self.rows: collections.deque[StoryRow] = collections.deque(maxlen=rows)
 
-    def add(self, stimulus: str, request: str, event: str) -> None:
-        self.rows.append(StoryRow(stimulus, request, event, time.perf_counter_ns()))
+    def add(self, stimulus: str, request: str, event: str, t_ns: int = 0) -> None:
+        """One row; ``t_ns``: when it happened, if not now (``perf_counter_ns``)."""
+        self.rows.append(StoryRow(stimulus, request, event, t_ns or time.perf_counter_ns()))
 
     def of(self, stimulus: str) -> list[StoryRow]:
         """The rows of one request, in order (for a person or a test: it reads the whole ring)."""

@@ -258,8 +258,9 @@ def array_signature(args: tuple) -> tuple[tuple, tuple] | None:
         if kind == 2:
             v = a.resolved_value()
             if _CONCRETE.get(type(v)) != 1:
-                if v is None and a.resolved_remote():  # (read where it lives, by handle)
-                    key.append((a.shape, a.dtype, a.sharding, id(a.slice)))
+                remote = a.remote_key() if v is None else None
+                if remote is not None:  # (read where it lives, by handle)
+                    key.append(remote)
                     continue
                 return None
             a = v
