@@ -47,7 +47,7 @@ class Client:
         self.executables: dict[str, Any] = {}  # export key -> CompiledFunction on a service slice
         self.load_errors: dict[str, str] = {}  # export key -> why it could not be loaded
         self.never_now: set[str] = set()  # export keys whose node never runs at once (`runs._now`)
-        self.now_steps: dict[str, tuple] = {}  # ... and of those that did, (controller, step, feed) to call again
+        self.now_steps: dict[str, tuple] = {}  # ... and of those that did, (controller, step, feed, picks): again
         self.live: set = set()  # runs not finished (cancelled if the client goes)
         self.by_run: dict[int, set] = {}  # the client's run id -> those of its runs here (what its cancel names)
         self.runs = 0

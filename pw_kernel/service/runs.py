@@ -42,12 +42,12 @@ from .protocol import RunReply
 log = logging.getLogger("pw_kernel.service")
 
 
-def small_values(handles: list, outs: list, value: Callable = lambda x: x) -> dict:
+def small_values(handles: list, outs: list, value: Callable = lambda x: x, picks: list | None = None) -> dict:
     """``{handle: value}`` of a few of ``outs`` (arrays or finished futures): the small ones a reply carries
-    (`inline_picks`), as `to_wire` packs them; ``value`` gives an output's array (None: a value on another
-    island of the service, a Ray node's, which stays there until asked for)."""
+    (`inline_picks`, or ``picks`` if the caller kept them), as `to_wire` packs them; ``value`` gives an output's
+    array (None: a value on another island of the service, a Ray node's, which stays there until asked for)."""
     small = {}
-    for k in inline_picks([nbytes_of(x.shape, x.dtype) for x in outs]):
+    for k in picks if picks is not None else inline_picks([nbytes_of(x.shape, x.dtype) for x in outs]):
         v = value(outs[k])
         if v is not None:
             small[handles[k]] = to_wire(v)
@@ -188,30 +188,38 @@ def at_once(c: Client, op: tuple, reply: Callable, name: str | None) -> bool:
     if any(a is None for a in args):  # (a buffer still computing, freed, or on one of the service's Ray islands)
         return False
 
+    kept = c.now_steps.get(key)
+    picks = None if kept is None else kept[3]
+    sizes: list = []
+
     def answer(outs: list, start: int, end: int) -> None:
-        _answer_lone(c, reply, out_ids, outs, start, end)
+        if picks is None:
+            sizes.extend(nbytes_of(x.shape, x.dtype) for x in outs)
+        _answer_lone(c, reply, out_ids, outs, start, end, inline_picks(sizes) if picks is None else picks)
         # (after the reply, which does not need them: the client's next request, which may, is read by this
         # thread, or by the worker, which waits for the lock this one holds)
         c.buffers.update(zip(out_ids, outs))
 
-    kept = c.now_steps.get(key)
     if kept is not None:  # (no trace: see below)
-        ctrl, st, feed = kept
+        ctrl, st, feed, _ = kept
         return ctrl.idle and run_now(ctrl, st, [args[k] for k in feed], c.tenant, name or key, answer) == "ran"
     did = exe.program.call_now(*args, tenant=c.tenant, name=name or key, mode="chained", answer=answer)
     if did == "never":
         c.never_now.add(key)
     elif did == "ran" and key in c.out_bytes:
         # A loaded key is one exported function, whose arguments always have its shapes and layouts: every
-        # call of it traces alike, so its step is kept. (A reshard's key names its target only: not kept.)
-        c.now_steps[key] = exe.program.lone_step(*args, mode="chained")
+        # call of it traces alike, so its step is kept, with which of its outputs a reply carries. (A
+        # reshard's key names its target only: not kept.)
+        c.now_steps[key] = (*exe.program.lone_step(*args, mode="chained"), inline_picks(sizes))
     return did == "ran"
 
 
-def _answer_lone(c: Client, reply: Callable, handles: list, outs: list, start: int, end: int) -> None:
-    """A lone node computed as it was called (at once, or inside its run's call): answered with its small values."""
+def _answer_lone(c: Client, reply: Callable, handles: list, outs: list, start: int, end: int,
+                 picks: list | None = None) -> None:
+    """A lone node computed as it was called (at once, or inside its run's call): answered with its small values
+    (``picks``: which, if the caller knows)."""
     c.nodes += 1
-    reply(RunReply([(start, end)], None, small_values(handles, outs), {}))
+    reply(RunReply([(start, end)], None, small_values(handles, outs, picks=picks), {}))
 
 
 def when_done(per_run: list[list], then: Callable, lock) -> None:
