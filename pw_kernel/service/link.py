@@ -96,7 +96,8 @@ class ServiceLink:
         self.beats_id = beats.identity
         self._send_lock = threading.Lock()
         self._reader = threading.Lock()
-        self._turn = threading.Condition(threading.Lock())
+        self._turn_lock = threading.Lock()  # (`with` on the lock itself: a Condition's own `with` is Python)
+        self._turn = threading.Condition(self._turn_lock)
         self._followers = 0
         self._closing = False
         self._ponged = threading.Event()
@@ -233,12 +234,12 @@ class ServiceLink:
             return
         self._on_frames(recv(self._in, NOBLOCK))
         if self._followers:
-            with self._turn:
+            with self._turn_lock:
                 self._turn.notify_all()
 
     def _leave(self) -> None:
         """Stop being the reader; a thread waiting for its reply becomes the next."""
-        with self._turn:
+        with self._turn_lock:
             self._reader.release()
             if self._followers:
                 self._turn.notify_all()

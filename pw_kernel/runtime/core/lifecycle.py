@@ -39,6 +39,9 @@ if TYPE_CHECKING:
     from .runahead import RunAhead
 
 
+_HERE = threading.local()  # (`Lifecycle._thread`: each thread's name, read in C)
+
+
 class Lifecycle:
     """Every run's state and the runnable queue; `handle` is the one way to change them.
 
@@ -124,7 +127,13 @@ class Lifecycle:
         """
         if self._cascading:  # (a handler handling another run: part of the same stimulus)
             return self._transition(rec, event, now, args)
-        self._stimulus = stimulus or (event, next(self._stimuli), threading.current_thread())
+        if stimulus is None:
+            try:
+                thread = _HERE.name  # (read in C; the call below once per thread)
+            except AttributeError:
+                thread = self._thread()
+            stimulus = (event, next(self._stimuli), thread)
+        self._stimulus = stimulus
         effects = self._transition(rec, event, now, args)
         if not self._later:
             return effects
@@ -141,7 +150,18 @@ class Lifecycle:
 
     def begin(self, kind: str) -> tuple[str, int, Any]:
         """A new stimulus of ``kind`` that several `handle` calls share (pass it as ``stimulus=``)."""
-        return (kind, next(self._stimuli), threading.current_thread())
+        return (kind, next(self._stimuli), self._thread())
+
+    @staticmethod
+    def _thread() -> str:
+        """This thread's name, kept in a thread-local the first time (`threading.current_thread` is a Python
+        call, and a stimulus is made per call or report; a thread-local is read in C). A thread renamed after
+        its first stimulus keeps its first name in stories."""
+        try:
+            return _HERE.name
+        except AttributeError:
+            _HERE.name = threading.current_thread().name
+            return _HERE.name
 
     def recommend(self, rec: RunRecord, event: str, now: float, *args: Any) -> None:
         """Queue a transition for after the current one (only inside a handler)."""

@@ -28,14 +28,14 @@ class Transition(NamedTuple):
     thread: str
 
 
-#: A row as the log keeps it: (time, run id, start, finish, event, stimulus kind, stimulus number, the Thread).
+#: A row as the log keeps it: (time, run id, start, finish, event, stimulus kind, stimulus number, thread name).
 Row = tuple
 
 
 def transition(row: Row) -> Transition:
-    """The `Transition` a kept row stands for (its thread is kept as the `threading.Thread`, named here)."""
+    """The `Transition` a kept row stands for."""
     t, run, start, finish, event, kind, n, thread = row
-    return Transition(t, run, start, finish, event, f"{kind}-{n}", getattr(thread, "name", str(thread)))
+    return Transition(t, run, start, finish, event, f"{kind}-{n}", thread)
 
 
 class Story(tuple):

@@ -91,6 +91,7 @@ class RemoteIsland:
         # dispatching thread itself when nothing waits in the mailbox (`_posted` == `_sent`) and the link
         # says sending is cheap (no thread hand-off on a small call's way), else through the mailbox.
         self._idle = threading.Condition(self._lock)
+        self._idle_waiters = 0  # (threads in `_idle.wait`: a send with none skips the notify, three Python calls)
         self._sending = False
         self._posted = 0
         self._sent = 0
@@ -154,7 +155,11 @@ class RemoteIsland:
         so its slices and compiled functions stay usable (each executable is sent again on first use);
         arrays made before raise `stale`, whose message ends with ``again``."""
         with self._lock:  # (what was queued for the lost process goes first, failing at once, to the old link)
-            self._idle.wait_for(lambda: not self._sending and self._posted == self._sent, timeout=10)
+            self._idle_waiters += 1
+            try:
+                self._idle.wait_for(lambda: not self._sending and self._posted == self._sent, timeout=10)
+            finally:
+                self._idle_waiters -= 1
             self.link, self.info, self.offset_ns, self._direct, self.again = link, info, offset_ns, link.direct, again
             self.loaded.clear()
             self.placed.clear()
@@ -241,7 +246,8 @@ class RemoteIsland:
                 finally:
                     with self._lock:
                         self._sending = False
-                        self._idle.notify_all()
+                        if self._idle_waiters:
+                            self._idle.notify_all()
                 return
         self.post(burst)
 
@@ -321,7 +327,11 @@ class RemoteIsland:
             bursts = [b for b in items if b is not None]
             with self._lock:
                 while self._sending:
-                    self._idle.wait()
+                    self._idle_waiters += 1
+                    try:
+                        self._idle.wait()
+                    finally:
+                        self._idle_waiters -= 1
                 self._sending = True
             try:
                 for burst in bursts:
