@@ -34,7 +34,8 @@ class Inbox:
     def __init__(self):
         self._mail: dict[bytes, deque] = {}  # a client -> its requests not yet taken (empty only while put to)
         self._turns: deque[bytes] = deque()  # the clients with mail, in the order they are served
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()  # (`with` on it in C: a Condition's own `with` is two Python calls)
+        self._cond = threading.Condition(self._lock)
         self._in_hand: bytes | None = None  # the client whose request the worker handles now
         self._closed = False
 
@@ -85,7 +86,7 @@ class Inbox:
 
     def idle(self, who: bytes) -> bool:
         """Whether nothing of ``who``'s waits or is being handled."""
-        with self._cond:
+        with self._lock:
             return who not in self._mail and self._in_hand != who
 
     def waiting(self) -> int:

@@ -27,7 +27,7 @@ from typing import Any
 from ..runtime import IslandLostError, ProtocolError
 from ..runtime import TimeoutError as PathwaysTimeout
 from ..runtime.extend import RemoteIsland
-from .protocol import HEARTBEAT_S, ONEWAY, PROTOCOL_VERSION, REQUESTS, Failed, Hello, Ping, Pong, Reply, Request, RunReply
+from .protocol import HEARTBEAT_S, ONEWAY, PROTOCOL_VERSION, REQUESTS, Failed, Hello, Ping, Pong, Reply, RunReply
 from .wire import NOBLOCK, Hub, Messages, address, recv, send
 
 log = logging.getLogger("pw_kernel.service")
@@ -153,7 +153,7 @@ class ServiceLink:
         if not oneway:
             ref.sent = time.monotonic()
             self.pending[rid] = ref
-        frames = self.messages.pack(Request(rid, body))
+        frames = self.messages.request(rid, body)
         with self._send_lock:  # (the socket: one thread at a time)
             if self.error is None:
                 send(self._out, frames)

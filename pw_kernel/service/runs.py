@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 
 import jax
+from jax import Array
 
 from ..runtime import ArgumentError, Future, PathwaysError
 from ..runtime.extend import ErrorEnvelope, from_wire, inline_picks, nbytes_of, ready_array, run_now, to_wire
@@ -184,7 +185,7 @@ def at_once(c: Client, op: tuple, reply: Callable, name: str | None) -> bool:
     exe = c.executables.get(key)
     if exe is None or key in c.never_now or key in c.load_errors:
         return False
-    args = [ready_array(c.buffers.get(h)) for h in in_ids]
+    args = [x if isinstance(x, Array) else ready_array(x) for x in map(c.buffers.get, in_ids)]
     if any(a is None for a in args):  # (a buffer still computing, freed, or on one of the service's Ray islands)
         return False
 

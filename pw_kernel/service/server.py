@@ -50,7 +50,6 @@ from .protocol import (
     Hello,
     Ping,
     Pong,
-    Reply,
     Request,
     RunMany,
 )
@@ -95,7 +94,7 @@ class Replier:
         said = "replied"
         if error is None:
             try:
-                frames = svc.messages.pack(Reply(self.id, value), self.to)
+                frames = svc.messages.reply(self.id, value, self.to)
             except TypeError as e:  # (a value that cannot cross: the client hears why)
                 error = e
         if error is not None:

@@ -154,9 +154,21 @@ class Messages:
 
     def pack(self, message: Any, ident: bytes | None = None) -> list:
         """Frames of ``message`` (a `protocol` record), signed, to ``ident`` if given (from a ROUTER socket)."""
+        return self._frames(message, flat(message), ident)
+
+    def request(self, rid: int, body: Any) -> list:
+        """`pack` of ``Request(rid, body)`` (made flat without making the record, where it travels flat)."""
+        plain = flat_request(rid, body)
+        return self._frames(Request(rid, body) if plain is None else None, plain)
+
+    def reply(self, rid: int, value: Any, ident: bytes) -> list:
+        """`pack` of ``Reply(rid, value)`` to ``ident`` (made flat without making the record, where it travels flat)."""
+        plain = flat_reply(rid, value)
+        return self._frames(Reply(rid, value) if plain is None else None, plain, ident)
+
+    def _frames(self, message: Any, plain: tuple | None, ident: bytes | None = None) -> list:
         out: list = []
         head = f"{self._name}_{next(self._ids)}"
-        plain = flat(message)
         try:
             if plain is not None:
                 body = pickle.dumps((head, self.user, plain), 5)
@@ -249,18 +261,28 @@ def flat(message: Any) -> tuple | None:
     """``message`` as plain tuples if it is a call's request or its answer (see above), else None."""
     kind = type(message)
     if kind is Request:
-        body = message.body
-        if type(body) is RunMany:
-            return _RUN_MANY, message.id, body.ops, body.frees, body.run
-    elif kind is Reply:
-        value = message.value
-        if type(value) is RunReply and value.failure is None:
-            small = {}
-            for h, a in value.small.items():
-                if type(a) is not np.ndarray or a.dtype.hasobject or a.nbytes >= OUT_OF_BAND:
-                    return None
-                small[h] = _parts(a)
-            return _RUN_REPLY, message.id, value.times, small, value.said
+        return flat_request(message.id, message.body)
+    if kind is Reply:
+        return flat_reply(message.id, message.value)
+    return None
+
+
+def flat_request(rid: int, body: Any) -> tuple | None:
+    """`flat` of ``Request(rid, body)``."""
+    if type(body) is RunMany:
+        return _RUN_MANY, rid, body.ops, body.frees, body.run
+    return None
+
+
+def flat_reply(rid: int, value: Any) -> tuple | None:
+    """`flat` of ``Reply(rid, value)``."""
+    if type(value) is RunReply and value.failure is None:
+        small = {}
+        for h, a in value.small.items():
+            if type(a) is not np.ndarray or a.dtype.hasobject or a.nbytes >= OUT_OF_BAND:
+                return None
+            small[h] = _parts(a)
+        return _RUN_REPLY, rid, value.times, small, value.said
     return None
 
 
