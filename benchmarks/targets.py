@@ -339,8 +339,10 @@ def rows(results: Path, platform: str, status: dict | None) -> list[dict]:
             row.update(measured=why, met="—", value=None, ran=r is not None or bool(err))
         else:
             ok = met(t, value)
-            row.update(measured=fmt(value, t.unit), met="—" if ok is None else "✓" if ok else "✗", value=value,
-                       ran=True)
+            text = fmt(value, t.unit)
+            if ok is not None and t.unit == "x" and abs(value) < 10 and met(t, round(value, 2)) != ok:
+                text = f"{value:.3f}x"  # (1.503x, not a "1.50x" that reads as met against "≤ 1.5x")
+            row.update(measured=text, met="—" if ok is None else "✓" if ok else "✗", value=value, ran=True)
         out.append(row)
     return out
 
