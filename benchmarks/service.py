@@ -368,17 +368,21 @@ def killed(args, procs: list, conn: Path, env: dict, served, xs) -> dict:
     """Row (c): SIGKILL a client with runs queued; this client's next call, and when its memory is back."""
     import pw_kernel as pw
     from pw_kernel import service
+    from pw_kernel.service.protocol import HEARTBEAT_S
 
     # What the service holds before: once the earlier rows' clients are gone and their buffers freed
-    # (a client that exits is dropped, and its last buffers are collected when its nodes end).
+    # (a client that exits is dropped, and its last buffers are collected when its nodes end, or at the
+    # service's next heartbeat, which walks the heap after a client is dropped): the same for longer
+    # than a heartbeat (a figure read sooner once went negative, the collection coming after it).
     deadline = time.monotonic() + 60
-    before = service.stats()
+    before, same_since = service.stats(), time.monotonic()
     while time.monotonic() < deadline:
         time.sleep(0.2)
         now = service.stats()
-        settled = now["clients"] == 1 and now["live_runs"] == 0 and now["live_bytes"] == before["live_bytes"]
+        if not (now["clients"] == 1 and now["live_runs"] == 0 and now["live_bytes"] == before["live_bytes"]):
+            same_since = time.monotonic()
         before = now
-        if settled:
+        if time.monotonic() - same_since > 2 * HEARTBEAT_S:
             break
     doomed = Proc([sys.executable, "-c", DOOMED, str(conn), str(args.doomed_size), str(args.doomed_runs)], env,
                   "doomed")

@@ -93,6 +93,9 @@ class Signed(NamedTuple):
     body: Any
 
 
+_signed = tuple.__new__  # (a `Signed` made in C: its class's own __new__ is a Python call, one a message)
+
+
 class Messages:
     """Signed messages: made, and checked before anything in them is read.
 
@@ -203,7 +206,7 @@ class Messages:
         _, user, message = pickle.loads(body, buffers=frames[i + 1:])
         if type(message) is tuple:
             message = unflat(message)
-        return frames[:i], Signed(user, message)
+        return frames[:i], _signed(Signed, (user, message))
 
 
 _SIGNATURE = 32  # (bytes of an HMAC-SHA256 digest: the first bytes of a message's signed frame)

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from .runahead import RunAhead
 
 
-_HERE = threading.local()  # (`Lifecycle._thread`: each thread's name, read in C)
+_HERE = threading.local()  # (`Lifecycle._thread`: each thread's `threading.Thread`, read in C)
 
 
 class Lifecycle:
@@ -129,7 +129,7 @@ class Lifecycle:
             return self._transition(rec, event, now, args)
         if stimulus is None:
             try:
-                thread = _HERE.name  # (read in C; the call below once per thread)
+                thread = _HERE.thread  # (read in C; the call below once per thread)
             except AttributeError:
                 thread = self._thread()
             stimulus = (event, next(self._stimuli), thread)
@@ -153,15 +153,14 @@ class Lifecycle:
         return (kind, next(self._stimuli), self._thread())
 
     @staticmethod
-    def _thread() -> str:
-        """This thread's name, kept in a thread-local the first time (`threading.current_thread` is a Python
-        call, and a stimulus is made per call or report; a thread-local is read in C). A thread renamed after
-        its first stimulus keeps its first name in stories."""
+    def _thread() -> threading.Thread:
+        """This thread, kept in a thread-local the first time (`threading.current_thread` is a Python call, and a
+        stimulus is made per call or report; a thread-local is read in C)."""
         try:
-            return _HERE.name
+            return _HERE.thread
         except AttributeError:
-            _HERE.name = threading.current_thread().name
-            return _HERE.name
+            _HERE.thread = threading.current_thread()
+            return _HERE.thread
 
     def recommend(self, rec: RunRecord, event: str, now: float, *args: Any) -> None:
         """Queue a transition for after the current one (only inside a handler)."""

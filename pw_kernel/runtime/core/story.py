@@ -28,14 +28,14 @@ class Transition(NamedTuple):
     thread: str
 
 
-#: A row as the log keeps it: (time, run id, start, finish, event, stimulus kind, stimulus number, thread name).
+#: A row as the log keeps it: (time, run id, start, finish, event, stimulus kind, stimulus number, the Thread).
 Row = tuple
 
 
 def transition(row: Row) -> Transition:
-    """The `Transition` a kept row stands for."""
+    """The `Transition` a kept row stands for (its thread is kept as the `threading.Thread`, named here)."""
     t, run, start, finish, event, kind, n, thread = row
-    return Transition(t, run, start, finish, event, f"{kind}-{n}", thread)
+    return Transition(t, run, start, finish, event, f"{kind}-{n}", getattr(thread, "name", str(thread)))
 
 
 class Story(tuple):

@@ -125,9 +125,9 @@ class RemoteIsland:
         for a in arrays:
             if a.here or a.generation != self.generation:
                 continue
-            small = a.inline()
+            small = self.link.take_inline(a.handle)
             if small is None:
-                small = self.link.take_inline(a.handle)
+                small = a.inline()
             if small is None:
                 want.append(a)
             else:
@@ -530,9 +530,9 @@ class RemoteArray:
         if isl.bursts:  # empty off the dispatching thread: what made this value was handed over
             isl.bursts.flush()
         handle = self.handle
-        value = self.inline()
+        value = isl.link.take_inline(handle)  # (the service's link keeps a reply's small values: one dict pop)
         if value is None:
-            value = isl.link.take_inline(handle)
+            value = self.inline()  # (a Ray island's come in its actor call's reply)
         if value is not None:  # (a small value came with the reply of the run that made it)
             return from_wire(value)
         ticket = Ticket(isl)
