@@ -353,13 +353,15 @@ class Hub:
         self._ident = self.thread.ident
         return self
 
-    def send(self, frames: list) -> None:
-        """Send ``frames`` (a multipart message): on this hub's thread at once, from another thread queued for it."""
+    def send(self, frames: list) -> bool:
+        """Send ``frames`` (a multipart message): on this hub's thread at once (True), from another thread queued
+        for it (False)."""
         if threading.get_ident() == self._ident and self._out.empty():
             send(self.socket, frames)
-            return
+            return True
         self._out.put(frames)
         self._wake()
+        return False
 
     def _wake(self) -> None:
         try:
