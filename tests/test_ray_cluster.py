@@ -142,7 +142,12 @@ def test_a_lost_host_fails_the_runs_on_its_island_naming_it_and_the_others_go_on
         slow(x, jnp.int32(1))  # a new call on the lost island is refused at once
     with pytest.raises(pw.IslandLostError, match=re.escape(f"island {doomed.id}")):
         pw.slice(2, island=doomed.id)
-    assert len(alive_nodes()) == 2
+    # Ray's own view of the host comes from its health checks, which may lag pw's (the island is lost as soon
+    # as its actor's connection fails: its runs failed within a tenth of a second): waited for, bounded.
+    deadline = time.monotonic() + 60
+    while len(alive_nodes()) != 2:
+        assert time.monotonic() < deadline, alive_nodes()
+        time.sleep(0.1)
 
 
 def test_a_node_added_back_becomes_a_new_island(fleet, lc):
