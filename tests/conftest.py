@@ -27,8 +27,8 @@ import pw_kernel as pw  # noqa: E402
 #: Modules that test the whole system in processes of its own (real Jupyter kernels and JupyterLab,
 #: Chromium, Ray clusters, the Pathways service, tutorials run top to bottom, the benchmarks' quick
 #: modes, the README's command) or train real models for a minute. `./scripts/test.sh --quick` (the
-#: contributor's tier: the runtime, the front and the views in this process) leaves them out; CI
-#: runs everything.
+#: contributor's tier: the runtime, the front and the views in-process, over two pytest-xdist workers)
+#: leaves them out; CI runs everything.
 SYSTEM = frozenset({
     "test_benchmarks", "test_browser_timeline_js", "test_browser_widgets", "test_checkpoint_islands", "test_demo",
     "test_elastic", "test_island_logs", "test_kernel", "test_main_command", "test_notebooks", "test_pipeline_models",
