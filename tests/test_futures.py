@@ -129,6 +129,16 @@ def test_numpy_reads_a_future(ctl):
     np.testing.assert_array_equal(np.asarray(fut.result() + 1), [2.0, 3.0, 4.0])
 
 
+def test_float_and_int_read_a_scalar_future_as_a_jax_array_reads(ctl):
+    s = pw.slice(1, name="s")
+    mean = pw.compiled(lambda x: (x.mean(), x.size), slice=s, name="mean")
+    loss, n = mean(jnp.arange(4.0))
+    assert float(loss) == 1.5 and int(n) == 4 and f"{float(loss):.2f}" == "1.50"  # (each waits, as `np.asarray`)
+    pair = pw.compiled(lambda x: x, slice=s, name="pair")(jnp.ones(2))
+    with pytest.raises(TypeError, match="Only scalar arrays can be converted"):  # jax.Array's own error
+        float(pair)
+
+
 def test_program_outputs_keep_their_tree(ctl):
     s = pw.slice(1, name="s")
     f = pw.compiled(lambda x: x + 1, slice=s, name="f")

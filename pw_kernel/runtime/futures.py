@@ -74,6 +74,7 @@ class Future(concurrent.futures.Future, OutputCell):
         y.shape, y.sharding       # known before anything ran
         y.result()                # blocks: the jax.Array
         await z                   # or asynchronously
+        float(loss), np.asarray(y)  # also block, as they do on a jax.Array
     """
 
     # A future is made per output of every call (a training step's state: hundreds): it is its run's
@@ -350,6 +351,13 @@ class Future(concurrent.futures.Future, OutputCell):
     # (jax.eval_shape, jit arguments), which futures must pass as ShapeDtypeStruct-likes.
     def __array__(self, dtype=None, copy=None):
         return np.asarray(self.result(), dtype=dtype)
+
+    # ... and so do `float(loss)` and `int(count)` (a training loop's logging line), as they do a jax.Array.
+    def __float__(self) -> float:
+        return float(self.result())
+
+    def __int__(self) -> int:
+        return int(self.result())
 
     def _not_an_array(self, *args, what: str = "arithmetic"):
         """A future is a promise of an array, not one: say how to get the array (or stay asynchronous)."""
