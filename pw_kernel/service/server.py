@@ -281,8 +281,7 @@ class Service:
         otherwise). ZeroMQ may still be tearing the closed pipe down as the monitor reports it: the probe
         is made again at each heartbeat tick meanwhile, for three heartbeats. A client that is only silent is
         not dropped for it before `DEAD_AFTER_S`: on a loaded host a live client's heartbeat can be late by
-        more than three beats, and any other peer's disconnect must not drop it (a benchmark's client was, once,
-        when "silent since a disconnect, for three beats" was a rule of its own).
+        more than three beats, and another peer's disconnect must not make that a reason to drop it.
         """
         self._suspect_until = time.monotonic() + 3 * HEARTBEAT_S
         self._probe()
