@@ -79,7 +79,11 @@ def _execute(path: Path, kernel_dir: Path, tmp_path: Path, devices: int | None):
     client = nbclient.NotebookClient(
         nb, km=km, timeout=CELL_TIMEOUT_S, startup_timeout=90, resources={"metadata": {"path": str(tmp_path)}}
     )
-    client.execute(env=env)  # the kernel's environment: otherwise the kernelspec supplies the devices
+    try:
+        client.execute(env=env)  # the kernel's environment: otherwise the kernelspec supplies the devices
+    finally:
+        if km.has_kernel:  # a kernel manager we made is ours to stop (nbclient leaves one it was given running)
+            km.shutdown_kernel(now=True)
     seen = outputs_text(nb.cells.pop())
     assert f"devices in this kernel: {devices or 8}" in seen, seen
     return nb
