@@ -568,7 +568,8 @@ def test_pathways_magics_cells_and_pipelines_work_unchanged_through_the_service(
 def test_the_service_process_keeps_what_lives_long_out_of_the_collectors_full_passes():
     # A full collection walks the whole heap with the GIL held (70-300 ms in a loaded service: no request
     # read, no node dispatched meanwhile). What survives one is frozen; a dropped client's leftovers,
-    # frozen or not, go at the next full walk of everything.
+    # frozen or not, go at the next full walk of everything, as do cycles that died frozen once the frozen
+    # objects have grown by half.
     code = """
 import gc, json, weakref
 from pw_kernel.service.clients import Heap
@@ -584,8 +585,19 @@ frozen = gc.get_freeze_count()
 gone = weakref.ref(a); del a              # now garbage, but frozen: a full pass does not see it
 gc.collect(); hidden = gone() is not None
 heap.collect_soon(); heap.tick()          # a client dropped: everything walked
+refrozen = gc.get_freeze_count()
+# A client that never leaves: cycles that died frozen go once the frozen objects grow by half.
+junk = [Node() for _ in range(refrozen)]  # as many objects again as are frozen, each a cycle
+for n in junk:
+    n.me = n
+gc.collect(); heap.tick()                 # frozen (they were not yet, so this tick walks nothing)
+walks = heap.walks
+dead = weakref.ref(junk[0]); del junk, n
+gc.collect(); hidden_again = dead() is not None
+heap.tick()                               # the frozen objects doubled since the last walk: everything walked
 print(json.dumps({"at_start": at_start, "frozen": frozen, "hidden": hidden, "collected": gone() is None,
-                  "refrozen": gc.get_freeze_count()}))
+                  "refrozen": refrozen, "hidden_again": hidden_again, "walked": heap.walks - walks,
+                  "collected_again": dead() is None, "after": gc.get_freeze_count()}))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=HANG_S)
     assert out.returncode == 0, out.stderr
@@ -594,6 +606,8 @@ print(json.dumps({"at_start": at_start, "frozen": frozen, "hidden": hidden, "col
     assert got["frozen"] > got["at_start"]
     assert got["hidden"] and got["collected"]
     assert got["refrozen"] > 1000
+    assert got["hidden_again"] and got["walked"] == 1 and got["collected_again"]
+    assert got["after"] < 1.5 * got["refrozen"]  # what is frozen stays within REWALK_GROWTH of what lives
 
 
 def test_bad_input_and_a_stale_connection_file_say_what_to_do(tmp_path):

@@ -6,6 +6,7 @@ and this process's `pw.connect()` is its client over the real ZeroMQ sockets.
 
 from __future__ import annotations
 
+import gc
 import json
 import pickle
 import sys
@@ -427,3 +428,37 @@ def test_a_step_of_many_outputs_asks_its_reply_once_not_once_an_output(service, 
         state = step(state)
         state["w000"].result()
     assert len(asked) < 10 * 20  # a node's outputs share one reply: asked about once each step, not 200 times
+
+
+def test_waiting_for_a_bursts_outputs_makes_no_reference_cycle():
+    """The service's own process freezes what survives a full collection (`clients.Heap`): whatever a cycle
+    holds outlives its use there until the next walk of everything. So the wait for a burst's outputs
+    (`runs.when_done`: a step's hundreds of futures, and their arrays) makes none, and they go when used."""
+    from pw_kernel.service.runs import when_done
+
+    gate = threading.Event()
+    gate.set()
+    slow = pw.compiled(lambda v: jax.pure_callback(lambda a: (gate.wait(HANG_S), a)[1], v, v) * 2, slice=pw.slice(1))
+    slow(jnp.ones(3)).result()  # compiled
+    gate.clear()
+    called = []
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)  # what a collection finds unreachable is kept in gc.garbage, to look at
+    try:
+        outs = [[slow(jnp.ones(3)), slow(jnp.ones(3))], [slow(jnp.ones(3))]]
+        assert not any(f.done() for fs in outs for f in fs)  # (waited for with a done-callback, not at once)
+        when_done(outs, lambda: called.append(True), threading.Lock())
+        gate.set()
+        for fs in outs:
+            for f in fs:
+                f.result(timeout=HANG_S)
+        _until("the burst's answer", lambda: called)
+        del outs, fs, f
+        gc.collect()
+        cyclic = [o for o in gc.garbage
+                  if isinstance(o, pw.Future) or getattr(getattr(o, "__code__", None), "co_filename", "").endswith("runs.py")]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert called == [True]
+    assert cyclic == []

@@ -122,9 +122,12 @@ class Heap:
     clients' executables) with the GIL held, 70-300 ms on a loaded host, during which no request is read
     and no node dispatched: a client's call waited behind one for up to 350 ms. What survives a full pass
     lives long, so it is frozen (`gc.freeze`) on the next heartbeat: later passes walk only what is newer.
-    Frozen objects are still freed when their last reference goes; only a cycle among them would outlive
-    its use, and a run's objects form none (its futures drop their done-callbacks when they resolve).
-    `collect_soon` (a client dropped) walks everything again. Only for a process that is the service alone
+    Frozen objects are still freed when their last reference goes; only a cycle among them outlives its
+    use, until a walk of everything, frozen objects too: when a client is dropped (`collect_soon`), and
+    whenever the frozen objects have grown by `REWALK_GROWTH` since the last such walk. So what is frozen
+    stays within that factor of what lives, whatever a cycle holds (a run's objects form none on purpose:
+    `runs.when_done`; a cycle anywhere else, JAX's included, is freed at the latest by the next walk), at
+    the cost of a full walk each time the heap grows by half. Only for a process that is the service alone
     (``python -m pw_kernel serve``), never a notebook's kernel that serves in the background.
 
     Example::
@@ -134,11 +137,14 @@ class Heap:
         heap.collect_soon()   # a client is gone: on the next tick, everything walked, then frozen again
     """
 
+    #: A walk of everything once the frozen objects are this many times those the last walk left.
+    REWALK_GROWTH = 1.5
+
     def __init__(self) -> None:
         self._passed = False  # a full pass ended: freeze what survived it
         self._wanted = False  # a full collection of everything was asked for (`collect_soon`)
-        gc.collect()
-        gc.freeze()
+        self.walks = 0  # walks of everything since the start (for tests)
+        self._walk()
         gc.callbacks.append(self._on_gc)
 
     def _on_gc(self, phase: str, info: dict) -> None:
@@ -150,15 +156,21 @@ class Heap:
         self._wanted = True
 
     def tick(self) -> None:
-        """On the socket thread's heartbeat (every gc call on one thread): freeze, or collect all as asked."""
-        if self._wanted:
+        """On the socket thread's heartbeat (every gc call on one thread): freeze, or walk everything (asked for,
+        or the frozen objects grew by `REWALK_GROWTH`)."""
+        if self._wanted or gc.get_freeze_count() > self.REWALK_GROWTH * self._walked:
             self._wanted = False
-            gc.unfreeze()
-            gc.collect()
-            gc.freeze()
+            self._walk()
         elif self._passed:
             self._passed = False
             gc.freeze()
+
+    def _walk(self) -> None:
+        gc.unfreeze()
+        gc.collect()
+        gc.freeze()
+        self._walked = gc.get_freeze_count()  # what lives (and a floor of the interpreter's own)
+        self.walks += 1
 
     def close(self) -> None:
         if self._on_gc in gc.callbacks:

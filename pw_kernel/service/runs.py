@@ -237,15 +237,21 @@ def when_done(per_run: list[list], then: Callable, lock) -> None:
         if last:
             then()
 
-    def watch(fs: list) -> None:
-        pending = next((f for f in reversed(fs) if not f.done()), None)
-        if pending is None:
-            run_done()
-        else:
-            pending.add_done_callback(lambda _f: watch(fs))
-
     for fs in per_run:
-        watch(fs)
+        _watch(fs, run_done)
+
+
+def _watch(fs: list, done: Callable[[], None]) -> None:
+    """Call ``done`` once every future of ``fs`` is set: now, or from a done-callback on the last one not set.
+
+    A module function, not a closure that calls itself: such a closure is a reference cycle, which
+    held each burst's futures (and the Python objects of their arrays) until a full collection, and
+    the service's process freezes what survives one (`clients.Heap`)."""
+    pending = next((f for f in reversed(fs) if not f.done()), None)
+    if pending is None:
+        done()
+    else:
+        pending.add_done_callback(lambda _f: _watch(fs, done))
 
 
 def value_of(x):
