@@ -95,6 +95,19 @@ def test_a_client_over_its_memory_share_is_refused_and_goes_on(service):
     assert max(held.values()) <= 64 * 1024, held
 
 
+def test_a_loop_that_donates_its_state_is_charged_one_copy_of_it_however_far_it_runs_ahead(service):
+    """Each step donates the state it is given: steps queued ahead of the devices, and the recent ones whose
+    futures this client still holds, hold one copy of the state between them, not one each."""
+    pw.connect(service.path, name="trainer", memory="64KiB")
+    step = pw.compiled(lambda st: jax.tree.map(lambda v: v * 0.5, st), slice=pw.slice(1), donate_argnums=0)
+    state = {f"w{i}": jnp.ones(1024, jnp.float32) for i in range(4)}  # 16 KiB
+    for _ in range(20):  # (20 steps' outputs would be 320 KiB, counted one each)
+        state = step(state)
+    assert float(state["w0"].result()[0]) == 0.5**20
+    held = stats()["held_bytes"]
+    assert max(held.values()) <= 2 * 16 * 1024, held
+
+
 # ------------------------------------------------------------------ processes, as a group uses them
 BARE = {k: v for k, v in os.environ.items()
         if not k.startswith(("JAX_", "PW_", "XLA_")) and k not in ("CUDA_VISIBLE_DEVICES",)}

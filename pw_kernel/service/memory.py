@@ -132,6 +132,17 @@ class Held:
             for d, n in entry[1].items():
                 pd[d] -= n
 
+    def donated(self, handle: int) -> None:
+        """``handle``'s array was donated to a later node (its buffer became that node's output): not counted."""
+        key = self._of.get(handle)
+        if key is None:
+            return
+        entry = self._arrays[key]
+        pd = self.per_device
+        for d, n in entry[1].items():
+            pd[d] -= n
+        entry[1] = {}
+
     @property
     def total(self) -> int:
         """Bytes held on all devices together."""
