@@ -462,3 +462,17 @@ def test_waiting_for_a_bursts_outputs_makes_no_reference_cycle():
         gc.garbage.clear()
     assert called == [True]
     assert cyclic == []
+
+
+def test_shutting_down_with_a_loop_queued_in_the_service_fails_each_run_once(service):
+    """A client that exits (or shuts down) with steps queued: each queued run fails with why, once, though
+    the end of one fails its readers meanwhile (a run already failed is not ended again)."""
+    pw.connect(service.path, name="ivy")
+    step = pw.compiled(lambda st: jax.tree.map(lambda v: jnp.tanh(v @ v) * 0.5, st), slice=pw.slice(1),
+                       donate_argnums=0)
+    state = {f"w{i}": jnp.eye(256) for i in range(8)}
+    for _ in range(200):
+        state = step(state)
+    pw.shutdown()
+    with pytest.raises(pw.PathwaysError, match="shut down|lost|failed"):
+        state["w0"].result(timeout=HANG_S)

@@ -452,7 +452,8 @@ class Controller:
             self._closed = True
             now = time.time()
             for run in list(self._live.values()):
-                self._apply(self.lifecycle.handle(run.record, "shutdown", now))
+                if run.record.state not in FINAL:  # (failed meanwhile: an earlier one's end failed its readers)
+                    self._apply(self.lifecycle.handle(run.record, "shutdown", now))
         self.dispatcher.stop()
         self.completion.stop()
         for t in self.threads:
