@@ -455,8 +455,8 @@ def test_waiting_for_a_bursts_outputs_makes_no_reference_cycle():
         _until("the burst's answer", lambda: called)
         del outs, fs, f
         gc.collect()
-        cyclic = [o for o in gc.garbage
-                  if isinstance(o, pw.Future) or getattr(getattr(o, "__code__", None), "co_filename", "").endswith("runs.py")]
+        in_runs = lambda o: getattr(getattr(o, "__code__", None), "co_filename", "").endswith("runs.py")
+        cyclic = [o for o in gc.garbage if isinstance(o, pw.Future) or in_runs(o)]
     finally:
         gc.set_debug(0)
         gc.garbage.clear()

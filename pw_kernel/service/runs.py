@@ -35,7 +35,9 @@ import jax
 from jax import Array
 
 from ..runtime import ArgumentError, Future, PathwaysError
-from ..runtime.extend import ErrorEnvelope, donated_to, from_wire, inline_picks, nbytes_of, ready_array, run_now, to_wire
+from ..runtime.extend import (
+    ErrorEnvelope, donated_to, from_wire, inline_picks, nbytes_of, ready_array, run_now, to_wire,
+)
 from .callbacks import expected as expected_output
 from .clients import Client
 from .protocol import RunReply
