@@ -28,7 +28,7 @@ from .config import DEFAULT_CPU_DEVICES, backends_started, configure_cpu_devices
 from .core.lifecycle import Lifecycle, transition_edges
 from .core.records import FINAL, RunRecord
 from .core.story import Story, Transition
-from .donation import donated_to, hold
+from .donation import hold
 from .errors import short_error
 from .exec.controller import Controller, Status, on_controller_replaced
 from .exec.events import EventLog, TraceRow, busy_time, chrome_trace
@@ -75,9 +75,7 @@ __all__ = [
     # where an error comes from: the user's files as the front names them (`Cell In[N]`), and which are not theirs
     "is_library",
     "set_file_labels",
-    # values pw itself still reads (an unfinished checkpoint save), so they are not donated; and where a value was
-    # donated (the service's memory shares count a donated state no more)
-    "donated_to",
+    # values pw itself still reads (an unfinished checkpoint save), so they are not donated
     "hold",
     # a remote island over another transport (the Pathways service's ZeroMQ link), and how values cross it
     "RemoteIsland",

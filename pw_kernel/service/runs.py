@@ -35,9 +35,7 @@ import jax
 from jax import Array
 
 from ..runtime import ArgumentError, Future, PathwaysError
-from ..runtime.extend import (
-    ErrorEnvelope, donated_to, from_wire, inline_picks, nbytes_of, ready_array, run_now, to_wire,
-)
+from ..runtime.extend import ErrorEnvelope, from_wire, inline_picks, nbytes_of, ready_array, run_now, to_wire
 from .callbacks import expected as expected_output
 from .clients import Client
 from .protocol import RunReply
@@ -115,9 +113,8 @@ def submit(c: Client, ops: list, client_run: tuple | None, reply: Callable, name
             *args, name=name, tenant=c.tenant, weight=c.weight, priority=int(priority), mode="chained",
             on_computed=computed if lone else None,
         )
-        for k in exe.donate_argnums:  # (what it was given: its bytes are its outputs' now, counted there)
-            if k < len(args) and donated_to(args[k]) is not None:
-                c.buffers.held.donated(in_ids[k])
+        for k in run.graph.donated_inputs:  # (what it was given: its bytes are its outputs' now, counted there)
+            c.buffers.held.donated(in_ids[k])
         outs = jax.tree.leaves(tree)
         runs.append(run)
         per_op.append(outs)
