@@ -95,6 +95,44 @@ def test_a_hundred_runs_each_reading_the_previous_runs_futures(ctl):
         assert live_buffers() <= baseline, f"try {attempt}: arrays of finished runs are still alive"
 
 
+def test_the_last_run_made_final_wakes_its_waiters_with_no_finished_batch_left_to_free(ctl, monkeypatch):
+    # The dispatcher frees finished batches between its bursts (its graveyard). Those it still held
+    # when the last run went final were freed once it went idle, after that run's waiter woke: the
+    # load test above then found them alive, now and then, on a busy machine. Counted at each wake.
+    from pw_kernel.runtime.run import Run
+
+    pw.init(pw.Config(keep_outputs=0, validate=True))
+    s, t = pw.slice(2, name="s"), pw.slice(2, name="t")
+    a = pw.compiled(lambda x: x * 1.01, slice=s, name="a")
+    b = pw.compiled(lambda x: x + 0.5, slice=t, name="b")
+
+    @pw.program
+    def step(x):
+        return b(a(x))
+
+    dispatcher = pw.controller().dispatcher
+    left_at_last_wake = []
+    wake = Run.wake
+
+    def counted(run):
+        if not dispatcher.port.queued():  # (no run left in flight: this is the last one)
+            left_at_last_wake.append(len(dispatcher.graveyard))
+        wake(run)
+
+    monkeypatch.setattr(Run, "wake", counted)
+    buried = []
+    bury = dispatcher.completion.bury
+    monkeypatch.setattr(dispatcher.completion, "bury", lambda batches: (buried.append(len(batches)), bury(batches)))
+    for _ in range(60):  # (the old code left one at ~1 in 200 last wakes: this failed 10 tries in 10)
+        fut = np.linspace(0, 1, 6).astype(np.float32)
+        for _ in range(50):
+            fut = step(fut)
+        fut.result(timeout=120)
+        pw.controller().wait_all(timeout=60)
+    assert buried and left_at_last_wake, "no batch was buried, or no last run woken: nothing was tested"
+    assert max(left_at_last_wake) == 0, f"finished batches left to free when the last run woke: {left_at_last_wake}"
+
+
 def test_a_long_training_loop_keeps_a_bounded_history(ctl):
     # every run keeps its node events for the timeline; a loop of many-node steps must not keep them all
     pw.init(pw.Config(max_events=400))

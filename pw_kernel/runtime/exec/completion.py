@@ -416,14 +416,16 @@ class Completion:
         to the watcher. ``ran``: ``batches`` is the one batch this thread just sent, computed
         (`complete_computed`, lock held): reported `ran`, ``first`` hearing its outputs before.
         Every reference this thread holds to reported batches' arrays is dropped (or handed to
-        the dispatcher's graveyard) before the lock is released: a caller woken by a run that
-        became final here, which then takes the lock (`Run.wait`), finds none of its arrays kept alive.
+        the dispatcher's graveyard, itself emptied here once no run is in flight) before the lock is
+        released: a caller woken by a run that became final here (`RunLock`) finds none of its arrays
+        kept alive.
         """
         reports: list[Report] = []
         if ran:  # one batch, found computed without an error, the lock held: nothing to wait for or claim
             batch = batches[0]
             self._stamp(batch, reports, waited=True)  # (a bug of ours raises: its dispatching thread fails the run)
             self._report(reports, batch, first)
+            self.bury(())  # (the batch is its caller's; what earlier runs left is freed if none is in flight)
             return
         batch = None
         ahead: set[int] = set()  # batches completed before an earlier one (`_overtake`)

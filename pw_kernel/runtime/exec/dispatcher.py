@@ -123,11 +123,16 @@ class Dispatcher:
             self._compilers.shutdown(wait=False, cancel_futures=True)
 
     def _bury(self, batches: list) -> None:
-        """Completed batches whose buffers this thread frees between its bursts (lock held)."""
+        """Completed batches whose buffers this thread frees between its bursts (lock held); with no run in flight, none."""
         # Freeing device buffers on the watcher thread while we dispatch slows dispatch ~2x; with
         # no run left in flight there is nothing to slow down, and nothing should outlive its run.
         if not self._idle and self.port.queued():
             self.graveyard.extend(batches)
+        elif self.graveyard:
+            # No run is left in flight: the last one's waiters wake once this thread lets go of the
+            # lock. What earlier runs left here is freed first, or a waiter could find their arrays
+            # alive while this thread (the dispatcher, going idle) is still freeing them.
+            self.graveyard.clear()
 
     # ------------------------------------------------------------ dispatcher
     def _dispatch_loop(self) -> None:
