@@ -134,7 +134,7 @@ def test_ctrl_c_while_completing_a_lone_call_on_the_waiting_thread(ctl):
     # A lone call is dispatched on the calling thread, and `.result()` claims its node to complete it
     # there: a Ctrl-C while the device computes must hand the node back, not lose it.
     s = pw.slice(1, name="s")
-    grind = pw.compiled(lambda x: jax.lax.fori_loop(0, 1500, lambda i, a: jnp.tanh(a @ a), x), slice=s, name="grind")
+    grind = pw.compiled(lambda x: jax.lax.fori_loop(0, 400, lambda i, a: jnp.tanh(a @ a), x), slice=s, name="grind")
     inc = pw.compiled(lambda v: v + 1, slice=s, name="inc")
     x = jax.device_put(jnp.full((512, 512), 1e-3), s.sharding())
     grind(x).result()  # compile first: the next call is all device time

@@ -132,9 +132,9 @@ def test_batches_are_placed_at_most_depth_ahead_of_the_loop(ctl):
     def source():
         for i in range(10):
             read.append(i)
-            yield np.full((2,), i, np.float32)
-            if i >= 3:
+            if i == 3:  # the taken batch and 3 ahead are read: the worker must now stop
                 gate.set()
+            yield np.full((2,), i, np.float32)
 
     it = pw.prefetch(source(), to=s, depth=3)
     next(it)
