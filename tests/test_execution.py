@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import textwrap
 import threading
 import time
 
@@ -13,6 +14,8 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import pw_kernel as pw
+
+from fresh_python import run_python
 
 
 def mlp_weights(width=32, depth=4, seed=0):
@@ -485,3 +488,20 @@ def test_cancel_a_running_run_drops_undispatched_nodes(one_slot):
         run.outputs.result(timeout=60)
     assert run.nodes_dispatched < run.nodes_total
     assert run.outputs.cancelled()
+
+
+def test_a_script_whose_last_calls_compile_a_new_signature_exits_cleanly():
+    # The second call's state is the first's output (placed, not a fresh array): a new signature,
+    # compiled aside on a thread of its own while the loop goes on. The script then ends with that
+    # compile in XLA: the process aborted at exit ("terminate called ...", exit code 134) until
+    # the interpreter's exit waited for the thread.
+    out = run_python(textwrap.dedent("""
+        import jax, jax.numpy as jnp, pw_kernel as pw
+        step = pw.compiled(lambda st: jax.tree.map(lambda v: jnp.tanh(v @ v) * 0.5, st), slice=pw.slice(1),
+                           donate_argnums=0)
+        state = {f"w{i}": jnp.eye(256) for i in range(8)}
+        for _ in range(50):
+            state = step(state)
+        print("end of script")
+    """))
+    assert "end of script" in out

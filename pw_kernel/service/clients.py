@@ -58,6 +58,7 @@ class Client:
         self.since = time.time()
         self.dropping = False
         self._waiting: queue.SimpleQueue | None = None
+        self._waiter: threading.Thread | None = None
 
     def waiter(self) -> queue.SimpleQueue:
         """Where finished-run replies wait: a thread of this client's that waits for its runs in order.
@@ -68,7 +69,8 @@ class Client:
         """
         if self._waiting is None:
             self._waiting = queue.SimpleQueue()
-            threading.Thread(target=self._wait_loop, name=f"pw-service-wait-{self.tenant}", daemon=True).start()
+            self._waiter = threading.Thread(target=self._wait_loop, name=f"pw-service-wait-{self.tenant}", daemon=True)
+            self._waiter.start()
         return self._waiting
 
     def _wait_loop(self) -> None:
@@ -89,6 +91,15 @@ class Client:
     def stop_waiting(self) -> None:
         if self._waiting is not None:
             self._waiting.put(None)
+
+    def join_waiting(self, timeout: float) -> None:
+        """Wait at most ``timeout`` s for the waiting thread to end (once told to: `stop_waiting`).
+
+        A daemon thread still inside JAX when the process exits is killed there, in C++ frames:
+        the process then aborts ("terminate called after throwing an instance of ...").
+        """
+        if self._waiter is not None:
+            self._waiter.join(timeout)
 
 
 def retire(held: tuple, collect: Callable[[], Any] = gc.collect, said: str = "") -> None:

@@ -382,6 +382,7 @@ class Service:
         self._inbox.close()
         self._worker.join(5)
         with self._lock:
+            clients = list(self.state.clients)
             self.state.drop_all("the service stops")
         self.hub.stop()
         self._unsubscribe()
@@ -399,6 +400,8 @@ class Service:
             pass
         self.ctx.term()
         self.ctrl.shutdown(timeout=5)
+        for c in clients:  # (every run is final now: each waiting thread ends at once)
+            c.join_waiting(5)
         log.info("pw_kernel service stopped")
 
     def wait(self, timeout: float | None = None) -> bool:

@@ -425,7 +425,6 @@ class Completion:
             batch = batches[0]
             self._stamp(batch, reports, waited=True)  # (a bug of ours raises: its dispatching thread fails the run)
             self._report(reports, batch, first)
-            self.bury(())  # (the batch is its caller's; what earlier runs left is freed if none is in flight)
             return
         batch = None
         ahead: set[int] = set()  # batches completed before an earlier one (`_overtake`)

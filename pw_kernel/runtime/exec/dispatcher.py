@@ -422,7 +422,10 @@ class Dispatcher:
                 s.exe.compiling = True
         seq = self.seq  # the compile events' numbers, taken here: ``seq`` has one writer
         self.seq += len(todo)
-        threading.Thread(target=self._compile, args=(rec, todo, seq), name="pw-compile", daemon=True).start()
+        # Not a daemon: the interpreter's exit waits for it (as for a compile pool's threads). A daemon
+        # thread still inside XLA's compiler when the process exits is killed there, in C++ frames, and
+        # the process aborts ("terminate called ..."): a script whose last calls compiled a new signature.
+        threading.Thread(target=self._compile, args=(rec, todo, seq), name="pw-compile", daemon=False).start()
 
     def _compile(self, rec: RunRecord, todo: list, seq: int) -> None:
         """The compile thread: compile ``todo`` (`_compile_aside`), a "compile" event each, then let its steps go."""
