@@ -66,8 +66,8 @@ def test_a_ten_thousand_node_program(ctl):
     assert sum(e.kind != "compile" for e in run.events) == 10_000
 
 
-@pytest.mark.system  # (a load test: the full tier's)
-def test_a_hundred_runs_each_reading_the_previous_runs_futures(ctl):
+def _two_slice_step():
+    """A program of two nodes on two slices (``x * 1.01``, then ``+ 0.5``), with no finished run's outputs kept."""
     pw.init(pw.Config(keep_outputs=0, validate=True))
     s, t = pw.slice(2, name="s"), pw.slice(2, name="t")
     a = pw.compiled(lambda x: x * 1.01, slice=s, name="a")
@@ -76,6 +76,13 @@ def test_a_hundred_runs_each_reading_the_previous_runs_futures(ctl):
     @pw.program
     def step(x):
         return b(a(x))
+
+    return step
+
+
+@pytest.mark.system  # (a load test: the full tier's)
+def test_a_hundred_runs_each_reading_the_previous_runs_futures(ctl):
+    step = _two_slice_step()
 
     x0 = np.linspace(0, 1, 6).astype(np.float32)
     expected = x0.copy()
@@ -101,14 +108,7 @@ def test_the_last_run_made_final_wakes_its_waiters_with_no_finished_batch_left_t
     # load test above then found them alive, now and then, on a busy machine. Counted at each wake.
     from pw_kernel.runtime.run import Run
 
-    pw.init(pw.Config(keep_outputs=0, validate=True))
-    s, t = pw.slice(2, name="s"), pw.slice(2, name="t")
-    a = pw.compiled(lambda x: x * 1.01, slice=s, name="a")
-    b = pw.compiled(lambda x: x + 0.5, slice=t, name="b")
-
-    @pw.program
-    def step(x):
-        return b(a(x))
+    step = _two_slice_step()
 
     dispatcher = pw.controller().dispatcher
     left_at_last_wake = []

@@ -464,15 +464,21 @@ def test_waiting_for_a_bursts_outputs_makes_no_reference_cycle():
     assert cyclic == []
 
 
-def test_shutting_down_with_a_loop_queued_in_the_service_fails_each_run_once(service):
-    """A client that exits (or shuts down) with steps queued: each queued run fails with why, once, though
-    the end of one fails its readers meanwhile (a run already failed is not ended again)."""
-    pw.connect(service.path, name="ivy")
+def _queue_steps(svc: Service, n: int) -> dict:
+    """Connect as "ivy" and queue ``n`` steps of a donated 8-leaf state in ``svc``; the last state (futures)."""
+    pw.connect(svc.path, name="ivy")
     step = pw.compiled(lambda st: jax.tree.map(lambda v: jnp.tanh(v @ v) * 0.5, st), slice=pw.slice(1),
                        donate_argnums=0)
     state = {f"w{i}": jnp.eye(256) for i in range(8)}
-    for _ in range(200):
+    for _ in range(n):
         state = step(state)
+    return state
+
+
+def test_shutting_down_with_a_loop_queued_in_the_service_fails_each_run_once(service):
+    """A client that exits (or shuts down) with steps queued: each queued run fails with why, once, though
+    the end of one fails its readers meanwhile (a run already failed is not ended again)."""
+    state = _queue_steps(service, 200)
     pw.shutdown()
     with pytest.raises(pw.PathwaysError, match="shut down|lost|failed"):
         state["w0"].result(timeout=HANG_S)
@@ -481,12 +487,7 @@ def test_shutting_down_with_a_loop_queued_in_the_service_fails_each_run_once(ser
 def test_a_service_stopped_with_runs_in_flight_leaves_no_thread_of_its_clients_behind(service):
     """`Service.stop()` joins each client's waiting thread: a daemon thread still inside JAX when the
     process exits is killed there (the service process then aborted at exit, now and then)."""
-    pw.connect(service.path, name="ivy")
-    step = pw.compiled(lambda st: jax.tree.map(lambda v: jnp.tanh(v @ v) * 0.5, st), slice=pw.slice(1),
-                       donate_argnums=0)
-    state = {f"w{i}": jnp.eye(256) for i in range(8)}
-    for _ in range(50):
-        state = step(state)
+    _queue_steps(service, 50)
     _until("its waiting thread", lambda: any(t.name.startswith("pw-service-wait-") for t in threading.enumerate()))
     service.stop()
     assert [t.name for t in threading.enumerate() if t.name.startswith("pw-service-wait-")] == []
