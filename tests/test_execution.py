@@ -293,6 +293,33 @@ def test_layers_written_as_separate_closures_compile_once_per_slice(ctl):
     np.testing.assert_allclose(run.outputs.result(), want, rtol=1e-6)
 
 
+@pytest.mark.parametrize("n", [1, 2])
+def test_a_training_loop_compiles_its_step_once_as_jax_jit_does(ctl, n):
+    # The first call gets fresh arrays (jnp's, on the default device); every later call gets the last
+    # call's outputs, replicated on the slice's mesh. Both trace to one program (a gradient's constants
+    # were resharded to the mesh in one trace and not the other: two programs, two compiles), so a slice
+    # of several devices compiles once, as `jax.jit` does. On one device, JAX's own cache keeps a fresh
+    # (uncommitted) array and one placed on the slice's mesh apart: at most one compile more (a
+    # `jax.jit` given in_shardings does the same). (`n`: nothing earlier compiled it.)
+    def step(state):
+        loss, grads = jax.value_and_grad(lambda st: sum(jnp.tanh(v @ v).sum() for v in st.values()) * n)(state)
+        return jax.tree.map(lambda v, g: v - 0.01 * g, state, grads), loss
+
+    s = pw.slice(n, name="s")
+    seen = xla_compiles()
+    counts = {}
+    steps = {"jax.jit": jax.jit(step, donate_argnums=0), "pw": pw.compiled(step, slice=s, donate_argnums=0)}
+    for name, fn in steps.items():
+        state = {f"w{i}": jnp.eye(8) * (i + 1) for i in range(3)}
+        jax.block_until_ready(state)
+        before = len(seen)
+        for _ in range(4):
+            state, loss = fn(state)
+        counts[name] = len(seen) - before
+        assert np.isfinite(pw.get(loss)) and pw.get(state)["w2"].shape == (8, 8)
+    assert counts["jax.jit"] == 1 and counts["pw"] <= (1 if n > 1 else 2), counts
+
+
 def test_futures_feed_later_runs_without_waiting(ctl):
     s1 = pw.slice(1, name="s1")
     s2 = pw.slice(1, name="s2")
