@@ -178,8 +178,7 @@ class VirtualSlice:
             with s.tracing_mesh():
                 jax.make_jaxpr(step)(x)
         """
-        explicit = any(t == jax.sharding.AxisType.Explicit for t in self.mesh.axis_types)
-        if explicit and jax.sharding.get_abstract_mesh().empty:
+        if has_explicit_axes(self.mesh) and jax.sharding.get_abstract_mesh().empty:
             return jax.sharding.use_abstract_mesh(self.mesh.abstract_mesh)
         return contextlib.nullcontext()
 
@@ -203,6 +202,11 @@ class VirtualSlice:
         ids = ",".join(str(d.id) for d in self.devices)
         state = ", released" if self._released else ""
         return f"VirtualSlice({self.name!r}, mesh={dict(self.mesh.shape)}, devices=[{ids}], island={self.island.id}{state})"
+
+
+def has_explicit_axes(mesh) -> bool:
+    """Whether ``mesh`` (a `Mesh` or an abstract one) has Explicit axes: shardings on it are part of a value's type."""
+    return any(t == AxisType.Explicit for t in mesh.axis_types)
 
 
 def check_spec_axes(spec: PartitionSpec, slice_: VirtualSlice, api: str) -> None:

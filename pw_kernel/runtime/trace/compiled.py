@@ -14,7 +14,7 @@ from typing import Any
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ..devices import VirtualSlice, check_spec_axes
+from ..devices import VirtualSlice, check_spec_axes, has_explicit_axes
 from ..errors import ArgumentError, SpecError
 
 # The jit eqn in a jaxpr carries the function's __name__; a unique suffix maps
@@ -180,7 +180,7 @@ class CompiledFunction:
         self.uid = next(_uids)
         # Explicit mesh axes put shardings in the types: a traced argument must carry the sharding the
         # function is compiled for (jit does not convert it), so it is resharded on the way in.
-        self._explicit = any(t == jax.sharding.AxisType.Explicit for t in slice.mesh.axis_types)
+        self._explicit = has_explicit_axes(slice.mesh)
 
         @functools.wraps(fn)
         def body(*args, **kwargs):

@@ -17,9 +17,9 @@ from typing import Any
 import jax
 import numpy as np
 from jax.extend.core import Literal
-from jax.sharding import AxisType, NamedSharding, PartitionSpec, Sharding, SingleDeviceSharding
+from jax.sharding import NamedSharding, PartitionSpec, Sharding, SingleDeviceSharding
 
-from ..devices import ResourceManager, VirtualSlice
+from ..devices import ResourceManager, VirtualSlice, has_explicit_axes
 from ..errors import ArgumentError, PathwaysError, SpecError, TracingError
 from .compiled import CompiledFunction, TraceScope, lookup, trace_scope
 from .feeds import InputRead, input_read
@@ -112,7 +112,7 @@ def _unspecified_input(val: Value, s: VirtualSlice) -> Sharding:
 
 def _trace_aval(a: jax.ShapeDtypeStruct) -> jax.ShapeDtypeStruct:
     """What the program's jaxpr is traced on for input ``a``: without its sharding where it is one copy
-    everywhere (one device, or replicated over a mesh of Auto axes), so that a loop's first call, on fresh
+    everywhere (one device, or replicated over a mesh with no Explicit axes), so that a loop's first call, on fresh
     arrays, and its later ones, on the outputs (replicated on the slice's mesh), trace one program. (JAX types
     a value on a mesh, and a gradient's constants are then resharded to it: the two traces differed, and each
     compiled.) A split value keeps its sharding: JAX derives the specs of what is computed from it (trailing
@@ -120,9 +120,7 @@ def _trace_aval(a: jax.ShapeDtypeStruct) -> jax.ShapeDtypeStruct:
     sh = a.sharding
     if sh is None or not sh.is_fully_replicated:
         return a
-    if isinstance(sh, SingleDeviceSharding) or (
-        isinstance(sh, NamedSharding) and all(t == AxisType.Auto for t in getattr(sh.mesh, "axis_types", ()))
-    ):
+    if isinstance(sh, SingleDeviceSharding) or (isinstance(sh, NamedSharding) and not has_explicit_axes(sh.mesh)):
         return jax.ShapeDtypeStruct(a.shape, a.dtype)
     return a
 
@@ -297,7 +295,6 @@ class _Tracer:
         self.treedef, self.leaves, _, _ = signature(args, kwargs)
         self.traced_idx = [i for i, x in enumerate(self.leaves) if is_traced_leaf(x)]
         self.abstract = [abstract_leaf(self.leaves[i]) for i in self.traced_idx]
-        self.trace_avals = [_trace_aval(a) for a in self.abstract]
         self.out_tree: Any = None
         self.consts: dict[int, Any] = {}
         self.last_use: dict[Any, int] = {}
@@ -346,7 +343,7 @@ class _Tracer:
     def make_jaxpr(self) -> Any:
         """JAX's ClosedJaxpr of the program; JAX's errors become pw's (see `jax_errors`)."""
         try:
-            return jax.make_jaxpr(self.call_flat)(*self.trace_avals)
+            return jax.make_jaxpr(self.call_flat)(*map(_trace_aval, self.abstract))
         except PathwaysError:  # already says what is wrong and what to do
             raise
         except Exception as e:
