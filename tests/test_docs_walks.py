@@ -82,6 +82,12 @@ main_done = True
 if walk == "service":  # the reply may leave before the handler is done (a lone node answers as it computes):
     with svc._lock:    # the handler holds this lock throughout, so once it is ours the request is handled
         pass
+    # ...and the service's node may be completed after that by its watcher (a node not yet computed when
+    # its call returned: a loaded machine), whose charge to the scheduler is part of the walk
+    while not all(not any(st.inflight.values()) and all(r.state in FINAL for r in st.runs)
+                  for st in (c.status() for c in ctrls)):
+        assert time.monotonic() < deadline + 60, [c.status() for c in ctrls]
+        time.sleep(0.001)
 on = False
 threading.setprofile(None)
 sys.setprofile(None)

@@ -18,7 +18,7 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 
 from .errors import PathwaysError, SliceError, SliceReleasedError, SpecError
 
@@ -207,6 +207,22 @@ class VirtualSlice:
 def has_explicit_axes(mesh) -> bool:
     """Whether ``mesh`` (a `Mesh` or an abstract one) has Explicit axes: shardings on it are part of a value's type."""
     return any(t == AxisType.Explicit for t in mesh.axis_types)
+
+
+def is_one_device_output(sharding, s: VirtualSlice) -> bool:
+    """Whether ``sharding`` is XLA's own for an output on ``s``, a local slice of one device, kept as it is.
+
+    JAX keys its compile cache on the kind of sharding an argument carries, and a fresh array's is a
+    `SingleDeviceSharding`: an output named on the slice's mesh instead would make a loop's second call
+    (fed the first one's outputs) compile its step again, as `jax.jit`'s does not. A remote slice's
+    values are stand-ins named on its mesh (the island's executables declare them).
+
+    Example::
+
+        one = pw.slice(1)
+        is_one_device_output(jax.sharding.SingleDeviceSharding(one.devices[0]), one)  # True
+    """
+    return isinstance(sharding, SingleDeviceSharding) and not s.remote and sharding.device_set == set(s.devices)
 
 
 def check_spec_axes(spec: PartitionSpec, slice_: VirtualSlice, api: str) -> None:

@@ -224,7 +224,7 @@ class WholeModelOptimizer:
             for kind, r in g.outs:
                 o = r if kind == "out" else out_of.get(r) if kind == "ref" else None
                 sh = None if o is None else layout.out_shardings[o]
-                specs.append(sh.spec if sh is not None and sh.mesh == s.mesh and o not in split.moves else None)
+                specs.append(sh.spec if isinstance(sh, NamedSharding) and sh.mesh == s.mesh and o not in split.moves else None)
             base = "update:cross" if g.home < 0 else f"update{loc}"
             same = per_home[g.home]
             name = base if len(same) == 1 else f"{base}.{same.index(gi)}"
@@ -233,7 +233,8 @@ class WholeModelOptimizer:
         moves = {}
         for o in split.moves:
             loc = layout.out_at[o]
-            spec = layout.out_shardings[o].spec
+            sh = layout.out_shardings[o]
+            spec = sh.spec if isinstance(sh, NamedSharding) else P()  # (one device's own: the whole value)
             moves[o] = CompiledFunction(lambda a: a, slice=self.slices[loc], in_specs=None, out_specs=spec, name=f"place{loc}")
         layout.nodes, layout.moves = nodes, moves
 

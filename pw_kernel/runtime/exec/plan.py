@@ -15,7 +15,7 @@ from typing import Any, Literal
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ..devices import remote_device_id
+from ..devices import is_one_device_output, remote_device_id
 from ..errors import ArgumentError, FusedModeError, SliceError
 from ..trace.graph import Node, ProgramGraph, Value, nbytes_of
 from ..remote.client import RemoteCall, runs_python
@@ -392,7 +392,7 @@ def fused(graph: ProgramGraph) -> Plan:
     out_sh = []
     for vid in graph.outputs:
         sh = graph.values[vid].sharding
-        if not isinstance(sh, NamedSharding) or set(sh.device_set) != set(s.devices):
+        if not (isinstance(sh, NamedSharding) or is_one_device_output(sh, s)) or set(sh.device_set) != set(s.devices):
             sh = NamedSharding(s.mesh, PartitionSpec())
         out_sh.append(sh)
     call = jit_of(jaxpr.eqns, fused_vars, jaxpr.outvars, in_sh, out_sh, name=graph.name)

@@ -19,7 +19,7 @@ import numpy as np
 from jax.extend.core import Literal
 from jax.sharding import NamedSharding, PartitionSpec, Sharding
 
-from ..devices import VirtualSlice
+from ..devices import VirtualSlice, is_one_device_output
 
 
 def _bind(eqn, args):
@@ -379,6 +379,8 @@ def executable_with_chosen_outputs(eqns, invars, outvars, in_sh, s: VirtualSlice
 def _on_slice(sharding: Sharding, ndim: int, s: VirtualSlice) -> Sharding:
     """``sharding`` as a NamedSharding on the slice's mesh where XLA gave an equivalent positional one."""
     if isinstance(sharding, NamedSharding) and sharding.mesh == s.mesh:
+        return sharding
+    if is_one_device_output(sharding, s):  # the kind the arrays really carry, and JAX's cache keys on it
         return sharding
     if ndim > 4:  # the candidates grow as (axes + 1) ** ndim: keep XLA's own sharding, it is as good
         return sharding
