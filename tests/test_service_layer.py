@@ -344,6 +344,26 @@ def test_two_functions_of_one_signature_and_name_each_run_their_own_code(service
     assert np.asarray(g(x).result()).tolist() == [1.0, 2.0, 3.0, 4.0]
 
 
+def test_nodes_are_exported_for_the_platform_the_service_runs_on_not_the_clients_stand_ins(service, monkeypatch):
+    # A client traces on CPU stand-ins and never opens the accelerator; the service may run on GPUs, where a
+    # node exported for the client's CPU was refused ("exported for platforms ('cpu',) but it is used on
+    # ('cuda',)"): every call through a GPU service failed. The service's hello says what to export for.
+    session = pw.connect(service.path, name="alice")
+    assert session.remote.info["export"] == jax.export.default_export_platform()
+    loaded = []
+    deserialize = jax.export.deserialize  # (the service's handler, in this process, loads each node with it)
+    monkeypatch.setattr(jax.export, "deserialize", lambda blob: loaded.append(deserialize(blob)) or loaded[-1])
+    s = pw.slice(1)
+    x = jnp.arange(4.0)
+    assert np.asarray(pw.compiled(lambda v: v * 2, slice=s)(x).result()).tolist() == [0.0, 2.0, 4.0, 6.0]
+    assert [e.platforms for e in loaded] == [(jax.export.default_export_platform(),)]
+    # a service that runs on CUDA is sent a CUDA export (here, on the CPU, it refuses it: the call fails, clearly)
+    monkeypatch.setitem(session.remote.info, "export", "cuda")
+    with pytest.raises(pw.NodeError, match=r"exported for platforms '\('cuda',\)' but it is used on"):
+        pw.compiled(lambda v: v + 1, slice=s)(x).result()
+    assert loaded[-1].platforms == ("cuda",)
+
+
 def test_a_step_of_hundreds_of_small_leaves_costs_no_object_nor_copy_per_leaf(service, monkeypatch):
     from pw_kernel.runtime.extend import inline_picks
     from pw_kernel.runtime.remote.actor import INLINE_COUNT

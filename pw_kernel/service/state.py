@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import jax
 import numpy as np
 from jax.sharding import Mesh
 
@@ -127,6 +128,7 @@ class ServiceState:
         d = self.devices
         return {
             "host": _socket.gethostname(), "pid": os.getpid(), "platform": d[0].platform,
+            "export": jax.export.default_export_platform(),  # what a client exports its nodes for ('cuda', not 'gpu')
             "devices": [x.id for x in d], "device_kind": d[0].device_kind, "islands": self.remote_islands(),
         }
 
@@ -134,6 +136,7 @@ class ServiceState:
         """The service's islands in other processes (a Ray node's actor each), alive ones, as clients see them."""
         return [
             {"island": i.id, "host": i.remote.info["host"], "pid": i.remote.info["pid"], "platform": i.platform,
+             "export": i.remote.info.get("export"),
              "devices": list(i.remote.info["devices"]), "device_kind": i.remote.info.get("device_kind", ""),
              "node_id": i.remote.info.get("node_id"), "node_ip": i.remote.info.get("node_ip")}
             for i in self.ctrl.islands if i.remote is not None and i.remote.alive

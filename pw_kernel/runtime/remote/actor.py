@@ -84,6 +84,7 @@ class IslandActor:
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "platform": self.devices[0].platform,
+            "export": self.jax.export.default_export_platform(),  # what a client exports its nodes for
             "devices": [d.id for d in self.devices],
             "device_kind": self.devices[0].device_kind,
         }

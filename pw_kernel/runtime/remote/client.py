@@ -622,7 +622,10 @@ class RemoteCall:
         if self.shipped is not None:
             blob, load = self.shipped, "load_shipped"
         else:
-            blob, load = jax.export.export(self.fn)(*_avals(self.in_values)).serialize(), "load"
+            # for the island's platform: a client traces on CPU stand-ins, the island may run on a GPU
+            platform = isl.info.get("export")
+            exported = jax.export.export(self.fn, platforms=(platform,) if platform else None)(*_avals(self.in_values))
+            blob, load = exported.serialize(), "load"
         ref_sh = (self.out_values or self.in_values)[0].sharding
         args = (
             self.key,
