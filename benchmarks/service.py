@@ -117,8 +117,16 @@ while True:  # until the service is seen holding half of them (this process's di
         time.sleep(0.01)
     if live >= runs // 2:
         break
-    # (the service ran them all before a look saw half: a loaded machine; queue as many again)
+    # (the service ran them all before a look saw half: a loaded machine, or a device as fast as a GPU's:
+    # queue as many again, of matmuls twice the size, so that each takes the device longer)
     assert time.monotonic() < deadline, "the service never held half of the runs queued"
+    size = min(2 * size, 8192)
+    a0 = f(jnp.eye(size, dtype=jnp.float32) * 0.1)
+    a0.result()
+    t = used()
+    for _ in range(5):
+        f(a0).result()
+    print("node", (used() - t) / 5, size, flush=True)  # (the parent reads the last: the node it waits behind)
 print("queued", flush=True)
 time.sleep(600)
 """
@@ -388,7 +396,7 @@ def killed(args, procs: list, conn: Path, env: dict, served, xs) -> dict:
                   "doomed")
     procs.append(doomed)
     doomed.expect("queued")
-    node_s = float(next(line.split()[1] for line in doomed.lines if line.startswith("node ")))
+    node_s = float([line.split()[1] for line in doomed.lines if line.startswith("node ")][-1])
     during = service.stats()
     # The next call goes at the kill, not once the dead process is reaped: its teardown (unmapping its
     # memory) takes tens of ms, during which the service may already have dropped it. At the kill, the
@@ -493,6 +501,8 @@ def run(args, procs: list, conn: Path, env: dict, n: int) -> dict:
     import pw_kernel as pw
 
     a = waited_call(args, procs, json.loads(conn.read_text())["pid"])
+    print(f"(a) waited 1-node call: service / (round trip + local) {a['ratio']:.2f}x; the other rows follow",
+          flush=True)  # (said now: a later row that fails loses none of it)
     b = shares(args, procs, conn, env)
     served, xs = a.pop("served"), a.pop("xs")
     # Each kill's wait depends on where the dead client's nodes were and on what the dying process takes of
