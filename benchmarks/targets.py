@@ -382,7 +382,8 @@ def merge(new: list[dict], old: list[dict]) -> list[dict]:
     """This run's rows, and the old rows of figures this run did not measure or of other machines, in TARGETS order.
 
     A figure this run did not reach (a benchmark left out with ``--only``) keeps its old row on the
-    same machine; one it reached but could not measure is shown as such.
+    same machine, and has none on a machine that never measured it (a GPU run of a few benchmarks adds
+    their rows only); one it reached but could not measure is shown as such.
     """
     order = {t.figure: i for i, t in enumerate(TARGETS)}
     machine = new[0]["machine"] if new else None
@@ -390,7 +391,7 @@ def merge(new: list[dict], old: list[dict]) -> list[dict]:
     kept = [o for o in old if o["figure"] in order and (o["machine"] != machine or
                                                          (o["figure"] in mine and not mine[o["figure"]]["ran"]))]
     replaced = {o["figure"] for o in kept if o["machine"] == machine}
-    rows_ = kept + [r for r in new if r["figure"] not in replaced]
+    rows_ = kept + [r for r in new if r["figure"] not in replaced and r["ran"]]
     machines = list(dict.fromkeys([machine, *(r["machine"] for r in rows_)]))
     return sorted(rows_, key=lambda r: (order[r["figure"]], machines.index(r["machine"])))
 
