@@ -104,10 +104,16 @@ f = pw.compiled(lambda a: jnp.tanh(a @ a) * 0.5, slice=s, name="matmul")
 a0 = f(jnp.eye(size, dtype=jnp.float32) * 0.1)
 a0.result()
 used = lambda: next(c.device_time_s for c in pw.clients() if c.you)
-t = used()
-for _ in range(5):
-    f(a0).result()
-print("node", (used() - t) / 5, flush=True)    # a node's device time: what the next call may wait behind
+
+
+def node_time():  # a node's device time: what the next call may wait behind (the parent reads the last said)
+    t = used()
+    for _ in range(5):
+        f(a0).result()
+    print("node", (used() - t) / 5, a0.shape[0], flush=True)
+
+
+node_time()
 held[-1].result()
 from pw_kernel.service import stats
 deadline = time.monotonic() + 120
@@ -123,10 +129,7 @@ while True:  # until the service is seen holding half of them (this process's di
     size = min(2 * size, 8192)
     a0 = f(jnp.eye(size, dtype=jnp.float32) * 0.1)
     a0.result()
-    t = used()
-    for _ in range(5):
-        f(a0).result()
-    print("node", (used() - t) / 5, size, flush=True)  # (the parent reads the last: the node it waits behind)
+    node_time()
 print("queued", flush=True)
 time.sleep(600)
 """

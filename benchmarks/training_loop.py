@@ -431,8 +431,9 @@ def run(args) -> dict:
         print(f"  {'variant':<11} {'pw st/s':>9} {'JAX st/s':>9} {'pw/JAX':>8}")
         rows = []
         variants = []
+        needs = {"input": "grain", "checkpoint": "orbax.checkpoint"}
         for v in args.variants.split(","):  # a variant whose package is missing says so, and the others run
-            why = common.missing({"input": "grain", "checkpoint": "orbax.checkpoint"}.get(v, "jax"))
+            why = common.missing(needs[v]) if v in needs else None
             if why:
                 print(f"  {v:<11} skipped: {why}")
             else:

@@ -71,11 +71,17 @@ x.result()  # one warm call more, so that no thread is still busy with the first
 from pw_kernel.runtime.extend import FINAL
 
 ctrls = [pw.controller()] + ([svc.ctrl] if walk == "service" else [])
-deadline = time.monotonic() + 60  # (only against a hang: what is waited for is a state)
-while not all(not any(st.inflight.values()) and all(r.state in FINAL for r in st.runs)
-              for st in (c.status() for c in ctrls)):  # every run of both controllers final, nothing in flight
-    assert time.monotonic() < deadline, [c.status() for c in ctrls]
-    time.sleep(0.001)
+
+
+def until_idle():  # every run of both controllers final, nothing in flight
+    deadline = time.monotonic() + 60  # (only against a hang: what is waited for is a state)
+    while not all(not any(st.inflight.values()) and all(r.state in FINAL for r in st.runs)
+                  for st in (c.status() for c in ctrls)):
+        assert time.monotonic() < deadline, [c.status() for c in ctrls]
+        time.sleep(0.001)
+
+
+until_idle()
 on = True
 f(x).result()
 main_done = True
@@ -84,10 +90,7 @@ if walk == "service":  # the reply may leave before the handler is done (a lone 
         pass
     # ...and the service's node may be completed after that by its watcher (a node not yet computed when
     # its call returned: a loaded machine), whose charge to the scheduler is part of the walk
-    while not all(not any(st.inflight.values()) and all(r.state in FINAL for r in st.runs)
-                  for st in (c.status() for c in ctrls)):
-        assert time.monotonic() < deadline + 60, [c.status() for c in ctrls]
-        time.sleep(0.001)
+    until_idle()
 on = False
 threading.setprofile(None)
 sys.setprofile(None)
