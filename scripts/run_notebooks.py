@@ -90,6 +90,9 @@ def execute(path: Path, timeout: float) -> tuple[nbformat.NotebookNode, BaseExce
         kernel_name=KERNEL,
         timeout=timeout,
         startup_timeout=90,
+        # (nbclient's default: a cell's outputs that trail its reply by 4 s are dropped, silently, on a busy machine)
+        iopub_timeout=120,
+        raise_on_iopub_timeout=True,
         store_widget_state=True,
         resources={"metadata": {"path": str(path.parent)}},
     )

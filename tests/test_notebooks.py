@@ -38,6 +38,7 @@ TUTORIALS = [
     "10_one_pool_across_hosts.ipynb",
 ]
 CELL_TIMEOUT_S = 600  # a hang guard, not a speed test
+IOPUB_TIMEOUT_S = 120  # how long a cell's outputs may trail its reply (a hang guard too)
 #: The last cell, added while executing: what JAX in the kernel sees.
 PROBE = "import jax as _jax; print(f'devices in this kernel: {len(_jax.devices())}')"  # (one write: one stream message)
 
@@ -77,7 +78,15 @@ def _execute(path: Path, kernel_dir: Path, tmp_path: Path, devices: int | None):
         env["PW_NUM_CPU_DEVICES"] = str(devices)
     km = KernelManager(kernel_name="pathways", kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(kernel_dir)]))
     client = nbclient.NotebookClient(
-        nb, km=km, timeout=CELL_TIMEOUT_S, startup_timeout=90, resources={"metadata": {"path": str(tmp_path)}}
+        nb,
+        km=km,
+        timeout=CELL_TIMEOUT_S,
+        startup_timeout=90,
+        # nbclient waits 4 s after a cell's reply for its outputs, then drops them without an error: on a loaded
+        # CI machine a cell's print went missing that way. Wait as a browser would, and say so if it is ever lost.
+        iopub_timeout=IOPUB_TIMEOUT_S,
+        raise_on_iopub_timeout=True,
+        resources={"metadata": {"path": str(tmp_path)}},
     )
     try:
         client.execute(env=env)  # the kernel's environment: otherwise the kernelspec supplies the devices
@@ -103,6 +112,20 @@ def outputs_text(cell) -> str:
 def by_first_line(nb) -> dict[str, str]:
     """Each code cell's outputs as text, keyed by the cell's first source line."""
     return {cell.source.splitlines()[0]: outputs_text(cell) for cell in nb.cells if cell.cell_type == "code"}
+
+
+def outputs_report(nb) -> str:
+    """Each code cell's first line, its outputs' kinds and first words, and when its reply and idle came: what an
+    assertion on the outputs prints when a line is missing (was the cell run, did its output arrive, under which)."""
+    rows = []
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        ex = cell.metadata.get("execution", {})
+        outs = [f"{o['output_type']}: {outputs_text({'outputs': [o]})[:60]!r}" for o in cell.get("outputs", [])]
+        rows.append(f"{cell.source.splitlines()[0][:50]!r} reply {ex.get('shell.execute_reply')} idle "
+                    f"{ex.get('iopub.status.idle')}: {outs}")
+    return "\n".join(rows)
 
 
 def test_every_tutorial_is_there():
@@ -177,8 +200,9 @@ def test_pipelines_notebook_matches_the_unpipelined_model(kernel_dir, tmp_path):
 
 
 def test_palm_notebook_trains_a_language_model_pipelined(kernel_dir, tmp_path):
-    text = "\n".join(by_first_line(execute(NOTEBOOKS / "06_palm_pipeline.ipynb", kernel_dir, tmp_path)).values())
-    assert "all gradients match" in text and "copies equal: True" in text
+    nb = execute(NOTEBOOKS / "06_palm_pipeline.ipynb", kernel_dir, tmp_path)
+    text = "\n".join(by_first_line(nb).values())
+    assert "all gradients match" in text and "copies equal: True" in text, outputs_report(nb)
     assert "20 steps in" in text and "largest relative difference over 20 steps" in text
     fed = re.search(r"^(\d+) batches taken, (\d+) placed ahead; (\d+) of them placed while the devices computed", text, re.M)
     assert fed and int(fed[1]) == 20 and int(fed[3]) > 0, text[-2000:]  # grain through pw.prefetch, overlapping
