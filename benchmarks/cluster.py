@@ -172,7 +172,8 @@ class Cluster:
 def start_service(conn: Path, log: Path, env: dict, *extra: str) -> subprocess.Popen:
     with open(log, "w") as out:
         return subprocess.Popen([sys.executable, "-m", "pw_kernel", "serve", "--connection-file", str(conn),
-                                 "--state", str(conn.with_suffix(".state")), *extra],
+                                 "--state", str(conn.with_suffix(".state")), "--exit-with", str(os.getpid()),
+                                 *extra],
                                 stdout=out, stderr=subprocess.STDOUT, cwd=common.ROOT, env=env)
 
 

@@ -231,7 +231,8 @@ class Proc:
 
 def start_service(conn: Path, log: Path) -> subprocess.Popen:
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "pw_kernel", "serve", "--connection-file", str(conn)],
+        proc = subprocess.Popen([sys.executable, "-m", "pw_kernel", "serve", "--connection-file", str(conn),
+                                 "--exit-with", str(os.getpid())],  # (not outliving a killed benchmark)
                                 stdout=out, stderr=subprocess.STDOUT, cwd=common.ROOT)
     deadline = time.monotonic() + 180
     while True:

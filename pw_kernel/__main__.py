@@ -45,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     srv.add_argument("--dashboard", type=int, default=None, metavar="PORT",
                      help="also serve a web page of the pool (every client's nodes on each device, shares, queues, "
                      "memory) on http://127.0.0.1:PORT/ (0: a free port)")
+    srv.add_argument("--exit-with", type=int, default=None, metavar="PID",
+                     help="stop, as on SIGTERM, once process PID has ended (a service a script starts for itself)")
     args = parser.parse_args(argv)
 
     if args.command == "serve":
@@ -77,12 +79,17 @@ def _serve(args, parser) -> int:
         if args.devices < 1:
             parser.error(f"--devices must be at least 1; got {args.devices}.")
         jax.config.update("jax_num_cpu_devices", args.devices)  # (before JAX starts: nothing ran yet)
+    if args.exit_with is not None:
+        from .service.wire import pid_running
+
+        if not pid_running(args.exit_with):
+            parser.error(f"--exit-with: no process {args.exit_with} is running; give the pid of one that is.")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
     logging.getLogger("pw_kernel.service").setLevel(logging.INFO)  # clients coming and going, refusals
     from .service import serve
 
     serve(args.connection_file, ip=args.ip, state_dir=args.state, dashboard=args.dashboard, ray=args.ray,
-          ray_devices=args.ray_devices)
+          ray_devices=args.ray_devices, exit_with=args.exit_with)
     return 0
 
 

@@ -74,7 +74,7 @@ def pool_service(tmp_path_factory):
     log = open(d / "service.log", "w")  # noqa: SIM115 - the service writes there as long as it runs
     svc = subprocess.Popen(
         [sys.executable, "-m", "pw_kernel", "serve", "--connection-file", str(path), "--devices", "2",
-         "--dashboard", str(port)],
+         "--dashboard", str(port), "--exit-with", str(os.getpid())],
         stdout=log, stderr=subprocess.STDOUT, env=ENV,
     )
     clients = []

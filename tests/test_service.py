@@ -32,7 +32,8 @@ HANG_S = 120  # a guard against hangs only
 def _start_service(path, log_path, *args: str, env: dict | None = None) -> subprocess.Popen:
     log = open(log_path, "w")  # noqa: SIM115 - the service writes its log there for as long as it runs
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pw_kernel", "serve", "--connection-file", str(path), *args],
+        [sys.executable, "-m", "pw_kernel", "serve", "--connection-file", str(path), *args,
+         *(() if "--exit-with" in args else ("--exit-with", str(os.getpid())))],
         stdout=log, stderr=subprocess.STDOUT, env=ENV if env is None else env,
     )
     deadline = time.monotonic() + HANG_S
@@ -475,6 +476,25 @@ def test_a_service_that_dies_leaves_its_clients_a_clear_error_and_a_way_back(tmp
     print(got["error"])
     assert got["again"] == [1.0, 1.0, 1.0, 1.0]
     assert got["error"].startswith("IslandLostError") and "pw.connect()" in got["error"], got["error"]
+
+
+def test_a_service_started_for_a_script_stops_when_that_script_is_killed(tmp_path):
+    """`--exit-with PID`: a benchmark or test killed at its timeout takes the service it started with it."""
+    script = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    path, log_path = tmp_path / "conn.json", tmp_path / "service.log"
+    try:
+        svc = _start_service(path, log_path, "--exit-with", str(script.pid))
+        assert svc.poll() is None  # (running while the script runs)
+    finally:
+        script.kill()
+        script.wait()
+    assert svc.wait(HANG_S) == 0, log_path.read_text()[-3000:]
+    assert not path.exists()  # stopped as on SIGTERM: its connection file removed
+    assert f"process {script.pid} ended (--exit-with): stopping" in log_path.read_text()
+    # a pid that runs no process: refused at once, saying so
+    gone = subprocess.run([sys.executable, "-m", "pw_kernel", "serve", "--connection-file", str(path),
+                           "--exit-with", str(script.pid)], capture_output=True, text=True, env=ENV, timeout=HANG_S)
+    assert gone.returncode == 2 and f"--exit-with: no process {script.pid} is running" in gone.stderr, gone.stderr
 
 
 def _cell(kc, code: str) -> str:

@@ -50,7 +50,7 @@ def pool(request, cluster, tmp_path_factory):
     log = open(d / "service.log", "w")  # noqa: SIM115 - the service writes there while it runs
     svc = subprocess.Popen(
         [sys.executable, "-m", "pw_kernel", "serve", "--connection-file", str(conn), "--state", str(d / "state"),
-         "--ray", lc.address, "--ray-devices", str(devices)],
+         "--ray", lc.address, "--ray-devices", str(devices), "--exit-with", str(os.getpid())],
         stdout=log, stderr=subprocess.STDOUT,
         # (Ray's token authentication, as this process's Ray set it up when the cluster started: the service
         # joins as another driver would)

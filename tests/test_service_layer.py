@@ -271,6 +271,26 @@ def test_links_are_declared():
         assert members <= set(dir(cls)), members - set(dir(cls))
 
 
+def test_whether_a_process_runs_is_asked_in_one_place_and_a_background_service_watches_none():
+    import os
+    import subprocess
+
+    from pw_kernel.service import serve
+    from pw_kernel.service.wire import pid_running
+
+    ended = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    assert pid_running(ended.pid)
+    ended.stdin.close()  # it ends; not yet waited for, it is a zombie, which has ended too
+    deadline = time.monotonic() + 60  # (a hang guard)
+    while pid_running(ended.pid):
+        assert time.monotonic() < deadline, "a process that ended reads as running"
+        time.sleep(0.01)
+    assert ended.poll() is not None  # (only now waited for)
+    assert pid_running(os.getpid()) and not pid_running(ended.pid)
+    with pytest.raises(pw.PathwaysError, match="watches a process for a service in the foreground"):
+        serve(background=True, exit_with=os.getpid())
+
+
 def test_messages_are_typed_records_that_cross_whole():
     for cls in [*p.REQUESTS.values(), p.Hello, p.Reply, p.Failed, p.Pong, p.RunReply, p.Keep]:
         fields = cls.__dataclass_fields__

@@ -36,7 +36,8 @@ def start_service(path: Path, state: Path, log_path: Path) -> subprocess.Popen:
     """``python -m pw_kernel serve`` on ``path``, its kept trees in ``state``; returns once it wrote the file."""
     log = open(log_path, "a")  # noqa: SIM115 - the service writes its log there for as long as it runs
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pw_kernel", "serve", "--connection-file", str(path), "--state", str(state)],
+        [sys.executable, "-m", "pw_kernel", "serve", "--connection-file", str(path), "--state", str(state),
+         "--exit-with", str(os.getpid())],
         stdout=log, stderr=subprocess.STDOUT, env=ENV,
     )
     deadline = time.monotonic() + HANG_S

@@ -116,7 +116,7 @@ _CLIENT = ("clients", "connect", "disconnect", "keep", "kept", "pool_data", "sta
 
 def serve(connection_file: str | None = None, *, background: bool = False, ip: str = "127.0.0.1",
           state_dir: str | bool | None = None, dashboard: int | None = None, ray: str | None = None,
-          ray_devices: int | None = None):
+          ray_devices: int | None = None, exit_with: int | None = None):
     """Start the Pathways service in this process: it owns this process's devices and serves clients.
 
     ``background=True`` returns the `Service` at once (``.stop()`` ends it);
@@ -130,6 +130,9 @@ def serve(connection_file: str | None = None, *, background: bool = False, ip: s
     loopback) makes each alive Ray node's devices an island of the service
     (an actor per node, as `pw.add_ray_islands`; ``ray_devices``: simulated CPU
     devices per node): clients see them in `pw.islands()` and place slices there.
+    ``exit_with=PID`` (in the foreground) stops the service, as SIGTERM does,
+    once process PID has ended: a service a script or a test starts for itself
+    does not outlive it when it is killed.
 
     Example::
 
@@ -138,7 +141,15 @@ def serve(connection_file: str | None = None, *, background: bool = False, ip: s
         svc.stop()
     """
     from .server import Service
+    from .wire import pid_running
 
+    if background and exit_with is not None:
+        from ..runtime import PathwaysError
+
+        raise PathwaysError(
+            f"`pw_kernel.service.serve`: exit_with={exit_with} watches a process for a service in the foreground; "
+            f"a background service (background=True) ends with this process, or with its `.stop()`."
+        )
     svc = Service(connection_file, ip=ip, owns_process=not background, state_dir=state_dir, dashboard=dashboard,
                   ray=ray, ray_devices=ray_devices)
     if background:
@@ -161,7 +172,9 @@ def serve(connection_file: str | None = None, *, background: bool = False, ip: s
         signal.signal(signal.SIGTERM, lambda *_: svc.stop())
     try:
         while not svc.wait(0.5):
-            pass
+            if exit_with is not None and not pid_running(exit_with):
+                print(f"pw_kernel service: process {exit_with} ended (--exit-with): stopping", flush=True)
+                break
     except KeyboardInterrupt:
         pass
     finally:

@@ -58,7 +58,16 @@ from .pool import pool_data
 from .ray_nodes import RayNodes
 from .state import ServiceState, StoryRow
 from .store import KeptStore
-from .wire import Hub, Messages, default_connection_file, new_key, read_connection_file, send, write_connection_file
+from .wire import (
+    Hub,
+    Messages,
+    default_connection_file,
+    new_key,
+    pid_running,
+    read_connection_file,
+    send,
+    write_connection_file,
+)
 
 log = logging.getLogger("pw_kernel.service")
 
@@ -203,12 +212,7 @@ class Service:
         except PathwaysError:
             return
         pid = info.get("pid")
-        try:
-            if pid and pid != os.getpid():
-                os.kill(pid, 0)
-            else:
-                return
-        except OSError:  # (a stale file of a service that died)
+        if not pid or pid == os.getpid() or not pid_running(pid, only_mine=True):  # (a stale file)
             return
         raise PathwaysError(
             f"`pw.serve`: a service (pid {pid}) already runs with connection file {path}. Connect to it "

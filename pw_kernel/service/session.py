@@ -17,7 +17,6 @@ connect again).
 from __future__ import annotations
 
 import logging
-import os
 import pickle
 import threading
 import time
@@ -31,7 +30,7 @@ from ..runtime.extend import Controller, RemoteIsland, on_controller_replaced, r
 from .link import ServiceLink
 from .memory import parse_bytes
 from .protocol import PROTOCOL_VERSION, Adopt, Bye, Clients, Clock, Islands, Keep, KeptTree, Pool, Stats, Unkeep
-from .wire import address, read_connection_file
+from .wire import address, pid_running, read_connection_file
 
 log = logging.getLogger("pw_kernel.service")
 
@@ -274,15 +273,11 @@ def _check_alive(path: str, info: dict) -> None:
     pid = info.get("pid")
     if not pid or info.get("ip") not in ("127.0.0.1", "localhost", socket.gethostname()):
         return
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    if not pid_running(pid):  # (another user's process runs: not ours to judge; the handshake will tell)
         raise PathwaysError(
             f"`pw.connect`: the service that wrote {path} (pid {pid}) is no longer running (it was stopped "
             f"or killed without removing its file). Start it again: `python -m pw_kernel serve`, then `pw.connect()`."
-        ) from None
-    except PermissionError:  # (another user's process: not ours to judge; the handshake will tell)
-        pass
+        )
 
 
 def _disconnect_locked() -> bool:

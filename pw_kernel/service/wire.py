@@ -82,6 +82,27 @@ def read_connection_file(path: str | None, api: str) -> tuple[str, dict]:
     return path, info
 
 
+def pid_running(pid: int, *, only_mine: bool = False) -> bool:
+    """Whether process ``pid`` runs on this host (a zombie does not: it ended); another user's counts unless
+    ``only_mine`` (a service's pid in this user's connection file that is now another user's: reused, stale).
+
+    Example::
+
+        pid_running(os.getpid())   # True
+    """
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return not only_mine
+    try:  # (Linux: a process that ended but was not yet waited for still answers signals)
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
 def new_key() -> str:
     return secrets.token_hex(32)
 
