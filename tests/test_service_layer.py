@@ -22,6 +22,7 @@ import pw_kernel as pw
 from pw_kernel.runtime.extend import Compiled, ErrorEnvelope, Link
 from pw_kernel.runtime.remote.ray import RayLink
 from pw_kernel.service import protocol as p
+from pw_kernel.service import wire
 from pw_kernel.service.link import SPIN_MAX_S, ServiceLink
 from pw_kernel.service.server import Service
 from pw_kernel.service.wire import read_connection_file
@@ -301,8 +302,6 @@ def test_messages_are_typed_records_that_cross_whole():
 
 
 def test_a_calls_request_and_answer_travel_flat_and_arrive_as_the_records_they_left_as():
-    from pw_kernel.service import wire
-
     info = {"signature_scheme": "hmac-sha256", "key": "k" * 64}
     client, svc = wire.Messages(info, "pw-client-1"), wire.Messages(info, "pw-service", routed=True)
     request = p.Request(7, p.RunMany([("k1", [3], [4])], [9, 10], (12, 0)))
@@ -342,14 +341,84 @@ def test_messages_are_signed_with_hmac_sha256_of_the_connection_files_key():
     import hashlib
     import hmac
 
-    from pw_kernel.service import wire
-
     for key in ["k", "k" * 64, "k" * 200]:  # (shorter, as long as, longer than SHA-256's block)
         m = wire.Messages({"signature_scheme": "hmac-sha256", "key": key}, "pw-client-1")
         for body in [b"", b"abc", bytes(range(256)) * 9]:
             assert m.sign(body) == hmac.new(key.encode(), body, hashlib.sha256).digest()
     with pytest.raises(ValueError, match="unsupported signature scheme 'hmac-md5'"):
         wire.Messages({"signature_scheme": "hmac-md5", "key": "k"}, "pw-client-1")
+
+
+def test_a_request_cut_short_by_ctrl_c_is_refused_by_the_service_and_the_link_goes_on(service):
+    link = bare_link(service)
+    real, refused = link._out, service.state.refused
+    link._out = CtrlCAfterFirstFrame(real)
+    big = np.ones(2 * wire.OUT_OF_BAND, np.float32)
+    with pytest.raises(KeyboardInterrupt):
+        link.send(p.Put(1, big, (), ()))
+    link._out = real
+    assert not link.pending  # (no reply will come for it: none is waited for)
+    assert link.call(p.Clock(), timeout=HANG_S) is not None  # the next request: answered
+    assert service.state.refused == refused + 1  # the cut one: refused whole, with a warning in the service's log
+    link.call(p.Bye(), timeout=HANG_S)
+    link.close()
+
+
+class CtrlCAfterFirstFrame:
+    """A real socket, and a Ctrl-C that lands after a message's first frame has left."""
+
+    def __init__(self, sock):
+        self.sock, self.sent = sock, 0
+
+    def send(self, frame, flags, copy=True):
+        if self.sent == 1:
+            self.sent += 1
+            raise KeyboardInterrupt
+        self.sent += 1
+        return self.sock.send(frame, flags, copy=copy)
+
+    def close(self, linger=None):
+        self.sock.close(linger=linger)
+
+
+class Sub(np.ndarray):
+    """An ndarray subclass: numpy reduces it itself, with an out-of-band buffer of any size."""
+
+
+def test_a_send_cut_short_by_ctrl_c_is_refused_whole_and_the_next_message_arrives_intact():
+    """ZeroMQ joins a multipart message cut short to the socket's next one: `wire.send` ends it, the peer refuses it."""
+    import zmq
+
+    info = {"signature_scheme": "hmac-sha256", "key": "k"}
+    sender, receiver = wire.Messages(info, "pw-client-1"), wire.Messages(info, "pw-service")
+    ctx = zmq.Context()
+    a, b = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
+    a.linger = b.linger = 0
+    port = b.bind_to_random_port("tcp://127.0.0.1")
+    a.connect(f"tcp://127.0.0.1:{port}")
+
+    big = np.arange(2 * wire.OUT_OF_BAND, dtype=np.float32)  # (out of band: a frame of its own)
+    cut = sender.pack(p.Request(1, p.Put(7, big, (), ())))
+    assert len(cut) == 2
+    with pytest.raises(KeyboardInterrupt):
+        wire.send(CtrlCAfterFirstFrame(a), cut)
+    wire.send(a, sender.pack(p.Request(2, p.Put(8, big + 1, (), ()))))
+    try:
+        with pytest.raises(ValueError, match="cut short by its sender"):
+            receiver.unpack(wire.recv(b))
+        msg = receiver.unpack(wire.recv(b))[1].body
+        assert msg.id == 2 and msg.body.handle == 8
+        np.testing.assert_array_equal(msg.body.value, big + 1)
+        # frames of another message after a whole one: refused, not read as its arrays
+        one, other = sender.pack(p.Request(3, p.Put(9, big, (), ()))), sender.pack(p.Request(4, p.Ping()))
+        with pytest.raises(ValueError, match="more than its arrays"):
+            receiver.unpack([*one, *other])
+        # a small array of an ndarray subclass stays in the pickle: no array's frame is ever empty
+        small = np.zeros(0, np.float32).view(Sub)
+        frames = sender.pack(p.Request(5, p.Put(10, small, (), ())))
+        assert len(frames) == 1 and receiver.unpack(frames)[1].body.body.value.shape == (0,)
+    finally:
+        ctx.destroy(linger=0)
 
 
 def test_two_functions_of_one_signature_and_name_each_run_their_own_code(service):

@@ -154,9 +154,13 @@ class ServiceLink:
             ref.sent = time.monotonic()
             self.pending[rid] = ref
         frames = self.messages.request(rid, body)
-        with self._send_lock:  # (the socket: one thread at a time)
-            if self.error is None:
-                send(self._out, frames)
+        try:
+            with self._send_lock:  # (the socket: one thread at a time)
+                if self.error is None:
+                    send(self._out, frames)
+        except BaseException:  # (a Ctrl-C as it sent: the service refuses what left, and no reply will come)
+            self.pending.pop(rid, None)
+            raise
         if oneway:
             ref.done = True
         return ref

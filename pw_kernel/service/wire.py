@@ -12,6 +12,7 @@ that thread.
 
 from __future__ import annotations
 
+import functools
 import getpass
 import hashlib
 import hmac
@@ -198,7 +199,8 @@ class Messages:
                 body = pickle.dumps((head, self.user, plain), 5)
             else:
                 f = io.BytesIO()
-                _Pickler(f, protocol=5, buffer_callback=out.append).dump((head, self.user, message))
+                _Pickler(f, protocol=5, buffer_callback=functools.partial(_out_of_band, out)).dump(
+                    (head, self.user, message))
                 body = f.getvalue()
         except (pickle.PicklingError, TypeError, AttributeError) as e:
             raise TypeError(f"cannot send this to the Pathways service: {e}") from None
@@ -224,7 +226,16 @@ class Messages:
         if len(seen) > self.HISTORY:  # (as Session does: forget a tenth, the oldest unknown)
             for _ in range(len(seen) // 10):
                 seen.pop()
-        _, user, message = pickle.loads(body, buffers=frames[i + 1:])
+        buffers = frames[i + 1:]
+        if buffers:  # its arrays' frames: each is big (`OUT_OF_BAND`), and the pickle takes every one
+            if any(len(b) == 0 for b in buffers):
+                raise ValueError("malformed message: cut short by its sender (a Ctrl-C as it sent), and ended")
+            left = iter(buffers)
+            _, user, message = pickle.loads(body, buffers=left)
+            if next(left, None) is not None:
+                raise ValueError(f"malformed message: {len(buffers)} frames after its first, more than its arrays")
+        else:
+            _, user, message = pickle.loads(body)
         if type(message) is tuple:
             message = unflat(message)
         return frames[:i], _signed(Signed, (user, message))
@@ -245,6 +256,15 @@ class _Pickler(pickle.Pickler):
         if type(obj) is not np.ndarray or obj.dtype.hasobject:
             return NotImplemented
         return _array, _parts(obj)
+
+
+def _out_of_band(out: list, buf: pickle.PickleBuffer) -> bool | None:
+    """A buffer the pickle meets (``buffer_callback``): a frame of its own if it is big (None), else in the pickle
+    (True; an ndarray subclass's, reduced by numpy, may be any size). So no array's frame is ever empty."""
+    if buf.raw().nbytes < OUT_OF_BAND:
+        return True
+    out.append(buf)
+    return None
 
 
 def _parts(a: np.ndarray) -> tuple:
@@ -323,10 +343,22 @@ def unflat(plain: tuple) -> Any:
 
 def send(sock, frames: list) -> None:
     """Send ``frames`` as one message: a frame at a time (`send_multipart`'s checks double a small message's
-    cost); big frames (arrays) without a copy."""
+    cost); big frames (arrays) without a copy.
+
+    A message of several frames that an exception (a Ctrl-C) cuts short is ended with an empty frame before
+    the exception goes on: ZeroMQ would otherwise make the socket's next message the rest of this one, and
+    the peer would read that message's frames as this one's arrays. The peer refuses the ended one whole
+    (`Messages.unpack`: an array's frame is never empty, and every frame after the first is an array's).
+    """
     last = len(frames) - 1
-    for i, f in enumerate(frames):
-        sock.send(f, _SNDMORE if i < last else 0, copy=len(f) < OUT_OF_BAND)
+    sent = False
+    try:
+        for i, f in enumerate(frames):
+            sock.send(f, _SNDMORE if i < last else 0, copy=len(f) < OUT_OF_BAND)
+        sent = True
+    finally:
+        if not sent and last > 0:
+            sock.send(b"", 0)  # (if no frame had left, a message of one empty frame: refused as unsigned)
 
 
 def recv(sock, flags: int = 0) -> list:
