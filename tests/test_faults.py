@@ -193,3 +193,39 @@ def test_a_call_whose_run_fails_while_being_submitted_still_returns_its_futures(
         assert isinstance(err, pw.NodeError) and "Array has been deleted" in str(err), repr(err)
     finally:
         pw.shutdown()
+
+
+@pytest.mark.parametrize("thread", ["dispatcher", "watcher"])
+def test_a_bug_in_a_controller_thread_fails_its_runs_saying_so_and_the_controller_goes_on(ctl, monkeypatch, caplog,
+                                                                                         thread):
+    """A controller thread that died of an error of ours left every run waiting for good, with nothing said (a
+    benchmark's client hung that way): now the runs not yet final fail, naming it, and the thread goes on."""
+    import logging
+
+    from pw_kernel.runtime.exec.port import Port
+
+    cls, method = Port, "next_work" if thread == "dispatcher" else "completed"
+    real, hit = getattr(cls, method), []
+
+    def buggy(self, *args, **kwargs):  # once, on that thread, while a run is live: a bug of ours
+        if threading.current_thread().name == f"pw-{thread}" and self.queued() and not hit:
+            hit.append(1)
+            raise RuntimeError("a bug of ours")
+        return real(self, *args, **kwargs)
+
+    # (dispatched by the dispatcher thread: a first call; completed by the watcher: a node still computing)
+    f = pw.compiled(on_host(lambda x: x + 1) if thread == "dispatcher" else lambda x: jnp.tanh(x @ x) * 0 + 1,
+                    slice=pw.slice(1))
+    x = jnp.zeros((4,) if thread == "dispatcher" else (1024, 1024))
+    if thread == "watcher":
+        f(x).result(timeout=60)  # (compiled first: then its call returns at once, its node still computing)
+    monkeypatch.setattr(cls, method, buggy)
+    with caplog.at_level(logging.ERROR, logger="pw_kernel"):
+        out, settled = f(x), threading.Event()
+        out.add_done_callback(lambda _: settled.set())
+        assert settled.wait(60)  # (not `result`: its caller would complete the node itself, not the watcher)
+        with pytest.raises(pw.PathwaysError, match=f"pw_kernel's {thread} thread hit an error.*RuntimeError: a bug"):
+            out.result(timeout=60)
+    assert hit and f"the {thread} thread hit an error" in caplog.text and "a bug of ours" in caplog.text
+    assert ctl.dispatcher.thread.is_alive() and ctl.completion.thread.is_alive()
+    assert (np.asarray(f(x).result(timeout=60)) == 1.0).all()  # the controller goes on

@@ -47,6 +47,9 @@ def test_transition_table_is_the_documented_state_machine():
         ("running", "upstream_failed"),
         ("running", "cancel"),
         ("running", "shutdown"),
+        # a thread of the controller's own hit an error (a bug): the runs not yet final fail, none waits for good
+        ("queued", "internal_error"),
+        ("running", "internal_error"),
         # steps already in flight when a run ended still report in; nothing else reaches a final run
         ("failed", "dispatched"),
         ("failed", "completed"),

@@ -685,6 +685,12 @@ def _cancel(life: Lifecycle, rec: RunRecord, now: float) -> list:
     return life._leave(rec, "cancelled", now, CancelledError(f"run {rec.id} ({rec.name!r}) was cancelled."))
 
 
+@on(("queued", "internal_error"), ("running", "internal_error"), to=("failed",))
+def _internal_error(life: Lifecycle, rec: RunRecord, now: float, error: BaseException) -> list:
+    """A thread of the controller's own hit an error (a bug): its runs fail with it rather than wait for good."""
+    return life._leave(rec, "failed", now, error)
+
+
 @on(("queued", "shutdown"), ("running", "shutdown"), to=("failed",))
 def _shutdown(life: Lifecycle, rec: RunRecord, now: float) -> list:
     err = ControllerShutdownError(f"run {rec.id} ({rec.name!r}) was still {rec.state} when the controller shut down.")

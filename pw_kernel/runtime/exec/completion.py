@@ -256,7 +256,8 @@ class Completion:
         self._stopping = False
         self.last_end: dict[int, int] = {}  # device -> end of its last node
         self.bury: Callable[[list], None] = lambda batches: None  # the dispatcher frees buffers between bursts
-        self.thread = threading.Thread(target=self._watch_loop, name="pw-watcher", daemon=True)
+        self.thread = threading.Thread(target=port.keep_going, args=("watcher", self._watch_loop), name="pw-watcher",
+                                       daemon=True)
 
     def start(self) -> None:
         self.thread.start()

@@ -98,7 +98,8 @@ class Dispatcher:
         # Watched batches whose buffers the dispatcher frees between bursts: freeing device
         # buffers on the watcher thread while the dispatcher dispatches slows dispatch ~2x.
         self.graveyard: list = []
-        self.thread = threading.Thread(target=self._dispatch_loop, name="pw-dispatcher", daemon=True)
+        self.thread = threading.Thread(target=port.keep_going, args=("dispatcher", self._dispatch_loop),
+                                       name="pw-dispatcher", daemon=True)
         threads = compile_threads
         if threads is not None and (type(threads) is not int or threads < 1):
             raise ArgumentError(

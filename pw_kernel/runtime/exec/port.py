@@ -15,9 +15,12 @@ every array it held.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
+
+from ..errors import PathwaysError
 
 if TYPE_CHECKING:
     from ..core.lifecycle import Lifecycle
@@ -91,6 +94,37 @@ class Port:
     def failed(self, rec: RunRecord, step, exc: BaseException) -> None:
         """A step raised while being dispatched, or execution had a bug (lock held): the run fails."""
         self._apply(self._life.handle(rec, "step_failed", time.time(), step, exc))
+
+    def keep_going(self, thread: str, loop: Callable[[], None]) -> None:
+        """Run a controller thread's ``loop`` until it returns (its controller stops). An error of ours inside it (a
+        bug) goes to `internal_error`, and the loop starts again: dead, the thread would leave every run, those in
+        flight and all later ones, waiting for good, with nothing said."""
+        while True:
+            try:
+                return loop()
+            except BaseException as e:
+                self.internal_error(thread, e)
+
+    def internal_error(self, thread: str, error: BaseException) -> None:
+        """The controller's ``thread`` hit ``error``, a bug of ours (no lock held): it is logged with its traceback,
+        and every run not yet final fails with a `PathwaysError` that says so (their waiters raise it), so that the
+        thread can go on. What those runs had in flight is lost with them; later runs start afresh."""
+        log = logging.getLogger("pw_kernel")
+        log.error("pw_kernel: the %s thread hit an error (a bug of pw_kernel's: please report it with this "
+                  "traceback); the runs not yet final fail with it and the controller goes on", thread, exc_info=error)
+        failure = PathwaysError(
+            f"pw_kernel's {thread} thread hit an error, and this run fails with it: {type(error).__name__}: {error}. "
+            f"A bug of pw_kernel's (the log has its traceback): please report it. Later runs are unaffected."
+        )
+        failure.__cause__ = error
+        try:
+            with self.lock:
+                now = time.time()
+                for rec in list(self._life.queue.values()):
+                    if rec.state in ("queued", "running"):
+                        self._apply(self._life.handle(rec, "internal_error", now, failure))
+        except BaseException:  # (the lifecycle itself is broken: nothing more can be done here than say so)
+            log.exception("pw_kernel: failing the runs after that error failed too")
 
     def compiling(self, rec: RunRecord, step_name: str | None, events=(), ns: int = 0) -> None:
         """The dispatcher compiles ``step_name`` for ``rec`` (None: done), with its compile events once timed."""
