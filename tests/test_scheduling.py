@@ -160,3 +160,38 @@ def test_memory_admission_waits_instead_of_running_out(ctl):
     with pytest.raises(pw.AdmissionError, match=re.escape("the run needs about 12.0 MiB on device 0")):
         three(huge)
     np.testing.assert_allclose(np.asarray(three(x)[2].result()), 4.0)  # still usable
+
+
+def test_the_pick_survives_a_sweep_of_the_ready_index_in_the_middle_of_it():
+    """A long session's lone calls leave void entries in the ready index; the sweep that bounds them can come while
+    the pick looks at a head (the caller took that head out). It raised `KeyError: None` there, on the dispatcher
+    thread, which died: a 400-leaf benchmark's client hung after ~1,100 runs."""
+    from types import SimpleNamespace
+
+    from pw_kernel.runtime.core.ready import VOID_SLACK, ReadyIndex
+    from pw_kernel.runtime.core.records import RunRecord
+    from pw_kernel.runtime.core.scheduler import FIFO
+
+    step = SimpleNamespace(island=0, exe=object(), src_island=None, remote=False, host_callbacks=0)
+    plan = SimpleNamespace(steps=[step], output_slots=())
+
+    def run(i):
+        return RunRecord(i, f"r{i}", "p", plan, ())
+
+    for later_live in (False, True):  # the head's group swept away whole, or down to the later run
+        index = ReadyIndex(FIFO())
+        a, c = run(1), run(3)
+        index.add(a)
+        # A later run indexed again and again (each time its last entry is void, as lone calls leave them),
+        # up to the sweep's threshold, so that taking the head out sweeps the heaps:
+        for _ in range(VOID_SLACK + 2 + later_live):
+            index.add(c)
+        if not later_live:
+            index.remove(c)
+        seen = []
+        for cls in index.classes():
+            for head in index.heads(cls):
+                seen.append(head.id)
+                index.remove(head)  # started: out of the index, which sweeps its heaps now
+        assert seen == ([1, 3] if later_live else [1])
+        assert len(index) == 0 and index.entries() == 0 and index.void == 0

@@ -197,7 +197,8 @@ class ReadyIndex:
     def heads(self, cls: _Class) -> Iterator[RunRecord]:
         """The current head of each group of ``cls`` (the caller may park or start it, then asks again)."""
         version = self.version
-        for group, heap in list(cls.groups.items()):
+        for group in list(cls.groups):
+            heap = cls.groups.get(group)
             while heap:
                 _, rid, ver, rec = heap[0]
                 if version.get(rid) != ver:
@@ -205,9 +206,12 @@ class ReadyIndex:
                     self.void -= 1
                     continue
                 yield rec
+                # What the caller did to the head may have swept the heaps (`_sweep`: this group's is a new
+                # list, or gone): go on with what the index holds now, never with the list it replaced.
+                heap = cls.groups.get(group)
                 if heap and heap[0][3] is rec and version.get(rid) == ver:
                     break  # still the head (picked or waiting): the next group
-            if not heap:
+            if heap is not None and not heap and cls.groups.get(group) is heap:
                 del cls.groups[group]
 
     def _trim(self, cls: _Class) -> bool:
