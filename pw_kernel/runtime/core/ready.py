@@ -211,7 +211,7 @@ class ReadyIndex:
                 heap = cls.groups.get(group)
                 if heap and heap[0][3] is rec and version.get(rid) == ver:
                     break  # still the head (picked or waiting): the next group
-            if heap is not None and not heap and cls.groups.get(group) is heap:
+            if heap is not None and not heap:  # (the group's list as the index holds it now: read after each yield)
                 del cls.groups[group]
 
     def _trim(self, cls: _Class) -> bool:
