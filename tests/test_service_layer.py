@@ -571,6 +571,37 @@ def test_waiting_for_a_bursts_outputs_makes_no_reference_cycle():
     assert cyclic == []
 
 
+def test_the_services_heartbeat_reads_the_frozen_count_its_last_freeze_made(monkeypatch):
+    """The service's collector check runs on every heartbeat of its socket thread (`clients.Heap.tick`).
+    Counting the frozen objects walks all of them (~11 ms at 250,000, with no request read meanwhile), so a
+    tick with nothing to freeze counts nothing; a freeze counts once, and a growth past REWALK_GROWTH is still seen."""
+    import types
+
+    from pw_kernel.service import clients
+
+    counts = []
+    real = gc.get_freeze_count
+    counting = types.SimpleNamespace(freeze=gc.freeze, unfreeze=gc.unfreeze, collect=gc.collect, callbacks=gc.callbacks,
+                                     get_freeze_count=lambda: counts.append(1) or real())
+    monkeypatch.setattr(clients, "gc", counting)
+    heap = clients.Heap()  # (walks and freezes this process's heap: `close` lets it go)
+    try:
+        at_start = len(counts)
+        for _ in range(50):
+            heap.tick()  # heartbeats, no full pass between them
+        assert len(counts) == at_start
+        junk = [[i] for i in range(2 * real())]  # the frozen objects more than double at the next freeze
+        gc.collect()
+        heap.tick()  # a full pass ended: frozen, and counted once
+        assert len(counts) == at_start + 1
+        walks = heap.walks
+        heap.tick()  # the count that freeze made is past REWALK_GROWTH: everything walked
+        assert heap.walks == walks + 1
+        del junk
+    finally:
+        heap.close()
+
+
 def _queue_steps(svc: Service, n: int) -> dict:
     """Connect as "ivy" and queue ``n`` steps of a donated 8-leaf state in ``svc``; the last state (futures)."""
     pw.connect(svc.path, name="ivy")

@@ -169,18 +169,21 @@ class Heap:
     def tick(self) -> None:
         """On the socket thread's heartbeat (every gc call on one thread): freeze, or walk everything (asked for,
         or the frozen objects grew by `REWALK_GROWTH`)."""
-        if self._wanted or gc.get_freeze_count() > self.REWALK_GROWTH * self._walked:
+        if self._wanted or self._frozen > self.REWALK_GROWTH * self._walked:
             self._wanted = False
             self._walk()
         elif self._passed:
             self._passed = False
             gc.freeze()
+            # (Counted here, once a freeze, not on every heartbeat: the count walks the whole frozen list,
+            # ~11 ms at 250,000 objects, during which no request is read.)
+            self._frozen = gc.get_freeze_count()
 
     def _walk(self) -> None:
         gc.unfreeze()
         gc.collect()
         gc.freeze()
-        self._walked = gc.get_freeze_count()  # what lives (and a floor of the interpreter's own)
+        self._walked = self._frozen = gc.get_freeze_count()  # what lives (and a floor of the interpreter's own)
         self.walks += 1
 
     def close(self) -> None:
