@@ -192,3 +192,74 @@ def test_a_loop_far_ahead_of_the_devices_waits_for_room_instead_of_holding_every
         pw.get(x)
     finally:
         pw.shutdown()
+
+
+def _collections(config: pw.Config, leaves: int = 400, steps: int = 200) -> dict[int, int]:
+    """The garbage collector's passes, by generation, over ``steps`` chained steps on ``leaves`` leaves."""
+    pw.init(config)
+    try:
+        step = pw.compiled(_step, slice=pw.slice(1, name="collector"), name="step")
+        state = pw.get(step(_state(leaves)))  # compiled, and on the slice's device
+        passes = {0: 0, 1: 0, 2: 0}
+
+        def count(phase, info):
+            if phase == "stop":
+                passes[info["generation"]] += 1
+
+        gc.collect()
+        gc.callbacks.append(count)
+        try:
+            for _ in range(steps):
+                state = step(state)
+            pw.get(state)
+        finally:
+            gc.callbacks.remove(count)
+        return passes
+    finally:
+        pw.shutdown()
+
+
+def test_a_step_of_400_leaves_lets_its_futures_die_young_instead_of_filling_the_old_generation():
+    # At Python's threshold a young collection comes several times a 400-leaf step and promotes the futures
+    # and arrays it finds alive, until a full collection walks the whole process (~40% of such a step's
+    # time on the CPU). A controller raises the threshold while it runs (`Config.gc_threshold`).
+    ours, pythons = _collections(pw.Config()), _collections(pw.Config(gc_threshold=None))
+    assert ours[2] == 0, ours
+    assert 2 * ours[0] < pythons[0], (ours, pythons)
+
+
+def test_the_collectors_threshold_is_raised_while_a_controller_runs_and_put_back_after():
+    before = gc.get_threshold()
+    assert before[0] < 2000  # (Python's own: 700)
+    pw.init()
+    try:
+        assert gc.get_threshold() == (2000, *before[1:])
+        pw.init(gc_threshold=5000)  # a new controller: the old one's raise went with it
+        assert gc.get_threshold() == (5000, *before[1:])
+    finally:
+        pw.shutdown()
+    assert gc.get_threshold() == before
+    pw.init(gc_threshold=None)  # left alone
+    try:
+        assert gc.get_threshold() == before
+    finally:
+        pw.shutdown()
+    gc.set_threshold(10_000, *before[1:])  # the process's own choice, higher: never lowered, and it stays
+    try:
+        pw.init()
+        assert gc.get_threshold()[0] == 10_000
+        pw.shutdown()
+        assert gc.get_threshold()[0] == 10_000
+    finally:
+        gc.set_threshold(*before)
+    # Two controllers at once (a service and its in-process client) share one raise; the last to go puts it back.
+    from pw_kernel.runtime.exec.controller import Controller
+
+    one, two = Controller(), Controller()
+    try:
+        one.shutdown()
+        assert gc.get_threshold()[0] == 2000
+    finally:
+        one.shutdown()
+        two.shutdown()
+    assert gc.get_threshold() == before

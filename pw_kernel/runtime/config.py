@@ -83,6 +83,12 @@ class Config:
     #: Transitions kept in the lifecycle's log, which `Run.story()` reads (the oldest go first; a run
     #: makes a few, a chained run a few per dispatch burst).
     story_length: int = 100_000
+    #: Python's garbage collector runs a young collection after this many net new container objects,
+    #: while the controller runs (`gc.set_threshold`'s first value; raised, never lowered, and put back
+    #: at `pw.shutdown`). Python's 700 makes a step of hundreds of leaves promote its futures until a
+    #: full collection walks the whole process every hundred steps or so (~40% of a 400-leaf step on
+    #: the CPU); at 2,000 that loop makes none. None: leave the process's setting alone.
+    gc_threshold: int | None = 2000
 
 
 def backends_started() -> bool:

@@ -29,6 +29,7 @@ from ..remote.client import Bursts
 from ..run import Run, RunLink, RunLock
 from ..trace.graph import ProgramGraph
 from .callback_logs import quiet_while
+from .collector import raise_young_threshold
 from .completion import Completion
 from .dispatcher import Dispatcher, Failed
 from .events import EventLog
@@ -107,6 +108,7 @@ class Controller:
         self.dispatcher.thread_ids = frozenset(t.ident for t in self.threads)
         # A failing host callback fails its node, reported once; JAX's log line would repeat it, raw.
         self._unquiet = quiet_while(lambda: bool(self._live))
+        self._ungc = raise_young_threshold(self.config.gc_threshold)  # (see `exec/collector.py`)
 
     #: Where `slice` places a slice given no ``island=`` (and no concrete mesh): None, the resource
     #: manager's choice among this process's islands; an island id, that island (a Pathways service's,
@@ -461,6 +463,7 @@ class Controller:
                 t.join(timeout)
         self.resources.release_all()
         self._unquiet()
+        self._ungc()
 
     @property
     def closed(self) -> bool:
