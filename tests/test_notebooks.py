@@ -99,14 +99,23 @@ def _execute(path: Path, kernel_dir: Path, tmp_path: Path, devices: int | None):
 
 
 def outputs_text(cell) -> str:
-    parts = []
+    """A cell's outputs as a reader sees them: a stream's consecutive outputs run together, the rest a line each.
+
+    The kernel flushes a stream on a timer, so one `print` can arrive as two outputs (ipykernel's flush
+    thread ran between its writes); JupyterLab shows them as one, and a newline between them would break
+    the line the assertions look for in two (seen: "restored step" and " 35 | stage 3's params: ...").
+    """
+    parts: list[list] = []  # [stream name or None, text]
     for out in cell.get("outputs", []):
         if out["output_type"] == "stream":
-            parts.append(out["text"])
+            if parts and parts[-1][0] == out["name"]:
+                parts[-1][1] += out["text"]
+            else:
+                parts.append([out["name"], out["text"]])
         elif "data" in out:
-            parts.append(out["data"].get("text/plain", ""))
-            parts.append(out["data"].get("text/html", ""))
-    return "\n".join(parts)
+            parts.append([None, out["data"].get("text/plain", "")])
+            parts.append([None, out["data"].get("text/html", "")])
+    return "\n".join(text for _, text in parts)
 
 
 def by_first_line(nb) -> dict[str, str]:
