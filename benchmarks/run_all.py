@@ -88,8 +88,14 @@ def write_table(results: Path, platform: str, status: dict | None, readme: Path 
     return rows
 
 
-def run_step(name: str, platform: str, env: dict, quick: bool, results: Path) -> dict:
+#: What ``--no-peers`` passes: a script's own way of leaving out the other frameworks it times beside pw.
+NO_PEERS: dict[str, list[str]] = {"dispatch": ["--peers", "none"]}
+
+
+def run_step(name: str, platform: str, env: dict, quick: bool, results: Path, peers: bool = True) -> dict:
     script, extra, timeout = STEPS[name]
+    if not peers:
+        extra = [*extra, *NO_PEERS.get(name, [])]
     path = results / f"{name}_{platform}.json"
     if path.exists():
         path.unlink()  # never render a stale result as this run's
@@ -136,6 +142,8 @@ def main(argv=None) -> None:
     ap.add_argument("--write-readme", action="store_true",
                     help="with --quick: write its figures into the README's results table too (marked --quick)")
     ap.add_argument("--no-readme", action="store_true", help="do not touch benchmarks/README.md")
+    ap.add_argument("--no-peers", action="store_true",
+                    help="leave out the other frameworks a script times beside pw (dispatch.py's Ray and Dask peers)")
     ap.add_argument("--readme", default=str(README), help=argparse.SUPPRESS)  # another copy (tests)
     ap.add_argument("--tables", default=None, help="also write every benchmark's detailed Markdown tables to this file")
     ap.add_argument("--platform", default=None, help="with --render-only: which results to render (default: all)")
@@ -192,7 +200,7 @@ def main(argv=None) -> None:
     for name in names:
         if name in skip:
             continue
-        status["steps"][name] = run_step(name, platform, env, args.quick, results)
+        status["steps"][name] = run_step(name, platform, env, args.quick, results, peers=not args.no_peers)
     status["loadavg_end"] = common.loadavg()
     status["wall_s"] = round(time.time() - started, 1)
     common.write_json(results / f"run_all_{platform}.json", status)

@@ -26,20 +26,26 @@ import pw_kernel as pw  # noqa: E402
 
 #: Modules that test the whole system in processes of its own (real Jupyter kernels and JupyterLab,
 #: Chromium, Ray clusters, the Pathways service, tutorials run top to bottom, the benchmarks' quick
-#: modes, the README's command) or train real models for a minute. `./scripts/test.sh --quick` (the
-#: contributor's tier: the runtime, the front and the views in-process, over two pytest-xdist workers)
-#: leaves them out; CI runs everything.
+#: modes, the README's commands). `./scripts/test.sh --quick` (the contributor's tier: the runtime, the
+#: front and the views in-process, over two pytest-xdist workers) leaves them out; the whole suite runs
+#: them in one process after the rest (processes of their own already keep two cores busy).
 SYSTEM = frozenset({
-    "test_benchmarks", "test_browser_timeline_js", "test_browser_widgets", "test_checkpoint_islands", "test_demo",
-    "test_elastic", "test_island_logs", "test_kernel", "test_main_command", "test_notebooks", "test_pipeline_models",
-    "test_ray_cluster", "test_ray_islands", "test_service",
+    "test_benchmarks", "test_browser_timeline_js", "test_browser_widgets", "test_checkpoint_islands",
+    "test_elastic", "test_island_logs", "test_kernel", "test_main_command", "test_notebooks",
+    "test_ray_cluster", "test_ray_islands", "test_service", "test_test_command",
 })
+#: Modules in this process that train real models (a minute or more in all): left out by `--quick`, run
+#: with the unit tier over two workers by the whole suite.
+MODELS = frozenset({"test_demo", "test_pipeline_models"})
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if item.module is not None and item.module.__name__.rpartition(".")[2] in SYSTEM:
+        module = item.module.__name__.rpartition(".")[2] if item.module is not None else ""
+        if module in SYSTEM:
             item.add_marker(pytest.mark.system)
+        elif module in MODELS:
+            item.add_marker(pytest.mark.models)
 
 
 @pytest.fixture
