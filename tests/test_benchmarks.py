@@ -356,6 +356,9 @@ def test_run_all_quick_runs_the_layout_steps_on_a_one_device_host(tmp_path):
     # what needs more devices says what it measured instead
     assert "allreduce: asks 4 devices, 1 present: measured on 1 instead" in proc.stdout
     assert "layout 2x1 asks 2 devices, 1 present: its 2 stages share 1 device" in proc.stdout
+    # `--no-peers`: dispatch.py was told so, and timed no other framework
+    assert re.search(r"^=== dispatch: .*dispatch\.py --json \S+ --peers none --quick$", proc.stdout, re.M), proc.stdout
+    assert "peers" not in json.loads((tmp_path / f"dispatch_{status['platform']}.json").read_text())
     # every result is drawn into the tables (a renderer that failed would say "could not be rendered")
     assert "could not be rendered" not in proc.stdout, proc.stdout[-5000:]
     for title in ("A user's training loop against plain JAX (training_loop.py)", "The Pathways service (service.py)"):
