@@ -38,8 +38,6 @@ if [ "$quick" -eq 1 ]; then
     tier -m "not system and not models" -n 2 "$@"
 else
     tier -m "not system" -n 2 "$@"
-fi
-if [ "$quick" -eq 0 ]; then
     # The system tier stays in one process: its kernels, browsers and Ray clusters already keep ~70% of two
     # cores busy, and over two workers (a module, a tutorial, or everything that starts Ray a unit) it took
     # 37 minutes against 42 and failed five tests that pass alone (Ray's start-up timing out, a kernel never
