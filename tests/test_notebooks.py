@@ -9,6 +9,7 @@ the repository never holds stale results.
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import re
@@ -181,7 +182,19 @@ def test_quickstart_shows_futures_results_graph_and_status(kernel_dir, tmp_path)
     assert "run 2 'layers'" in live and "TimelineWidget('timeline of run 2'" in live
     assert "RunWidget(run 2 'layers': done, 8/8 nodes" in by_source["from pw_kernel.widgets import RunWidget"]
     assert "TimelineWidget('timeline'" in by_source["tl = pw.timeline()"]
-    assert "Chrome trace written to" in by_source["import os"]
+    trace = by_source["import getpass"]  # (the temp folder is every user's on a shared host: this user's own name)
+    assert "Chrome trace written to" in trace and f"pw_quickstart_trace-{getpass.getuser()}.json" in trace, trace
+
+
+def test_what_a_tutorial_leaves_in_the_temp_folder_is_named_for_its_user():
+    """The temp folder is every user's on a shared host (a group's GPU box, one pool): a fixed name there that
+    one user's run made stops the next user's (PermissionError; tutorial 07's checkpoints are kept at a fixed
+    place so that a restarted kernel finds them), so each such name carries the user's."""
+    for name in TUTORIALS:
+        for cell in nbformat.read(NOTEBOOKS / name, as_version=4).cells:
+            for line in cell.source.splitlines():
+                if "gettempdir()" in line:
+                    assert "getpass.getuser()" in line, f"{name}: {line.strip()}"
 
 
 def test_meshes_notebook_shows_shardings_and_transfers(kernel_dir, tmp_path):
