@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 
 # A run started as a background job (`cmd &` in a script) inherits SIGINT ignored, so Python installs
 # no KeyboardInterrupt handler and Ctrl-C (`pthread_kill`, `_thread.interrupt_main`) does nothing;
@@ -78,21 +79,32 @@ def service(tmp_path):
 
 
 @pytest.fixture(scope="session")
-def ray_cluster():
-    """One local Ray cluster for every test with remote islands: starting one takes ~9 s.
+def _session_ray():
+    """Stops the session's Ray (`ray_cluster`) when the session ends, if it is up then."""
+    yield
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
 
-    Each test kills the island actors it made (`remote_islands.kill_islands`), so the next one finds the
-    cluster's CPUs free.
+
+@pytest.fixture(scope="module")
+def ray_cluster(_session_ray):
+    """One local Ray cluster for every test with remote islands: starting one takes ~9-19 s.
+
+    Started by the first module that asks, and kept for the next; a module that starts a multi-node
+    cluster of its own (`ray_cluster.local_cluster`) stops it, and the next module that asks starts it
+    again (not at once: a module after it may never ask). Each test kills the island actors it made
+    (`remote_islands.kill_islands`), so the next one finds the cluster's CPUs free.
     """
     ray = pytest.importorskip("ray")
     from pw_kernel.runtime.extend import init_ray
     from ray_cluster import SESSION_RAY
 
-    # A Ray of its own ("local": not one another process left in /tmp/ray), bound to 127.0.0.1 (`init_ray`).
-    init_ray("local", **SESSION_RAY)
+    if not ray.is_initialized():
+        # A Ray of its own ("local": not one another process left in /tmp/ray), bound to 127.0.0.1 (`init_ray`).
+        init_ray("local", **SESSION_RAY)
     assert {n["NodeManagerAddress"] for n in ray.nodes()} == {"127.0.0.1"}, ray.nodes()
     yield ray
-    ray.shutdown()
 
 
 # ------------------------------------------------- the suite leaves the checkout as it found it

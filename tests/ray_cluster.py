@@ -66,8 +66,7 @@ def local_cluster(nodes: int = 3, devices_per_node: int = 2):
     from ray._common.utils import reset_ray_address
     from ray.cluster_utils import Cluster
 
-    session = ray.is_initialized()  # (conftest's session Ray, started for an earlier module: back after)
-    if session:
+    if ray.is_initialized():  # (conftest's session Ray: its next user starts it again, `ray_cluster`)
         ray.shutdown()
     cluster = Cluster(
         initialize_head=True,
@@ -87,8 +86,6 @@ def local_cluster(nodes: int = 3, devices_per_node: int = 2):
     finally:
         ray.shutdown()
         shutdown(cluster)
-        if session:
-            init_ray("local", **SESSION_RAY)
 
 
 def kill_processes(cluster, node) -> None:
