@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -11,6 +14,7 @@ import numpy as np
 import pytest
 
 import pw_kernel as pw
+from pw_kernel.runtime.profiling import KEEP_OWN_DIRS
 
 
 def layer(p, x):
@@ -92,3 +96,26 @@ def test_profile_says_what_it_takes(ctl):
             pw.profile().__enter__()
     with pytest.raises(ZeroDivisionError), pw.profile():  # the block's own error comes out, not the profile's
         1 / 0
+
+
+def test_a_profile_in_a_loop_keeps_a_few_temporary_folders_and_none_after_exit(tmp_path):
+    # A notebook that profiles every 100th step of a long run: JAX's trace is a few MiB a window.
+    script = tmp_path / "loop.py"
+    script.write_text(
+        "import os, pw_kernel as pw\n"
+        "from pw_kernel.runtime import profiling\n"
+        "seen = []\n"
+        "for _ in range(profiling.KEEP_OWN_DIRS + 3):\n"
+        "    with pw.profile() as prof:\n"
+        "        pass\n"
+        "    seen.append(prof.logdir)\n"
+        "print(repr(seen))\n"
+        "print(repr([p for p in seen if os.path.isdir(p)]))\n"
+    )
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PW_NUM_CPU_DEVICES": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    seen, kept = (eval(line) for line in out.stdout.strip().splitlines()[-2:])
+    assert len(set(seen)) == KEEP_OWN_DIRS + 3
+    assert kept == seen[-KEEP_OWN_DIRS:]  # the newest, for TensorBoard, while the process lives
+    assert not [p for p in seen if os.path.exists(p)]  # and none once it has exited

@@ -195,7 +195,7 @@ def profile(logdir: str | None = None) -> Profile:
     """Capture XLA's ops while a ``with`` block runs, placed inside pw's nodes; see `Profile`.
 
     ``logdir``: where JAX's profiler writes (TensorBoard's profile plugin reads it too);
-    default a temporary folder.
+    default a temporary folder, removed at exit (and once four newer profiles have made theirs).
 
     Example::
 
