@@ -17,6 +17,21 @@ so a per-node mean was read near its trough (0.87 of the nodes' mean time over
 11 traced kills of `benchmarks/service.py`'s row (c); block means: 1.06 over
 6) and let more work ahead than the bound.
 
+A device running one node longer than the bound would otherwise sit idle between
+nodes: the next could go only once that one was seen to finish, so the host's
+work to send it (flattening the step's leaves, XLA's own argument handling),
+which JAX's asynchronous dispatch hides behind the device, showed in every
+step (a 12-layer transformer's 43 ms step: 1.22x `jax.jit`, against 1.03x with a
+bound above the step). So the node a device is running counts for what is left
+of it: its estimate less the time since it began (when it was sent to an idle
+device, or when the one before it was seen to finish, which is late, so what is
+left is overstated, never understated). The next node goes once less than the
+bound is left of it, and waits on the devices behind it: what a cancel then
+waits for is still at most the bound plus one node. Only a lone node counts
+so: behind two or more, room comes from completions as before (tiny nodes
+keep their bursts), and a bound of 0 still sends each node once the one before
+has finished.
+
 A node not yet measured counts as small, but only one such node of an
 executable is in flight at once (and no other run's step passes the one that
 waits for it, on its devices): a program of 20 slow nodes of one function is
@@ -30,6 +45,7 @@ nodes keep the behaviour they had (``max_inflight`` only).
 from __future__ import annotations
 
 import collections
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -39,12 +55,13 @@ _UNMEASURED_NS = 50_000  # what a node not yet measured counts for: small, so a 
 _MIN_NS = 1_000  # a measured node counts for at least this (tiny nodes measure ~0 when seen late)
 _BLOCK = 8  # nodes whose mean moves an estimate at once (a batch found done together falls in one or two)
 _FORGET = 100_000  # executables (or shapes) remembered before the maps start afresh (estimates are relearnt)
+NEVER = 1 << 62  # (ns) room that time alone does not bring: a node must finish first
 
 
 class _Lane:
     """One device: estimated nanoseconds dispatched (``added``) and finished (``retired``), and those in flight."""
 
-    __slots__ = ("added", "retired", "queued", "held")
+    __slots__ = ("added", "retired", "queued", "held", "since")
 
     def __init__(self):
         self.added = 0  # written only by the dispatching thread (one at a time: the dispatcher's `busy`)
@@ -53,6 +70,26 @@ class _Lane:
         # A step here waits for the measurement of its executable's first node: until a node here
         # finishes, no other run's step may pass it (FIFO stays FIFO on these devices).
         self.held = False
+        # When the first node queued here began, at the latest (perf_counter_ns): sent to an idle device,
+        # or the one before it seen to finish. Written by whichever side leaves one node queued (both
+        # write a time after the node began, so what is left of it is never understated).
+        self.since = 0
+
+    def room_at(self, bound: int, now: int) -> int:
+        """0 if a node may join this lane now; else when time alone makes room (ns), or `NEVER`."""
+        queued = self.queued
+        if not queued:
+            return 0
+        if self.held:
+            return NEVER
+        ahead = self.added - self.retired
+        if ahead < bound:
+            return 0
+        if len(queued) > 1 or bound <= 0:
+            return NEVER
+        # One node, running: what is left of it counts. Room once less than the bound is left.
+        at = self.since + ahead - bound + 1
+        return 0 if now >= at else at
 
 
 class _Devices:
@@ -68,17 +105,27 @@ class _Devices:
         # something is sent (``open_at``: the count of sends then); found full, they stay full until
         # something finishes or is sent (``full_at``: both counts then).
         self.open_at = -1
-        self.full_at: tuple[int, int] = (-1, -1)
+        self.full_at: tuple[int, int, int] = (-1, -1, 0)  # (sends, ends, until when by time alone)
 
-    def at_bound(self, bound: int) -> bool:
-        """Whether one of these devices has ``bound`` ns of work queued, or is held for a measurement."""
+    def room_at(self, bound: int) -> int:
+        """0 if a node may join these devices now: none has ``bound`` ns of work queued (a lone running node
+        counting for what is left of it) or is held for a measurement; else when time alone makes room
+        (perf_counter_ns), or `NEVER`."""
         lane = self.lane  # the first (often only) device, without a loop: this runs for every node
+        at = 0
+        now = 0
         if lane.queued and (lane.held or lane.added - lane.retired >= bound):
-            return True
-        for lane in self.more:
-            if lane.queued and (lane.held or lane.added - lane.retired >= bound):
-                return True
-        return False
+            now = time.perf_counter_ns()
+            at = lane.room_at(bound, now)
+            if at == NEVER:
+                return at
+        for other in self.more:
+            if other.queued and (other.held or other.added - other.retired >= bound):
+                now = now or time.perf_counter_ns()
+                at = max(at, other.room_at(bound, now))
+                if at == NEVER:
+                    return at
+        return at
 
 
 class _Estimate:
@@ -133,6 +180,9 @@ class RunAhead:
         # Changes of the lanes, counted by each side (one writer each, so no count is lost).
         self._sends = 0  # the dispatching side: nodes sent, lanes held or reset
         self._ends = 0  # the completing side: nodes finished
+        #: When a running node will have left room by time alone (perf_counter_ns; 0: none pending): the
+        #: dispatcher, waiting for room, wakes then (a node finishing wakes it before, `wanted`).
+        self.wake_at = 0
 
     def room(self, step) -> int:
         """The estimate (ns) ``step`` would add, or -1 if one of its devices has the bound queued already."""
@@ -147,7 +197,7 @@ class RunAhead:
                 self._sends += 1
                 return -1
             ns = _UNMEASURED_NS
-        return -1 if devs.at_bound(self.bound) else ns
+        return -1 if devs.room_at(self.bound) else ns
 
     def take(self, step) -> int:
         """`room`, and if there is, ``step``'s estimate counted on its devices (the dispatching thread, just
@@ -161,14 +211,21 @@ class RunAhead:
             est.probing = True  # this one is its first: the next waits for its measurement
             ns = _UNMEASURED_NS
         devs = track.devs
-        if devs.at_bound(self.bound):
+        if devs.room_at(self.bound):
             return self._untaken(est)
         lane = devs.lane
+        # A node alone on its device once appended begins now. (Looked at after appending: the completing
+        # thread, popping the node before it meanwhile, then finds this one alone too and stamps it itself.)
+        now = 0
         lane.queued.append(ns)
         lane.added += ns
+        if len(lane.queued) == 1:
+            lane.since = now = time.perf_counter_ns()
         for other in devs.more:
             other.queued.append(ns)
             other.added += ns
+            if len(other.queued) == 1:
+                other.since = now = now or time.perf_counter_ns()
         self._sends += 1
         return ns
 
@@ -221,19 +278,25 @@ class RunAhead:
         lane = devs.lane
         lane.held = False
         queued = lane.queued
+        now = 0
         if queued:
             lane.retired += queued.popleft()
+            if queued:  # the next node began when this one finished, at the latest now
+                lane.since = now = time.perf_counter_ns()
         for other in devs.more:
             other.held = False
             if other.queued:
                 other.retired += other.queued.popleft()
+                if other.queued:
+                    other.since = now = now or time.perf_counter_ns()
         self._ends += 1
         if self.wanted:
             # Wake the dispatcher once half the bound has drained, not per node: it then sends a burst
             # instead of trading the GIL with this thread node by node (a lane that empties always wakes it).
+            # (A lane left with one node counts as drained: time makes room there, from when it began.)
             low = self.bound >> 1
             for lane in devs.lanes:
-                if lane.queued and lane.added - lane.retired > low:
+                if lane.queued and lane.added - lane.retired > low and (len(lane.queued) > 1 or low <= 0):
                     return
             self.wanted = False
             self._wake()
@@ -256,9 +319,8 @@ class RunAhead:
             if devs.open_at == sends:
                 return False
             at = devs.full_at
-            if at[0] == sends and at[1] == ends:
-                self.wanted = True
-                return True
+            if at[0] == sends and at[1] == ends and (at[2] == NEVER or time.perf_counter_ns() < at[2]):
+                return self._full_until(at[2])
         if self.room(step) >= 0:
             devs.open_at = sends
             return False
@@ -274,7 +336,15 @@ class RunAhead:
         self.wanted = True  # before looking again: a node finishing now either sees it or is seen
         if self.room(step) >= 0:
             return False
-        devs.full_at = (self._sends, ends)  # room() may have held the lanes (a send of sorts): count that in
+        until = devs.room_at(self.bound) if not track.est.probing else NEVER
+        devs.full_at = (self._sends, ends, until)  # room() may have held the lanes (a send of sorts): count that in
+        return self._full_until(until)
+
+    def _full_until(self, until: int) -> bool:
+        """Full: a node finishing wakes the dispatcher (``wanted``), and so does time, ``until`` (ns) if not NEVER."""
+        self.wanted = True
+        if until != NEVER and (not self.wake_at or until < self.wake_at):
+            self.wake_at = until
         return True
 
     def ahead_s(self, device: int) -> float:

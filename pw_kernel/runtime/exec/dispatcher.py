@@ -144,13 +144,21 @@ class Dispatcher:
                 while work is None:
                     if self._stopping:
                         return
-                    if port.credit_wanted and self.completion.claimable():
+                    # A lone long node leaves room before it finishes (`RunAhead.wake_at`): wait for then.
+                    gate = self.gate
+                    wake_at, gate.wake_at = gate.wake_at, 0
+                    if port.credit_wanted and self.completion.claimable() and not wake_at:
                         break  # nothing can go until steps in flight finish: complete them here
                     self._idle = True
                     self.graveyard.clear()
                     if self._idle_waiters:
                         self._went_idle.notify_all()
-                    self.cond.wait()
+                    if wake_at:
+                        left = wake_at - time.perf_counter_ns()
+                        if left > 0:
+                            self.cond.wait(left / 1e9)
+                    else:
+                        self.cond.wait()
                     self._idle = False
                     work = None if self.busy else port.next_work()
                 else:
