@@ -26,14 +26,12 @@ Example::
 
 from __future__ import annotations
 
-import atexit
 import collections
 import glob
 import gzip
 import json
 import os
 import re
-import shutil
 import tempfile
 import time
 from typing import Any
@@ -49,25 +47,19 @@ ANCHOR = "pw_kernel.profile clock anchor"
 #: How far the two clocks may disagree (ns): the anchor is read a few µs after the annotation starts.
 _SLACK_NS = 50_000
 #: How many of the temporary folders `pw.profile()` made stay on disk (a few MiB each: JAX's trace): the
-#: newest, for TensorBoard; an older one goes when a newer one is made, and all of them when the process exits.
+#: newest, for TensorBoard; an older one goes when a newer one is made, and all of them when the process exits
+#: (`tempfile.TemporaryDirectory`'s own clean-up at exit).
 KEEP_OWN_DIRS = 4
-_own_dirs: collections.deque[str] = collections.deque()
+_own_dirs: collections.deque[tempfile.TemporaryDirectory] = collections.deque()
 
 
 def _own_dir() -> str:
     """A new temporary folder for a profile, removing the oldest of those made so that `KEEP_OWN_DIRS` remain."""
-    if not _own_dirs:
-        atexit.register(_remove_own_dirs)
     while len(_own_dirs) >= KEEP_OWN_DIRS:
-        shutil.rmtree(_own_dirs.popleft(), ignore_errors=True)
-    path = tempfile.mkdtemp(prefix="pw_profile_")
-    _own_dirs.append(path)
-    return path
-
-
-def _remove_own_dirs() -> None:
-    while _own_dirs:
-        shutil.rmtree(_own_dirs.popleft(), ignore_errors=True)
+        _own_dirs.popleft().cleanup()
+    folder = tempfile.TemporaryDirectory(prefix="pw_profile_", ignore_cleanup_errors=True)
+    _own_dirs.append(folder)
+    return folder.name
 
 
 _COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute", "send", "recv")
