@@ -82,4 +82,15 @@ if ! covered; then
     .venv/bin/python -m pip install -q -e ".[$EXTRAS]"
     touch "$stamp"
 fi
+# 5. Jupyter's event schemas ask for jsonschema's "format-nongpl" checkers, which bring rfc3987-syntax: an
+#    unmaintained library that builds an Earley parser of the IRI grammar when imported, ~2 s of CPU in every
+#    process that imports jsonschema: Ray does, so every Ray node's agents and every Ray worker paid it (a
+#    local Ray head took 14 s to start here, 4.4 s without it), and the Jupyter server. It only checks the
+#    "iri" format, which no schema installed here uses; without it jsonschema leaves that format unchecked
+#    (`pip check` still finds nothing broken).
+for lib in .venv/lib/python3*/site-packages/rfc3987_syntax; do
+    [ -d "$lib" ] || continue
+    log "removing rfc3987-syntax (~2 s of import in every Ray and Jupyter process; see scripts/setup.sh)"
+    .venv/bin/python -m pip uninstall -q -y rfc3987-syntax
+done
 log "ready: $(.venv/bin/python -c 'import jax, pw_kernel; print(f"pw_kernel {pw_kernel.__version__}, jax {jax.__version__}")')"
