@@ -8,6 +8,8 @@ per device count, made in the order the tests need them (a killed node stays kil
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import time
 
 import jax
@@ -63,6 +65,16 @@ def fleet(lc):
     f = Fleet(lc)
     yield f
     f.close()
+
+
+def test_a_ray_process_does_not_build_the_iri_grammar_on_import():
+    """Every Ray node's agents and workers import Ray, and Ray imports jsonschema: with rfc3987-syntax installed
+    (Jupyter's dependencies bring it) each of them spent ~2 s of CPU building its Earley parser, and a local
+    Ray node took ~14 s to start instead of ~4. scripts/setup.sh removes it."""
+    code = "import sys, ray, jsonschema; print(sorted(m for m in sys.modules if m.startswith(('rfc3987', 'lark'))))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "[]", f"imported with Ray: {out.stdout.strip()}; run ./scripts/setup.sh"
 
 
 def test_every_node_and_this_driver_are_on_the_loopback(lc):
