@@ -13,6 +13,7 @@ import getpass
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -38,7 +39,7 @@ TUTORIALS = [
     "09_one_pool_many_notebooks.ipynb",
     "10_one_pool_across_hosts.ipynb",
 ]
-CELL_TIMEOUT_S = 600  # a hang guard, not a speed test
+CELL_TIMEOUT_S = 300  # a hang guard, not a speed test (the slowest cell takes ~30 s here)
 IOPUB_TIMEOUT_S = 120  # how long a cell's outputs may trail its reply (a hang guard too)
 #: The last cell, added while executing: what JAX in the kernel sees.
 PROBE = "import jax as _jax; print(f'devices in this kernel: {len(_jax.devices())}')"  # (one write: one stream message)
@@ -91,12 +92,37 @@ def _execute(path: Path, kernel_dir: Path, tmp_path: Path, devices: int | None):
     )
     try:
         client.execute(env=env)  # the kernel's environment: otherwise the kernelspec supplies the devices
+    except (nbclient.exceptions.CellTimeoutError, nbclient.exceptions.DeadKernelError) as e:
+        raise AssertionError(f"{path.name}: {e}\n{kernel_stacks(km)}") from e
     finally:
         if km.has_kernel:  # a kernel manager we made is ours to stop (nbclient leaves one it was given running)
             km.shutdown_kernel(now=True)
     seen = outputs_text(nb.cells.pop())
     assert f"devices in this kernel: {devices or 8}" in seen, seen
     return nb
+
+
+def kernel_stacks(km) -> str:
+    """Where a hung kernel's threads (and its child processes') are, as py-spy sees them: what a cell's
+    timeout reports, so that a hang on a CI machine says where it hung."""
+    spy = shutil.which("py-spy", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    proc = getattr(km.provisioner, "process", None) if km.has_kernel else None
+    if spy is None or proc is None:
+        return "(no stacks: py-spy is not installed, or the kernel is gone)"
+    import psutil
+
+    try:
+        pids = [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+    except psutil.Error:
+        return "(no stacks: the kernel is gone)"
+    out = []
+    for pid in pids:
+        try:
+            dump = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60)
+            out.append(f"--- pid {pid}\n{dump.stdout}{dump.stderr}")
+        except (OSError, subprocess.SubprocessError) as e:
+            out.append(f"--- pid {pid}: py-spy failed: {e}")
+    return "\n".join(out)
 
 
 def outputs_text(cell) -> str:
@@ -164,6 +190,9 @@ def test_notebook_runs_without_errors(name, devices, kernel_dir, tmp_path):
     for cell in nb.cells:
         if cell.cell_type == "code":
             assert not any(o["output_type"] == "error" for o in cell.outputs), outputs_text(cell)
+            # Nor an error logged on the side: an exception in a thread, or one Ray found nobody read
+            stderr = "".join(o["text"] for o in cell.outputs if o.get("name") == "stderr")
+            assert not re.search(r"Traceback|Unhandled error|\bERROR\b|Exception in thread", stderr), stderr[-3000:]
 
 
 def test_quickstart_shows_futures_results_graph_and_status(kernel_dir, tmp_path):

@@ -293,3 +293,85 @@ def test_prefetch_sends_batches_from_the_host_to_the_islands_actor(remote):
     runs = [r for r in pw.controller().runs if r.name == "place batch"]
     moved = [e for r in runs for e in r.events if e.kind == "transfer"]
     assert len(runs) == 4 and all(e.src_island is None and e.island == s.island.id for e in moved)
+
+
+def _boom(v):
+    raise ValueError(f"bad value {v}")
+
+
+def test_a_value_moved_from_a_failed_node_to_a_host_that_died_leaves_no_unhandled_error(remote):
+    """A host dies while a run that moves a value to it is queued, and the node that makes that value failed:
+    the read for the move is answered (the source holds no such value) rather than raised, so Ray finds no
+    error nobody read and prints nothing; the run fails with its node's error."""
+    i0, i1 = remote
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    ray_log = logging.getLogger("ray._private.worker")
+    ray_log.addHandler(handler)
+
+    def failing(x):
+        jax.debug.callback(_boom, x.sum())
+        return x * 2
+
+    first = pw.compiled(failing, slice=pw.slice(2, island=i0.id), name="failing")
+    then = pw.compiled(lambda x: x + 1, slice=pw.slice(2, island=i1.id), name="then")
+
+    @pw.program
+    def step(x):
+        return then(first(x))
+
+    try:
+        ray.kill(i1.remote.actor)  # (no island is told: the run's move to it is sent as if it were alive)
+        with pytest.raises(pw.NodeError):
+            step(jnp.ones(4)).result(timeout=120)
+        gc.collect()  # (Ray reports an error nobody read as its last ref is dropped)
+    finally:
+        ray_log.removeHandler(handler)
+    assert not [m for m in seen if "Unhandled error" in m], seen
+
+
+def test_after_ray_shutdown_a_ray_island_is_lost_and_no_new_ray_starts(remote):
+    """A late call on a Ray island (a run, a read, a free) after ``ray.shutdown()`` fails as the island's
+    loss; none of them starts a new Ray in this process (Ray's own calls would: its auto-init)."""
+    from pw_kernel.runtime.extend import init_ray
+    from ray_cluster import SESSION_RAY
+
+    i0, _ = remote
+    f = pw.compiled(lambda x: x + 1, slice=pw.slice(2, island=i0.id), name="f")
+    held = f(jnp.ones(4))
+    np.testing.assert_array_equal(np.asarray(held.result(timeout=120)), [2.0] * 4)
+    ray.shutdown()
+    try:
+        with pytest.raises(pw.NodeError, match=r"ray.shutdown\(\)") as info:
+            f(jnp.ones(4)).result(timeout=120)
+        assert isinstance(info.value.__cause__, pw.IslandLostError)
+        with pytest.raises(pw.IslandLostError, match=rf"island {i0.id} .*is gone"):
+            f(jnp.ones(4))
+        del held  # (the island is lost: its buffer's free is not sent)
+        gc.collect()
+        assert not ray.is_initialized()
+    finally:
+        init_ray("local", **SESSION_RAY)  # (the session's Ray, for the tests after this one)
+
+
+def test_a_stopped_watch_of_the_ray_nodes_has_ended_and_adds_no_island(ray_cluster):
+    """The service's watcher of its Ray nodes (`serve --ray`): it adds an island on a node that has none; once
+    stopped it has ended and adds nothing, though the stopping service let its islands go (every node looks
+    unserved then), so no Ray call of its races the ``ray.shutdown()`` that may follow."""
+    from pw_kernel.service.ray_nodes import RayNodes
+
+    ctrl = pw.init(pw.Config(keep_outputs=0))
+    nodes = RayNodes(ctrl, devices_per_island=1).start()
+    try:
+        deadline = time.monotonic() + 120
+        while not [i for i in ctrl.islands if i.remote is not None] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        (island,) = [i for i in ctrl.islands if i.remote is not None]
+        assert island.remote.info["node_id"] == ray.get_runtime_context().get_node_id()
+    finally:
+        nodes.stop()
+    assert not nodes._thread.is_alive()
+    island.remote.alive = False  # (as `Service.stop` lets it go)
+    assert nodes.look() == ([], []) and [i for i in ctrl.islands if i.remote is not None] == [island]
+    kill_islands(ray, ctrl)

@@ -96,6 +96,10 @@ class IslandLostError(PathwaysError, RuntimeError):
     """A remote island's actor (or its node) died; runs that used it fail with this."""
 
 
+class RayShutDownError(IslandLostError):
+    """This process left Ray (``ray.shutdown()``): the islands on its Ray actors are out of reach."""
+
+
 class ServiceError(PathwaysError, RuntimeError):
     """An error in the Pathways service that is not pw's own (its message starts with the original type's name)."""
 

@@ -377,4 +377,5 @@ class ServiceLink:
             self._out.close(linger=0)
         if self._reader.acquire(timeout=2.0):  # (a reader leaves within a poll's slice once closing)
             self._in.close(linger=0)
-            self.ctx.term()
+            if not self.hub.thread.is_alive():  # (else its socket is open still: `term` would wait for good)
+                self.ctx.term()

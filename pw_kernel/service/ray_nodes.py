@@ -43,8 +43,12 @@ class RayNodes:
         self._thread.start()
         return self
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop watching, and wait for a look under way to end: after this the watcher makes no Ray call (one
+        made after `ray.shutdown()` would start a new Ray in this process, or join a cluster being torn down)."""
         self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
 
     def _islands(self) -> list:
         return [i for i in self.ctrl.islands if i.remote is not None and i.remote.info.get("node_id")]
@@ -60,6 +64,8 @@ class RayNodes:
         """Lose the islands whose node died and add islands on nodes that have none; returns (lost, added)."""
         import ray
 
+        if self._stop.is_set() or not ray.is_initialized():  # (stopping: the islands are let go, not lost)
+            return [], []
         alive = {n["NodeID"]: n for n in ray.nodes() if n.get("Alive")}
         lost, served = [], set()
         for island in self._islands():
@@ -74,7 +80,8 @@ class RayNodes:
                         r.info.get("node_ip"), r.info["node_id"])
             lost.append(island)
         added: list[Any] = []
-        if any(n not in served for n in alive):
+        # (not once stopping: the service let its islands go, so every node would look unserved)
+        if any(n not in served for n in alive) and not self._stop.is_set():
             from ..runtime.extend import ray_islands
 
             added = self.ctrl.add_remote_islands(

@@ -402,7 +402,10 @@ class Service:
                 os.remove(self.path)
         except (PathwaysError, OSError):
             pass
-        self.ctx.term()
+        if self.hub.thread.is_alive():  # (its socket is still open: `term` would wait for it for good)
+            log.warning("pw_kernel service: the socket thread did not stop within 5 s; its ZeroMQ context is left open")
+        else:
+            self.ctx.term()
         self.ctrl.shutdown(timeout=5)
         for c in clients:  # (every run is final now: each waiting thread ends at once)
             c.join_waiting(5)

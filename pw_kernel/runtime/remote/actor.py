@@ -17,6 +17,9 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 MISSING = object()  # a sentinel: no such buffer
+#: How `get` says that it holds no buffer for a handle (the node that makes it failed or did not run, or it
+#: was freed): a reply, not a raised error, as `from_wire` reads it.
+NOT_HELD = "not_held"
 
 
 #: A node's outputs up to this size come back with its call's reply (`RemoteArray.fetch` then asks nothing) ...
@@ -53,9 +56,17 @@ _EXTENDED: dict = {}  # dtype -> whether numpy cannot hold it (asked once: `issu
 
 def from_wire(value) -> Any:
     """The value `to_wire` packed: numpy as it came, a key wrapped again around its key data."""
-    if isinstance(value, tuple) and value[0] == "prng_key":
-        return jax.random.wrap_key_data(value[2], impl=value[1])
+    if isinstance(value, tuple):
+        if value[0] == "prng_key":
+            return jax.random.wrap_key_data(value[2], impl=value[1])
+        if value[0] == NOT_HELD:
+            raise RuntimeError(_not_held(value[1]))
     return value
+
+
+def _not_held(handle: int) -> str:
+    return (f"value {handle} is not on its island: the node that makes it failed or did not run (its run's error "
+            f"says why), or it was freed")
 
 
 def spec_tuple(sharding) -> tuple:
@@ -166,8 +177,10 @@ class IslandActor:
         else:
             self.buffers[handle] = value
 
-    def put(self, handle: int, value, layout: tuple, spec: tuple) -> tuple[list, None]:
+    def put(self, handle: int, value, layout: tuple, spec: tuple) -> tuple[list, tuple | None]:
         start = time.perf_counter_ns()
+        if isinstance(value, tuple) and value[0] == NOT_HELD:  # (moved from an island whose node failed)
+            return [], (0, _not_held(value[1]))
         value = from_wire(value)
         self._store(handle, self.jax.device_put(value, self._sharding(*layout, spec)).block_until_ready())
         return [(start, time.perf_counter_ns())], None
@@ -202,7 +215,10 @@ class IslandActor:
         return [(start, end)] * max(1, len(out_ids)), None
 
     def get(self, handle: int):
-        return to_wire(self.buffers[handle])
+        """A buffer's value as `to_wire` packs it, or that it holds none. Said, not raised: a transfer's read
+        whose reader died meanwhile is never read, and Ray prints an error nobody read as unhandled."""
+        value = self.buffers.get(handle, MISSING)
+        return (NOT_HELD, handle) if value is MISSING else to_wire(value)
 
     def get_many(self, handles: list[int]) -> list:
         """Several values in one reply (`pw.get` of a tree); None for a handle it no longer holds."""

@@ -13,7 +13,7 @@ import time
 from collections.abc import Collection
 from typing import Any
 
-from ..errors import IslandLostError, PathwaysError
+from ..errors import IslandLostError, PathwaysError, RayShutDownError
 from .actor import IslandActor
 
 
@@ -37,20 +37,23 @@ class RayLink:
         self.actor = actor
 
     def request(self, method: str, *args):
+        _ray()
         return getattr(self.actor, method).remote(*args)
 
     def request_oneway(self, method: str, *args) -> None:
+        _ray()
         getattr(self.actor, method).remote(*args)
 
     def ready(self, ref) -> bool:
         import ray
 
+        if not ray.is_initialized():  # (as good as answered: its read raises RayShutDownError)
+            return True
         done, _ = ray.wait([ref], timeout=0)
         return bool(done)
 
     def get(self, ref):
-        import ray
-
+        ray = _ray()
         try:
             return ray.get(ref)
         except ray.exceptions.RayTaskError as e:
@@ -67,6 +70,8 @@ class RayLink:
         """Block until ``ref`` is ready (True) or ``timeout`` s pass (False)."""
         import ray
 
+        if not ray.is_initialized():  # (as `ready`)
+            return True
         done, _ = ray.wait([ref], timeout=timeout)
         return bool(done)
 
@@ -76,9 +81,7 @@ class RayLink:
 
     def put(self, value):
         """A value shipped as an argument of a later call (Ray: through its object store)."""
-        import ray
-
-        return ray.put(value)
+        return _ray().put(value)
 
     def usable(self) -> bool:
         """Whether calls can be sent now (False: Ray was shut down; a call would start a new one)."""
@@ -90,11 +93,29 @@ class RayLink:
         """The errors that mean the actor is gone."""
         import ray
 
-        return (ray.exceptions.RayActorError,)
+        return (ray.exceptions.RayActorError, RayShutDownError)
 
     def where(self, info: dict) -> str:
         node = f", node {info['node_ip']} ({info['node_id']})" if info.get("node_id") else ""
         return f"Ray actor on {info['host']}, pid {info['pid']}{node}"
+
+
+def _ray():
+    """Ray, if this process is still connected to it; else `RayShutDownError`.
+
+    Ray's ``get``, ``wait``, ``put`` and actor calls start a new Ray when none is connected
+    (its auto-init): one made after ``ray.shutdown()`` (a notebook's last cell) would start a
+    local Ray in this process, or join the cluster being torn down and hang there, only
+    to find no actor of ours.
+    """
+    import ray
+
+    if not ray.is_initialized():
+        raise RayShutDownError(
+            "this process is no longer connected to Ray (`ray.shutdown()` was called): the islands on its actors "
+            "are out of reach. Connect again with `pw.add_ray_islands(address)` for new ones."
+        )
+    return ray
 
 
 class RayIslandActor(IslandActor):
