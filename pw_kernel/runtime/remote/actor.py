@@ -86,6 +86,7 @@ class IslandActor:
         self.shipped: dict[str, Any] = {}  # nodes that call the host, shipped as Python (`shipped.py`)
         self.output = None  # what catches a shipped node's prints and logs (`node_output.py`), made at its load
         self.freed: set[int] = set()  # handles freed before the node making them ran
+        self.unmade: set[int] = set()  # outputs of nodes that failed or did not run, until their frees come
         self.calls = 0  # run_many calls, for tests and benchmarks
 
     def describe(self) -> dict:
@@ -148,6 +149,7 @@ class IslandActor:
         try:
             for key, in_ids, out_ids in ops:
                 start = time.perf_counter_ns()
+                raised = None
                 try:
                     args = [self.buffers[i] for i in in_ids]
                     shipped = self.shipped.get(key)
@@ -158,10 +160,11 @@ class IslandActor:
                         outs, pieces, raised = shipped.run(args, self.output)
                         if pieces:
                             said[len(times)] = pieces
-                        if raised is not None:
-                            return times, (len(times), raised), said
                 except Exception as e:
-                    return times, (len(times), f"{type(e).__name__}: {e}"), said
+                    raised = f"{type(e).__name__}: {e}"
+                if raised is not None:
+                    self._unmade(h for _, _, out_ids in ops[len(times):] for h in out_ids)
+                    return times, (len(times), raised), said
                 for i, o in zip(out_ids, outs):
                     self._store(i, o)
                 for k in inline_picks([o.size * o.dtype.itemsize for o in outs]):
@@ -170,6 +173,15 @@ class IslandActor:
             return times, None, said, small
         finally:
             self.free(frees)
+
+    def _unmade(self, handles) -> None:
+        """These outputs will never be made (their node failed, or one before it in its call): their frees, when
+        they come, find nothing, and must not be kept in `freed` for a value that never arrives."""
+        for h in handles:
+            if h in self.freed:
+                self.freed.discard(h)
+            else:
+                self.unmade.add(h)
 
     def _store(self, handle: int, value) -> None:
         if handle in self.freed:  # freed before it was made (its last reference died first)
@@ -180,6 +192,7 @@ class IslandActor:
     def put(self, handle: int, value, layout: tuple, spec: tuple) -> tuple[list, tuple | None]:
         start = time.perf_counter_ns()
         if isinstance(value, tuple) and value[0] == NOT_HELD:  # (moved from an island whose node failed)
+            self._unmade([handle])
             return [], (0, _not_held(value[1]))
         value = from_wire(value)
         self._store(handle, self.jax.device_put(value, self._sharding(*layout, spec)).block_until_ready())
@@ -208,6 +221,7 @@ class IslandActor:
                 raise ValueError(f"{getattr(fn, '__name__', fn)} returned {len(outs)} arrays for {len(out_ids)} outputs")
             self.jax.block_until_ready(outs)
         except Exception as e:
+            self._unmade(out_ids)
             return [], (0, f"{type(e).__name__}: {e}")
         for i, o in zip(out_ids, outs):
             self._store(i, o)
@@ -227,9 +241,13 @@ class IslandActor:
     def free(self, handles: list[int]) -> None:
         for h in handles:
             if self.buffers.pop(h, MISSING) is MISSING:
-                self.freed.add(h)
+                if h in self.unmade:
+                    self.unmade.discard(h)
+                else:
+                    self.freed.add(h)
 
     def stats(self) -> dict:
         return {
             "buffers": len(self.buffers), "executables": len(self.executables) + len(self.shipped), "run_calls": self.calls,
+            "waiting_frees": len(self.freed) + len(self.unmade),
         }
