@@ -45,12 +45,7 @@ class RayLink:
         getattr(self.actor, method).remote(*args)
 
     def ready(self, ref) -> bool:
-        import ray
-
-        if not ray.is_initialized():  # (as good as answered: its read raises RayShutDownError)
-            return True
-        done, _ = ray.wait([ref], timeout=0)
-        return bool(done)
+        return self.wait(ref, 0)
 
     def get(self, ref):
         ray = _ray()
@@ -70,7 +65,7 @@ class RayLink:
         """Block until ``ref`` is ready (True) or ``timeout`` s pass (False)."""
         import ray
 
-        if not ray.is_initialized():  # (as `ready`)
+        if not ray.is_initialized():  # (as good as answered: its read raises RayShutDownError, starting no Ray)
             return True
         done, _ = ray.wait([ref], timeout=timeout)
         return bool(done)
