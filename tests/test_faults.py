@@ -147,7 +147,7 @@ def test_ctrl_c_while_completing_a_lone_call_on_the_waiting_thread(ctl):
     with pytest.raises(KeyboardInterrupt):
         fut.result()
     presser.join()
-    assert fut.dispatched
+    assert fut.run.nodes_dispatched == 1  # (pressed once the node was on the device)
     assert fut.cancelled() and fut.run.state == "cancelled"
     # The node went back to the watcher, which reports it once the device is done (a lost node
     # would never be reported, and would hold its island's in-flight credit for ever).
@@ -224,8 +224,46 @@ def test_a_bug_in_a_controller_thread_fails_its_runs_saying_so_and_the_controlle
         out, settled = f(x), threading.Event()
         out.add_done_callback(lambda _: settled.set())
         assert settled.wait(60)  # (not `result`: its caller would complete the node itself, not the watcher)
-        with pytest.raises(pw.PathwaysError, match=f"pw_kernel's {thread} thread hit an error.*RuntimeError: a bug"):
+        said = f"pw_kernel's {thread} thread hit an error.*RuntimeError: a bug"
+        with pytest.raises(pw.PathwaysError, match=said) as info:
             out.result(timeout=60)
+    # Kept with its run, the bug's traceback is text (its frames would hold that thread's arrays): it says where.
+    bug = info.value.__cause__ or info.value
+    assert bug.__traceback__ is None and "in buggy" in "\n".join(bug.__notes__), bug
     assert hit and f"the {thread} thread hit an error" in caplog.text and "a bug of ours" in caplog.text
     assert ctl.dispatcher.thread.is_alive() and ctl.completion.thread.is_alive()
     assert (np.asarray(f(x).result(timeout=60)) == 1.0).all()  # the controller goes on
+
+
+def test_a_failed_runs_error_keeps_none_of_its_arrays_and_does_not_grow_however_often_it_is_raised(ctl):
+    """A failed run's error is kept with the run for as long as the controller keeps it: its traceback held the
+    frames that found the failure, and they the arrays of that step; each `.result()` added its own frames."""
+    import gc
+
+    s = pw.slice(1, name="s")
+    widen = pw.compiled(lambda x: jnp.stack([x, x + 1]), slice=s, name="widen")  # a (2, 4097) step between
+    check = pw.compiled(lambda y: on_host(raise_value_error)(y).sum(0), slice=s, name="calibrate")
+
+    @pw.program(mode="chained")
+    def step(x):
+        return check(widen(x))
+
+    run = step.submit(jnp.zeros(4097))
+    lengths = []
+    for _ in range(20):
+        with pytest.raises(pw.NodeError, match="calibration table missing") as info:
+            run.result(timeout=60)
+        lengths.append(len(list(traceback_entries(info.value.__traceback__))))
+    del info
+    gc.collect()
+    assert len(set(lengths)) == 1, lengths  # each raise starts a traceback of its own
+    assert not [a for a in jax.live_arrays() if a.shape == (2, 4097)]  # the step between is gone
+    assert run.outputs.value is None and run.outputs.dispatched is False  # what the failed step left, too
+    cause = run.error.__cause__
+    assert cause.__traceback__ is None and cause.original.__traceback__ is None
+
+
+def traceback_entries(tb):
+    while tb is not None:
+        yield tb
+        tb = tb.tb_next

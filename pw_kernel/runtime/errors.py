@@ -64,6 +64,7 @@ class HostCallbackError(PathwaysError, RuntimeError):
 
     def __init__(self, original: BaseException):
         super().__init__("".join(traceback.format_exception(original)).rstrip("\n"))
+        original.__traceback__ = None  # (its text is the message: its frames would only hold the callback's locals)
         self.original = original
 
 
@@ -132,6 +133,37 @@ def describe_cause(exc: BaseException) -> str:
     if m is not None:
         return "a host callback raised: " + text[m.end() :]
     return f"{type(exc).__name__}: {text}"
+
+
+def at_rest(exc: BaseException) -> BaseException:
+    """``exc``, ready to be kept (as a run's error, for as long as the controller keeps the run) and raised again.
+
+    A traceback holds its frames, each frame its locals and its caller's frame: the error of a failed
+    step would hold that step's arrays, and the frames it was raised through after it failed, for as
+    long as its run is kept. So the traceback of ``exc``, and of each exception it chains to, becomes
+    text in a note (as Ray and Dask keep a remote traceback) and the frames go. Raise a kept error with
+    ``raise exc.with_traceback(None)``: a bare ``raise`` would add the raiser's frames to the ones before.
+
+    Example::
+
+        rec.error = at_rest(error)   # error.__traceback__ is None; "Traceback where it was raised" is a note
+    """
+    seen: set[int] = set()
+    todo = [exc]
+    while todo:
+        e = todo.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        tb = e.__traceback__
+        if tb is not None:
+            if not e.__dict__.get("_pw_at_rest"):  # (raised again since it was kept: the raiser's frames go, no note)
+                text = "".join(traceback.format_tb(tb)).rstrip()
+                e.add_note(f"Traceback where it was raised (kept as text):\n{text}")
+            e.__traceback__ = None
+        e.__dict__["_pw_at_rest"] = True
+        todo.extend(x for x in (e.__cause__, e.__context__, *vars(e).values()) if isinstance(x, BaseException))
+    return exc
 
 
 def short_error(err: BaseException | str | None, max_lines: int = 12) -> str:

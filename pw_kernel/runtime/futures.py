@@ -196,10 +196,10 @@ class Future(concurrent.futures.Future, OutputCell):
                 return self._result
             self.run.error_seen = True  # the run's error, raised here: the user has it
             err = self._exception
-            # The error is kept with its run for as long as the controller keeps the run, and raising it
-            # attaches these frames to it: they must not hold this future (nor its output) alive.
+            # The error is kept with its run for as long as the controller keeps the run (`errors.at_rest`):
+            # each raise starts a traceback of its own, which must not hold this future (nor its output).
             self = None  # noqa: PLW0642
-            raise err
+            raise err.with_traceback(None)
         raise CancelledError(self._cancel_message()) from None
 
     def resolved_value(self) -> Any:

@@ -332,6 +332,7 @@ class Run:
         futures = self._futures
         for j in indices:
             fut = futures[j]
+            fut.value = None  # (what its node left is no value: a future the user keeps keeps no buffer)
             if cancelled:
                 fut._set_cancelled()  # (Future.cancel cancels the run)
             else:

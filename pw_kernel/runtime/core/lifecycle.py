@@ -24,7 +24,7 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..errors import CancelledError, ControllerShutdownError, InvalidTransition
+from ..errors import CancelledError, ControllerShutdownError, InvalidTransition, at_rest
 from .failures import input_error, node_error
 from .records import NOTHING, WAKE, Emit, OutputCell, Resolve, Reject, Finish, RunRecord, RunState, Work
 from .pick import pick
@@ -324,7 +324,7 @@ class Lifecycle:
     def _leave(self, rec: RunRecord, state: RunState, now: float, error: BaseException | None) -> list:
         """Every way into a final state: leave the queue, give memory back, reject what is unresolved."""
         rec.state = state
-        rec.error = error
+        rec.error = at_rest(error) if error is not None else None  # (kept with the run: no frames, no arrays)
         rec.finished_at = now
         rec.slots = None
         rec.inputs = ()

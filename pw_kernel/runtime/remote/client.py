@@ -47,7 +47,7 @@ from typing import Any
 import jax
 
 from ..devices import Island
-from ..errors import IslandLostError
+from ..errors import IslandLostError, at_rest
 from ..trace.graph import as_dtype
 from .actor import from_wire, spec_tuple
 from .link import ErrorEnvelope, Link
@@ -185,7 +185,7 @@ class RemoteIsland:
 
     def lost(self, err: BaseException) -> IslandLostError:
         self.alive = False
-        self.error = err
+        self.error = at_rest(err)
         return IslandLostError(
             f"island {self.island.id if self.island else '?'} ({self._where()}) was lost: "
             f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}. To go on: {self.link.again}."
@@ -374,7 +374,7 @@ class RemoteIsland:
         try:
             ticket.ref = send()
         except BaseException as e:  # a value that failed to compute, a dead actor: its readers see it
-            ticket.error = e
+            ticket.error = at_rest(e)
         finally:
             ticket.made()
 

@@ -64,7 +64,7 @@ class Ticket:
     def wait_ref(self):
         self._wait_sent()
         if self.error is not None:
-            raise self.error
+            raise self.error.with_traceback(None)  # (kept for every reader: `errors.at_rest`)
         return self.ref
 
     def ready(self) -> bool:
