@@ -23,6 +23,7 @@ pytest.importorskip("ipykernel")
 
 from jupyter_client import KernelManager  # noqa: E402
 from jupyter_client.kernelspec import KernelSpecManager  # noqa: E402
+from conftest import SUITE_XLA_FLAGS  # noqa: E402
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -47,6 +48,7 @@ def kernel_env(tmp: Path) -> dict[str, str]:
     """The test process's environment without its device settings: the kernelspec must provide them."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PW_", "JAX_", "XLA_"))}
     env["JAX_PLATFORMS"] = "cpu"  # these tests are about simulated CPU devices, also on a GPU machine
+    env["XLA_FLAGS"] = SUITE_XLA_FLAGS  # (how it compiles: no device count)
     env["IPYTHONDIR"] = str(tmp / "ipython")
     return env
 

@@ -25,6 +25,7 @@ nbclient = pytest.importorskip("nbclient")
 
 from jupyter_client import KernelManager  # noqa: E402
 from jupyter_client.kernelspec import KernelSpecManager  # noqa: E402
+from conftest import SUITE_XLA_FLAGS  # noqa: E402
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 TUTORIALS = [
@@ -75,6 +76,7 @@ def _execute(path: Path, kernel_dir: Path, tmp_path: Path, devices: int | None):
     nb.cells.append(nbformat.v4.new_code_cell(PROBE))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PW_", "JAX_", "XLA_"))}
     env["JAX_PLATFORMS"] = "cpu"
+    env["XLA_FLAGS"] = SUITE_XLA_FLAGS  # (how it compiles: no device count)
     env["IPYTHONDIR"] = str(tmp_path / "ipython")
     if devices is not None:  # the environment that starts Jupyter, as a user sets it
         env["PW_NUM_CPU_DEVICES"] = str(devices)
