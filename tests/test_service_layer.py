@@ -221,6 +221,25 @@ def test_shutdown_ends_the_connection_and_init_keeps_it(service):
     assert pw.slice(1).island.remote is None
 
 
+def test_a_lost_services_error_is_every_later_calls_and_does_not_grow_with_them(service):
+    """A notebook that goes on calling after its service died (a retry loop) gets the link's one error each time:
+    raised bare, it had kept every raiser's frames, call after call."""
+    from pw_kernel.service import session
+
+    pw.connect(service.path, name="erin")
+    lost = session._conn.link.lose("the test says so")  # (what the heartbeat does when the service goes quiet)
+    lengths = []
+    for _ in range(20):
+        with pytest.raises(pw.IslandLostError, match="Pathways service lost: the test says so") as info:
+            pw.clients()
+        assert info.value is lost
+        tb, n = info.value.__traceback__, 0
+        while tb is not None:
+            tb, n = tb.tb_next, n + 1
+        lengths.append(n)
+    assert len(set(lengths)) == 1, lengths
+
+
 def test_bursts_of_any_shape_trace_nothing_new_in_the_service(service):
     pw.connect(service.path, name="dave")
     s = pw.slice(1)

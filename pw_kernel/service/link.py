@@ -183,8 +183,8 @@ class ServiceLink:
         while not self.wait(ref, 0.1):  # (in slices: Ctrl-C reaches a waiting notebook)
             if deadline is not None and time.monotonic() > deadline:
                 raise self._timeout(timeout)
-        if ref.error is not None:
-            raise ref.error
+        if ref.error is not None:  # (the link's own error, once lost, is every call's: each raise starts afresh)
+            raise ref.error.with_traceback(None)
         return ref.value
 
     def wait(self, ref: Ref, timeout: float) -> bool:

@@ -96,8 +96,8 @@ def _connection(api: str) -> Session:
     c = _conn
     if c is None:
         raise PathwaysError(f"`{api}` needs a connection to a Pathways service: call `pw.connect()` first.")
-    if not c.alive:
-        raise c.link.error
+    if not c.alive:  # (kept for every later call: each raise starts a traceback of its own, `errors.at_rest`)
+        raise c.link.error.with_traceback(None)
     return c
 
 
