@@ -267,3 +267,23 @@ def traceback_entries(tb):
     while tb is not None:
         yield tb
         tb = tb.tb_next
+
+
+def test_a_kept_errors_note_says_where_it_was_raised_in_a_bounded_number_of_frames():
+    from pw_kernel.runtime.errors import KEPT_FRAMES, at_rest
+
+    def deep(n):
+        if n == 0:
+            raise ValueError("at the bottom")
+        return deep(n - 1)
+
+    try:
+        deep(200)
+    except ValueError as e:
+        err = e
+    assert at_rest(err) is err and err.__traceback__ is None
+    (note,) = err.__notes__
+    assert note.startswith("Traceback where it was raised") and 'raise ValueError("at the bottom")' in note
+    assert note.count('File "') <= KEPT_FRAMES and len(note) < 200 * KEPT_FRAMES
+    at_rest(err)  # kept again (a chain's root, read by the next run): nothing added
+    assert len(err.__notes__) == 1

@@ -135,6 +135,10 @@ def describe_cause(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"
 
 
+#: Frames of a kept error's traceback that its note keeps, the innermost (a few KiB at most, whatever the depth).
+KEPT_FRAMES = 20
+
+
 def at_rest(exc: BaseException) -> BaseException:
     """``exc``, ready to be kept (as a run's error, for as long as the controller keeps the run) and raised again.
 
@@ -158,7 +162,7 @@ def at_rest(exc: BaseException) -> BaseException:
         tb = e.__traceback__
         if tb is not None:
             if not e.__dict__.get("_pw_at_rest"):  # (raised again since it was kept: the raiser's frames go, no note)
-                text = "".join(traceback.format_tb(tb)).rstrip()
+                text = "".join(traceback.format_tb(tb, limit=-KEPT_FRAMES)).rstrip()  # (the innermost: where)
                 e.add_note(f"Traceback where it was raised (kept as text):\n{text}")
             e.__traceback__ = None
         e.__dict__["_pw_at_rest"] = True
