@@ -11,7 +11,8 @@ service's threads start), recording only around one warm ``f(x).result()``: the 
 of pw_kernel files whose functions ran must be exactly the doc's list, the count its
 length, and every function a step names must have run. A module that is legitimately
 met only sometimes (a race between threads) may be listed with a ``?`` suffix: it is
-accepted whether or not it is seen (there is none today).
+accepted whether or not it is seen (the local walk's `core/pick.py`: the dispatcher thread looking for
+work, woken before the call, seen once in the quick tier's two workers).
 """
 
 from __future__ import annotations
