@@ -144,9 +144,36 @@ def _listed(section: str, walk: str) -> tuple[set[str], set[str], int]:
 WALKS = ("local", "service")
 
 
+#: Measurements of a walk before it is found out of date: a loaded machine (the suite's two workers) can let
+#: a thread run during the call on a wake-up from before it, or leave a step of it until after; what the
+#: doc says must be what a call does in one of them.
+TRIES = 3
+
+
 @pytest.fixture(scope="module")
 def measured() -> dict[str, set[tuple[str, str]]]:
-    return {walk: _measure(walk) for walk in WALKS}
+    """Each walk's measurement: the first that agrees with the doc, else the last of `TRIES`."""
+    out = {}
+    for walk in WALKS:
+        for _ in range(TRIES):
+            ran = out[walk] = _measure(walk)
+            if not _module_problems(walk, ran) and not _step_problems(walk, ran):
+                break
+    return out
+
+
+def _module_problems(walk: str, ran: set[tuple[str, str]]) -> tuple[list[str], list[str]]:
+    """(modules crossed and not listed, modules listed and not crossed)."""
+    required, optional, _ = _listed(_section(DOC.read_text(), walk), walk)
+    crossed = {path for path, _ in ran}
+    missing, extra = sorted(crossed - required - optional), sorted(required - crossed)
+    return (missing, extra) if missing or extra else ()
+
+
+def _step_problems(walk: str, ran: set[tuple[str, str]]) -> list[str]:
+    """The functions the walk's steps name that did not run (a class named alone: its constructor ran)."""
+    named = set(re.findall(r"`((?:runtime|service)/[\w/]+\.py):([\w.<>]+)`", _section(DOC.read_text(), walk)))
+    return sorted(f"{p}:{fn}" for p, fn in named if (p, fn) not in ran and (p, f"{fn}.__init__") not in ran)
 
 
 @pytest.mark.parametrize("walk", WALKS)
@@ -159,10 +186,7 @@ def test_the_walk_says_how_many_modules_it_lists(walk):
 
 @pytest.mark.parametrize("walk", WALKS)
 def test_the_walk_lists_exactly_the_modules_the_call_crosses(walk, measured):
-    required, optional, _ = _listed(_section(DOC.read_text(), walk), walk)
-    crossed = {path for path, _ in measured[walk]}
-    missing = sorted(crossed - required - optional)
-    extra = sorted(required - crossed)
+    missing, extra = _module_problems(walk, measured[walk]) or ([], [])
     assert not missing and not extra, (
         f"walk {walk!r} in docs/architecture.md is out of date:\n"
         f"  crossed by the call, not listed: {missing}\n"
@@ -175,7 +199,5 @@ def test_every_function_a_step_names_runs_in_the_call(walk, measured):
     section = _section(DOC.read_text(), walk)
     named = set(re.findall(r"`((?:runtime|service)/[\w/]+\.py):([\w.<>]+)`", section))
     assert len(named) >= 10, f"walk {walk!r} names only {len(named)} steps as `path:function`"
-    ran = measured[walk]
-    # (a class named alone: its constructor ran)
-    not_run = sorted(f"{p}:{fn}" for p, fn in named if (p, fn) not in ran and (p, f"{fn}.__init__") not in ran)
+    not_run = _step_problems(walk, measured[walk])
     assert not not_run, f"walk {walk!r} names functions the call does not run: {not_run}"
