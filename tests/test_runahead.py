@@ -207,16 +207,24 @@ def test_a_node_longer_than_the_bound_has_the_next_sent_while_it_runs_and_cancel
     # A real model's step is often longer than the bound (a 12-layer transformer's on the CPU: ~43 ms). Sent only once
     # the running one was seen to finish, the next left the device idle while the host sent it: 1.22x `jax.jit`.
     ctl, *_ = slow_notebook()
-    bound_s = grind_ns(ctl) / 3e9  # a third of a node: the next may go once less than that is left of it
+    # Half a node: the next may go once less than that is left of it. The gate's estimate of a node is a mean
+    # of nodes it saw finish, moved halfway towards each new block of 8 (`RunAhead.finished`): measured while
+    # another test loaded the machine (the suite's two workers) it overstates the nodes here, and the next goes
+    # that much later, after the one before has ended if by more than the bound. So the bound leaves half a
+    # node of slack, and one more run moves the estimate towards this test's conditions. (With a third of a
+    # node and no such run, 3 of 11 went while running in one quick tier; 0 of 11 in each of 4 tries with two
+    # CPU burners during the warm-up only; with both, 2 to 7.) What the regression did: none went while running.
+    bound_s = grind_ns(ctl) / 2e9
     pw.shutdown()
     ctl, long, tiny, x, v = slow_notebook(run_ahead_s=bound_s)
     try:
         assert nodes_within_bound(ctl) == 2
+        assert long.submit(x, mode="chained").wait(120).state == "done"  # (the estimate, from now's nodes)
         run = long.submit(x, mode="chained")
         assert run.wait(120).state == "done"
         nodes = sorted((e for e in run.events if e.node.startswith("grind")), key=lambda e: e.seq)
         sent_while_running = sum(b.dispatch < a.end for a, b in zip(nodes, nodes[1:]))
-        assert sent_while_running >= (NODES - 1) // 2, [(a.end - b.dispatch) / 1e6 for a, b in zip(nodes, nodes[1:])]
+        assert sent_while_running >= 2, [(a.end - b.dispatch) / 1e6 for a, b in zip(nodes, nodes[1:])]
 
         run = long.submit(x, mode="chained")
         wait_until(lambda: run.nodes_on_devices >= 2, "two nodes of the long run on the device")
