@@ -137,6 +137,46 @@ def check_not_donated(x: Any, api: str, what: str | Callable[[], str]) -> None:
         )
 
 
+#: What XLA raises on a wait for a buffer that a later computation is taking (its donation under way).
+_TAKEN = "deleted or donated"
+
+
+def donated_since(a: Any, error: BaseException | None = None) -> bool:
+    """Whether a node's output ``a`` was donated since (a later run gave it to its computation, which XLA runs
+    after this one): there is nothing of it to wait for, and it did not fail. ``error``: what waiting for it raised.
+
+    Example (completion, waiting for a node's outputs)::
+
+        try:
+            out.block_until_ready()
+        except Exception as e:
+            failed = not donated_since(out, e)
+
+    While the dispatcher thread hands the buffer to the later computation, a wait for it already raises
+    (``BlockHostUntilReady() called on deleted or donated buffer``) and ``is_deleted`` is still False:
+    asked in that window, ``is_deleted`` alone took the donation for this node's failure (a chained
+    loop with a donated state failed at a random step, one in thousands).
+    """
+    if error is not None and _TAKEN in str(error):
+        return True
+    is_deleted = getattr(a, "is_deleted", None)
+    return is_deleted is not None and is_deleted()
+
+
+def failure_of(outs) -> BaseException | None:
+    """What waiting for a node's outputs raises if its computation failed; None once they computed (an output a
+    later node has donated counts as computed)."""
+    for a in outs:
+        try:
+            a.block_until_ready()
+        except AttributeError:
+            pass  # not a device array (a numpy float0 gradient of an integer input): ready
+        except Exception as e:
+            if not donated_since(a, e):
+                return e
+    return None
+
+
 class Hold:
     """Values kept from donation until released: what a checkpoint still has to write.
 
@@ -166,6 +206,6 @@ def hold(tree: Any) -> Hold:
 
 
 __all__ = [
-    "Hold", "check_not_donated", "done_reading", "donated_to", "donated_to_any", "hold",
-    "mark_all_donated", "readers", "reading", "still_read_among",
+    "Hold", "check_not_donated", "donated_since", "done_reading", "donated_to", "donated_to_any", "failure_of",
+    "hold", "mark_all_donated", "readers", "reading", "still_read_among",
 ]

@@ -42,8 +42,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-import jax
-
+from ..donation import donated_since, failure_of
 from ..errors import HostCallbackError
 from .events import EventLog, IslandOutput, NodeEvent
 from .interrupts import interrupts_deferred
@@ -150,18 +149,6 @@ def wait_ready(value: Any, done: Callable[[], bool], spin_ns: int = _SPIN_NS) ->
         delay = min(delay * 2, 1e-3)
 
 
-def _donated(a: Any) -> bool:
-    """Whether output ``a`` was donated since (a later run gave it to its computation, which XLA runs after
-    this one): there is nothing of it to wait for, and it did not fail."""
-    is_deleted = getattr(a, "is_deleted", None)
-    return is_deleted is not None and is_deleted()
-
-
-def _undonated(outs) -> list:
-    """The outputs of a node that no later run donated (those are what waiting for it can ask)."""
-    return [a for a in outs if not _donated(a)]
-
-
 def _say(log, rec, st, outs: list) -> None:
     """Emit what a remote node printed or logged on its island as it ran, as `IslandOutput` events."""
     try:
@@ -217,8 +204,8 @@ def _computed(batch: Batch, clean: bool = False) -> bool:
                     a.block_until_ready()  # computed: raises only if it failed
                 except AttributeError:
                     pass  # not a device array (a numpy float0 gradient of an integer input): ready
-                except Exception:
-                    if not _donated(a):
+                except Exception as e:
+                    if not donated_since(a, e):
                         return False
     return True
 
@@ -568,8 +555,8 @@ class Completion:
                     a.block_until_ready()  # raises an asynchronous failure (is_ready would not)
                 except AttributeError:
                     pass  # not a device array (a numpy float0 gradient of an integer input): ready
-                except Exception:
-                    if not _donated(a):
+                except Exception as e:
+                    if not donated_since(a, e):
                         raised = True  # found and attributed below
             end = clock() - epoch
             start = dispatch
@@ -623,17 +610,13 @@ class Completion:
         recorded an exception.
         """
         failed: dict[int, BaseException] = {}
-        try:
-            if raised:
-                jax.block_until_ready([_undonated(item.outs) for item in items if not item.step.outs_donated])
-        except Exception:  # an asynchronous failure: find the first failing node of each run
+        if raised:  # an asynchronous failure: find the first failing node of each run
             seen: set[int] = set()
             for i, (rec, st, _, _, outs) in enumerate(items):
                 if rec.id not in seen and not st.outs_donated:
-                    try:
-                        jax.block_until_ready(_undonated(outs))
-                    except Exception as e:
-                        failed[i] = e
+                    error = failure_of(outs)
+                    if error is not None:
+                        failed[i] = error
                         seen.add(rec.id)
         for i in guarded:
             self._callback_failure(items, i, failed)
