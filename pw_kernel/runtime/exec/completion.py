@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ..donation import donated_since, failure_of
+from ..donation import failure_of
 from ..errors import HostCallbackError
 from .events import EventLog, IslandOutput, NodeEvent
 from .interrupts import interrupts_deferred
@@ -199,14 +199,8 @@ def _computed(batch: Batch, clean: bool = False) -> bool:
                 except Exception:  # not a device array, a donated one, or failed (`_stamp` reports it)
                     pass
         if clean and not st.outs_donated:
-            for a in asked if asked is not None else _asked(st, outs):
-                try:
-                    a.block_until_ready()  # computed: raises only if it failed
-                except AttributeError:
-                    pass  # not a device array (a numpy float0 gradient of an integer input): ready
-                except Exception as e:
-                    if not donated_since(a, e):
-                        return False
+            if failure_of(asked if asked is not None else _asked(st, outs)) is not None:
+                return False  # (computed: the wait raises only if it failed)
     return True
 
 
@@ -550,14 +544,9 @@ class Completion:
             if st.host_callbacks:
                 guarded.append(len(events))  # (its index)
             # a later node reuses these outputs' buffers (donation): it waits for this one; we cannot
-            for a in () if waited or st.outs_donated else _asked(st, outs):
-                try:
-                    a.block_until_ready()  # raises an asynchronous failure (is_ready would not)
-                except AttributeError:
-                    pass  # not a device array (a numpy float0 gradient of an integer input): ready
-                except Exception as e:
-                    if not donated_since(a, e):
-                        raised = True  # found and attributed below
+            # (`block_until_ready` raises an asynchronous failure, `is_ready` would not)
+            if not (waited or st.outs_donated) and failure_of(_asked(st, outs)) is not None:
+                raised = True  # found and attributed below
             end = clock() - epoch
             start = dispatch
             if st.remote:  # ran on a remote island: its own clock, corrected
