@@ -182,8 +182,8 @@ def test_a_data_parallel_loop_with_a_donated_state_is_not_failed_by_the_donation
     # A step that donates its state takes the last step's output while the completer may be waiting for it: in
     # that window the wait raises ("BlockHostUntilReady() called on deleted or donated buffer") before
     # `is_deleted` says so, and was taken for the step's failure. Every later step then failed as its reader:
-    # this loop died at steps 1,911, 4,955 and ~7,400 of three tries (8,000 and 20,000 steps), through the
-    # service as in one process. The window is narrow: a run of this length met it about every other time.
+    # this loop died at about steps 960 and 2,480 (of 8,000) through the service and 7,430 (of 20,000) in one
+    # process, in 3 of 5 tries. The window is narrow: a run of this length meets it less than every other time.
     pw.init()
     try:
         n = len(pw.devices())
