@@ -213,7 +213,7 @@ def test_a_node_longer_than_the_bound_has_the_next_sent_while_it_runs_and_cancel
     # that much later, after the one before has ended if by more than the bound. So the bound leaves half a
     # node of slack, and one more run moves the estimate towards this test's conditions. (With a third of a
     # node and no such run, 3 of 11 went while running in one quick tier; 0 of 11 in each of 4 tries with two
-    # CPU burners during the warm-up only; with both, 2 to 7.) What the regression did: none went while running.
+    # CPU burners during the warm-up only; with both, 2 to 8.) What the regression did: none went while running.
     bound_s = grind_ns(ctl) / 2e9
     pw.shutdown()
     ctl, long, tiny, x, v = slow_notebook(run_ahead_s=bound_s)

@@ -141,7 +141,7 @@ def check_not_donated(x: Any, api: str, what: str | Callable[[], str]) -> None:
 _TAKEN = "deleted or donated"
 
 
-def donated_since(a: Any, error: BaseException | None = None) -> bool:
+def _donated_since(a: Any, error: BaseException | None = None) -> bool:
     """Whether a node's output ``a`` was donated since (a later run gave it to its computation, which XLA runs
     after this one): there is nothing of it to wait for, and it did not fail. ``error``: what waiting for it raised.
 
@@ -150,7 +150,7 @@ def donated_since(a: Any, error: BaseException | None = None) -> bool:
         try:
             out.block_until_ready()
         except Exception as e:
-            failed = not donated_since(out, e)
+            failed = not _donated_since(out, e)
 
     While the dispatcher thread hands the buffer to the later computation, a wait for it already raises
     (``BlockHostUntilReady() called on deleted or donated buffer``) and ``is_deleted`` is still False:
@@ -172,7 +172,7 @@ def failure_of(outs) -> BaseException | None:
         except AttributeError:
             pass  # not a device array (a numpy float0 gradient of an integer input): ready
         except Exception as e:
-            if not donated_since(a, e):
+            if not _donated_since(a, e):
                 return e
     return None
 
@@ -206,6 +206,6 @@ def hold(tree: Any) -> Hold:
 
 
 __all__ = [
-    "Hold", "check_not_donated", "donated_since", "done_reading", "donated_to", "donated_to_any", "failure_of",
-    "hold", "mark_all_donated", "readers", "reading", "still_read_among",
+    "Hold", "check_not_donated", "done_reading", "donated_to", "donated_to_any", "failure_of", "hold",
+    "mark_all_donated", "readers", "reading", "still_read_among",
 ]
