@@ -117,6 +117,27 @@ def test_ran_is_dispatched_then_completed_in_one_transition():
     assert a.state == "done" and a.events == [EVENT] and not fused.queue
 
 
+def test_a_lone_call_sent_whole_and_still_computing_is_queued_running_and_dispatched_in_one_transition():
+    # A lone one-step call whose step its caller sent and which is still computing (a remote island's
+    # answer on its way): `sent` from "new". The same record, queue and counts as `start`, then
+    # `dispatched`; its two run events are one effect. It completes the usual way.
+    fused, stepwise = (Lifecycle(max_inflight=8, n_islands=1, validate=True) for _ in range(2))
+    a, b = (record(0, make_plan(1, n_inputs=1), inputs=["x"], now=1.0) for _ in range(2))
+    effects = fused.handle(a, "sent", 2.0, 1, ((0, 1, 0, 0),), [(0, "y")], 0)
+    step_effects = stepwise.handle(b, "start", 1.0)
+    step_effects += stepwise.handle(b, "dispatched", 2.0, 1, ((0, 1, 0, 0),), [(0, "y")], 0)
+    assert kinds(effects) == ["Emit"] and effects[0].state == ("queued", "running")
+    assert [e.state for e in step_effects] == ["queued", "running"]
+    same = [k for k in RunRecord.__slots__ if k not in ("plan", "cells")]
+    assert {k: getattr(a, k) for k in same} == {k: getattr(b, k) for k in same}
+    assert a.state == "running" and a.started_at == 1.0 and a.cells[0].value == b.cells[0].value == "y"
+    assert (fused.inflight, fused.dispatched, fused.reserved, list(fused.queue)) == (
+        stepwise.inflight, stepwise.dispatched, stepwise.reserved, list(stepwise.queue)) == ([1], [1], a.reserved, [0])
+    effects = fused.handle(a, "completed", 3.0, ((0, 1, 0, 0),), [(0, "y")], None, [EVENT])
+    assert kinds(effects) == ["Emit", "Resolve", "Finish"] and a.state == "done" and fused.inflight == [0]
+    assert not fused.queue and not fused.reserved.get(0)
+
+
 def test_a_lone_call_run_whole_at_submit_is_queued_running_and_done_in_one_transition():
     # A lone one-step call its caller ran before reporting anything: `ran` from "queued". The same
     # record, events, outputs and counts as starting it, then reporting `ran` from "running".

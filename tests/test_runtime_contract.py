@@ -22,10 +22,11 @@ def test_transition_table_is_the_documented_state_machine():
     assert set(TRANSITIONS) == {
         # a record is "new" only inside the lock that made it: it joins the queue, or (alone in an empty
         # queue) is started at once, or was run whole by its caller at submit (started, dispatched and
-        # completed at once)
+        # completed at once), or sent whole by its caller at submit and still computing (started and dispatched)
         ("new", "submit"),
         ("new", "start"),
         ("new", "ran"),
+        ("new", "sent"),
         ("queued", "start"),
         ("queued", "input_failed"),
         # what it waits for before it can dispatch (credit, memory, an input), or None once picked

@@ -593,16 +593,8 @@ def _completed(
 
 
 @on(("running", "ran"), to=("running", "failed", "done"))
-def _ran(
-    life: Lifecycle,
-    rec: RunRecord,
-    now: float,
-    cursor: int,
-    per_island: Sequence[tuple[int, int, int, int]],
-    published: Sequence[tuple[int, Any]],
-    cost: int,
-    events: Sequence[Any],
-) -> list:
+def _ran(life: Lifecycle, rec: RunRecord, now: float, cursor: int, per_island: Sequence[tuple[int, int, int, int]],
+         published: Sequence[tuple[int, Any]], cost: int, events: Sequence[Any]) -> list:
     """Steps up to ``cursor`` were dispatched and have finished, reported at once by the thread that sent them
     (a lone call's step that computed inside its call): `dispatched` followed by `completed`, in one transition."""
     _dispatched(life, rec, now, cursor, per_island, published, cost)
@@ -613,16 +605,8 @@ _LONE_STATES = ("queued", "running", "done")  # the events of a lone call run wh
 
 
 @on(("new", "ran"), to=("done",))
-def _ran_lone(
-    life: Lifecycle,
-    rec: RunRecord,
-    now: float,
-    cursor: int,
-    per_island: Sequence[tuple[int, int, int, int]],
-    published: Sequence[tuple[int, Any]],
-    cost: int,
-    events: Sequence[Any],
-) -> list:
+def _ran_lone(life: Lifecycle, rec: RunRecord, now: float, cursor: int, per_island: Sequence[tuple[int, int, int, int]],
+              published: Sequence[tuple[int, Any]], cost: int, events: Sequence[Any]) -> list:
     """A new run its caller ran whole at submit (`Lifecycle.lone_args`): queued, running and done in one transition.
 
     `start` then `ran` for the commonest interactive call, a one-step run that computed inside
@@ -648,6 +632,17 @@ def _ran_lone(
         cells[j].value = value
     effects = life._finish_if_complete(rec, now, published)
     effects[0] = Emit(rec, _LONE_STATES)  # its done event (the first), with the states it went through before
+    return effects
+
+
+@on(("new", "sent"), to=("running",))
+def _sent_lone(life: Lifecycle, rec: RunRecord, now: float, cursor: int, per_island: Sequence[tuple[int, ...]],
+               published: Sequence[tuple[int, Any]], cost: int) -> list:
+    """A new run its caller sent whole at submit, still computing (a remote island's answer on its way): `start` (at
+    its submit) then `dispatched` in one transition, with one run event for the two states it entered."""
+    effects = _submit_start(life, rec, rec.submitted_at)
+    _dispatched(life, rec, now, cursor, per_island, published, cost)
+    effects[0:2] = [Emit(rec, ("queued", "running"))]
     return effects
 
 
