@@ -249,7 +249,7 @@ class Completion:
             self._watch.notify_all()
 
     def add(self, batch: Batch, lone: bool = False) -> None:
-        """A batch of dispatched steps, in dispatch order (lock held; reported dispatched first).
+        """A batch of dispatched steps, in dispatch order (lock held; reported dispatched, or sent, first).
 
         ``lone``: a lone call's, dispatched on its caller's thread, which completes it when it
         waits; the watcher leaves it alone for _LONE_S.
