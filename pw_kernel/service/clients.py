@@ -82,7 +82,10 @@ class Client:
             outs, then = item
             for f in outs:
                 try:
-                    f.result()
+                    # Waited for (and completed here), not fetched: an output on one of the service's Ray islands
+                    # stays there (`runs._here`), where `result()` would bring its bytes here, a request to that
+                    # island per output.
+                    f.remote_array()
                 except BaseException:  # (failed or cancelled: `then` reports it)
                     pass
             then()
