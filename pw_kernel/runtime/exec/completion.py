@@ -28,7 +28,8 @@ thread (`complete_computed`)   submitting thread: `Controller._run_lone`,   neve
 Exactly once: a batch is in ``_pending`` (under the lock) until one thread claims it, taking the
 token with it; only the token's holder completes (waiting on a remote island's batch, it also takes
 those handed over meanwhile: `_overtake`), and it gives back under the lock what it leaves (a
-Ctrl-C while waiting, a waiter whose value is resolved). A batch completed on its dispatching
+Ctrl-C while waiting, a waiter whose value is resolved, a waiter on a remote lone node's value
+when another batch is handed over before it comes). A batch completed on its dispatching
 thread is never pending, and is completed only when nothing is pending or claimed, so nodes still
 complete in dispatch order. Nothing else stamps a node, emits its event or reports it finished.
 """
@@ -310,15 +311,29 @@ class Completion:
             # (Several nodes: each is stamped as it finishes; waiting for the last first would stamp
             # them all at once. A Ctrl-C then waits for them: at most the run-ahead bound.)
             cost = batches[0].items[0].step.exe.cost  # the node's measured time: spin about that long
+            remote = hasattr(value, "wait")
+            # (A remote island's value may take long, or never come before its host is declared dead, while
+            # another run's batch, sent meanwhile to another island, finishes: holding the token, this thread
+            # would hold that one's completion back. It hands both to the watcher then, which completes each as
+            # it finishes, and waits on.)
+            until = (lambda: done() or bool(self._pending)) if remote else done
             try:
-                wait_ready(value, done, min(max(_SPIN_NS, 2 * cost), _SPIN_MAX_NS))
+                wait_ready(value, until, min(max(_SPIN_NS, 2 * cost), _SPIN_MAX_NS))
             except BaseException:
-                with self.lock:
-                    self._give_back(batches)
-                    self._regular += len(batches)  # the watcher's now, at once
+                self._hand_over(batches)
                 raise
+            if remote and not done() and self._pending and not value.is_ready():
+                self._hand_over(batches)
+                wait_ready(value, done)
+                return
         with interrupts_deferred:  # a Ctrl-C in the middle would leave those nodes unreported
             self._complete(batches, done)
+
+    def _hand_over(self, batches: list[Batch]) -> None:
+        """Give claimed ``batches`` and the token to the watcher, to complete at once."""
+        with self.lock:
+            self._give_back(batches)
+            self._regular += len(batches)
 
     def complete_computed(self, batch: Batch, first: Callable[[list], None] | None = None) -> bool:
         """On the thread that just sent ``batch`` (lock held): complete it if it computed inside its call; False if not.
